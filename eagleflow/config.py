@@ -1,0 +1,228 @@
+"""One typed config for a run. A bad config fails here, before any work starts, naming the field.
+
+Paths under `target`, `generate` and `host` are paths *on the host*. For a local host, relative
+paths are resolved against the directory of the config file, so `configs/demo.yaml` works from any
+working directory.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from eagleflow.drafter.config import TrainConfig
+
+
+class ConfigError(ValueError):
+    """A run config that cannot be used; the message names the field or path and the fix."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class HostConfig(_Strict):
+    """Where the heavy stages run."""
+
+    kind: Literal["local"] = Field("local", description="'local' runs stages as subprocesses here.")
+    name: str = Field("localhost", min_length=1, description="Host name, used in logs and locks.")
+    work_root: str = Field(description="Directory on the host under which every stage writes its outputs.")
+    python: str = Field(description="Python of the host environment (torch, transformers, the engine, eagleflow).")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for every stage process.")
+
+
+class TargetConfig(_Strict):
+    """The served model the drafter is trained for."""
+
+    model_path: str = Field(description="HF-format checkpoint directory of the target on the host.")
+    served_model_name: str | None = Field(None, description="Name the engine serves it under (default: the path).")
+    aux_layer_ids: list[int] = Field(
+        description="Auxiliary layers in vLLM's convention (the input to decoder layer k == HF hidden_states[k]); "
+        "for an L-layer target vLLM's default is [2, L//2, L-3].",
+        min_length=3,
+        max_length=3,
+    )
+    final_layer_id: int = Field(ge=1, description="The final state's id: the number of decoder layers L.")
+    dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="Weights dtype when serving and extracting.")
+    thinking_start: str = Field("<think>", min_length=1, description="The target's own marker opening reasoning.")
+    thinking_end: str = Field("</think>", min_length=1, description="The target's own marker closing reasoning.")
+
+    @model_validator(mode="after")
+    def _layer_ids(self) -> "TargetConfig":
+        ids = self.aux_layer_ids
+        if sorted(set(ids)) != ids:
+            raise ValueError(f"aux_layer_ids must be strictly increasing, got {ids}")
+        if ids[0] < 1 or ids[-1] >= self.final_layer_id:
+            raise ValueError(
+                f"aux_layer_ids {ids} must lie in [1, final_layer_id - 1] = [1, {self.final_layer_id - 1}] "
+                "(vLLM convention: id k is the input to decoder layer k; the final state is final_layer_id)"
+            )
+        return self
+
+
+class EngineConfig(_Strict):
+    """How the serving engine is launched (the same settings production uses)."""
+
+    kind: Literal["vllm"] = Field("vllm", description="Serving engine; SGLang comes with the benchmark issue.")
+    host: str = Field("127.0.0.1", description="Address the engine binds to on the host.")
+    port: int = Field(8000, ge=1024, le=65535, description="Port the engine listens on; must be free.")
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="--tensor-parallel-size.")
+    max_model_len: int = Field(4096, ge=64, description="--max-model-len.")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="--gpu-memory-utilization (GPU only).")
+    reasoning_parser: str | None = Field(None, description="--reasoning-parser, e.g. deepseek_r1 or kimi_k2.")
+    tool_call_parser: str | None = Field(None, description="--tool-call-parser, e.g. kimi_k2.")
+    enforce_eager: bool = Field(False, description="--enforce-eager (CPU: 42 s to healthy instead of 130 s).")
+    trust_remote_code: bool = Field(False, description="--trust-remote-code.")
+    extra_args: list[str] = Field(default_factory=list, description="More engine arguments, passed as given.")
+    env: dict[str, str] = Field(default_factory=dict, description="Engine environment, e.g. VLLM_CPU_KVCACHE_SPACE.")
+    startup_timeout_s: float = Field(1800, gt=0, description="Give up if not healthy after this many seconds.")
+    request_timeout_s: float = Field(600, gt=0, description="Timeout of one chat request.")
+
+
+class GenerateConfig(_Strict):
+    """Synthetic data from the target's own server."""
+
+    prompts_path: str = Field(description="JSONL on the host; each line {\"messages\": [...]} or {\"prompt\": \"...\"}.")
+    num_samples: int = Field(ge=2, description="Prompts to answer, held-out ones included.")
+    holdout: int = Field(ge=1, description="Samples held out of training: validation and benchmark prompts.")
+    max_tokens: int = Field(512, ge=1, description="max_tokens of each answer.")
+    temperature: float = Field(0.0, ge=0, le=2, description="Sampling temperature of the answers.")
+    concurrency: int = Field(16, ge=1, le=4096, description="Requests in flight.")
+    shard_size: int = Field(1000, ge=1, description="Samples per Parquet shard (the unit of resume).")
+    seed: int = Field(0, description="Seed of the train/holdout split.")
+    max_failed_fraction: float = Field(
+        0.0, ge=0, le=1, description="Fraction of answers allowed to fail or come back empty before the stage fails."
+    )
+
+    @model_validator(mode="after")
+    def _split(self) -> "GenerateConfig":
+        if self.holdout >= self.num_samples:
+            raise ValueError(f"holdout ({self.holdout}) must be smaller than num_samples ({self.num_samples})")
+        return self
+
+
+class ExtractConfig(_Strict):
+    """Hidden states from a transformers forward of the target."""
+
+    max_seq_len: int = Field(2048, ge=16, description="Longer sequences are cut to this many tokens.")
+    batch_tokens: int = Field(8192, ge=16, description="Tokens per forward pass.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="'auto' takes CUDA when present.")
+
+
+class ExportConfig(_Strict):
+    formats: list[Literal["vllm"]] = Field(["vllm"], min_length=1, description="Engine formats to write.")
+
+
+class BenchmarkConfig(_Strict):
+    """Serving benchmark: the engine with and without the drafter, on held-out prompts."""
+
+    num_prompts: int = Field(32, ge=1, description="Held-out chat prompts sent to each variant.")
+    max_tokens: int = Field(128, ge=1, description="Fixed max_tokens per request (ignore_eos keeps lengths equal).")
+    num_speculative_tokens: int = Field(3, ge=1, le=16, description="Draft tokens per step.")
+    concurrency: int = Field(1, ge=1, description="Requests in flight.")
+    temperature: float = Field(0.0, ge=0, le=2, description="0 is greedy.")
+    warmup_requests: int = Field(2, ge=0, description="Requests sent before measuring.")
+
+
+class ProductionConfig(_Strict):
+    """The production service on the host (stopped and restored by the benchmark issue)."""
+
+    unit: str | None = Field(None, description="systemd unit of the production server, e.g. vllm-kimi-k25-int4.")
+
+
+class RunConfig(_Strict):
+    """Everything one pipeline run needs."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="Run name (letters, digits, . _ -).")
+    host: HostConfig
+    target: TargetConfig
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    generate: GenerateConfig
+    extract: ExtractConfig = Field(default_factory=ExtractConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    export: ExportConfig = Field(default_factory=ExportConfig)
+    benchmark: BenchmarkConfig = Field(default_factory=BenchmarkConfig)
+    production: ProductionConfig = Field(default_factory=ProductionConfig)
+    report_dir: str = Field("reports", description="Where the control side writes report.json (relative: to the config file).")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return v.strip()
+
+    @model_validator(mode="after")
+    def _cross(self) -> "RunConfig":
+        if self.benchmark.num_prompts > self.generate.holdout:
+            raise ValueError(
+                f"benchmark.num_prompts ({self.benchmark.num_prompts}) exceeds generate.holdout "
+                f"({self.generate.holdout}): the benchmark only uses held-out prompts; raise holdout or lower num_prompts"
+            )
+        if self.train.max_seq_len > self.extract.max_seq_len:
+            raise ValueError(
+                f"train.max_seq_len ({self.train.max_seq_len}) exceeds extract.max_seq_len ({self.extract.max_seq_len})"
+            )
+        return self
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid run config {source}:"]
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        lines.append(f"  {where}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def parse_config(data: dict[str, Any], source: str = "<dict>") -> RunConfig:
+    """Validate a config dict; raise ConfigError naming every bad field."""
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, source)) from None
+
+
+def _resolve_local_paths(data: dict[str, Any], base: Path) -> None:
+    """Relative host paths of a local host are relative to the config file, not the caller's cwd."""
+
+    def fix(section: str, key: str) -> None:
+        sec = data.get(section)
+        if isinstance(sec, dict) and isinstance(sec.get(key), str) and not Path(sec[key]).is_absolute():
+            # normpath, not resolve(): a venv's bin/python is a symlink that must stay one.
+            sec[key] = os.path.normpath(os.path.join(base, sec[key]))
+
+    for section, key in [
+        ("host", "work_root"),
+        ("host", "python"),
+        ("target", "model_path"),
+        ("generate", "prompts_path"),
+        ("train", "warm_start"),
+    ]:
+        fix(section, key)
+    if isinstance(data.get("report_dir"), str) and not Path(data["report_dir"]).is_absolute():
+        data["report_dir"] = os.path.normpath(os.path.join(base, data["report_dir"]))
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Read a YAML run config, apply dotted overrides ({"benchmark.max_tokens": 64}), validate."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"run config {path} does not exist; pass the path of a YAML file such as configs/demo.yaml")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"run config {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"run config {path} must be a YAML mapping at the top level")
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    host = data.get("host")
+    if isinstance(host, dict) and host.get("kind", "local") == "local":
+        _resolve_local_paths(data, path.parent.absolute())
+    return parse_config(data, str(path))

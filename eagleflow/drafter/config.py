@@ -1,0 +1,88 @@
+"""Training settings for the EAGLE-3 drafter. Importable without torch (the control side validates it)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class TrainConfig(BaseModel):
+    """How the drafter is trained: one decoder layer over 3 concatenated target states."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # --- schedule -------------------------------------------------------------------------------
+    epochs: int = Field(3, ge=1, le=1000, description="Passes over the training split.")
+    learning_rate: float = Field(1e-3, gt=0, le=1, description="Peak AdamW learning rate.")
+    min_lr_ratio: float = Field(
+        0.05, ge=0, le=1, description="The cosine decays to learning_rate * min_lr_ratio at the end of training."
+    )
+    weight_decay: float = Field(0.0, ge=0, le=1, description="AdamW weight decay (not applied to norms).")
+    adam_beta2: float = Field(0.95, gt=0, lt=1, description="AdamW beta2 (beta1 is 0.9).")
+    warmup_steps: int = Field(20, ge=0, description="Linear warm-up steps before cosine decay.")
+    batch_tokens: int = Field(
+        8192, ge=64, le=1_048_576,
+        description="Padded tokens per optimizer step (sequences of similar length are batched together).",
+    )
+    max_seq_len: int = Field(2048, ge=16, description="Sequences longer than this are cut.")
+    grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clip.")
+    seed: int = Field(0, ge=0, description="Seed for init and data order.")
+    time_budget_s: float | None = Field(
+        None, gt=0,
+        description="Stop after this many seconds of optimizer steps (validation not counted). When it binds, the "
+        "cosine follows wall time so it still ends at min_lr, and the last epoch is partial (and not bit-reproducible).",
+    )
+
+    # --- the EAGLE-3 objective -------------------------------------------------------------------
+    ttt_steps: int = Field(
+        3, ge=1, le=16, description="Training-time-test unroll: drafting steps, step i>0 fed the drafter's own states."
+    )
+    step_loss_decay: float = Field(
+        0.8, gt=0, le=1, description="Weight of unroll step i is decay**i (EAGLE-3 reference: 0.8)."
+    )
+    draft_vocab_size: int = Field(
+        32000, ge=16, le=1_048_576,
+        description="Draft vocabulary size (most frequent loss-masked tokens); the full target vocabulary when that "
+        "is smaller.",
+    )
+
+    # --- the drafter's shape (everything else is copied from the target's config.json) ----------
+    intermediate_size: int | None = Field(
+        None, ge=16, le=1_048_576, description="MLP width of the drafter layer; default: the target's."
+    )
+    norm_before_fc: bool = Field(
+        True, description="RMSNorm over the 3 concatenated target states before fc (vLLM `norm_before_fc`)."
+    )
+    norm_before_residual: bool = Field(
+        True, description="The residual carries hidden_norm(fc(...)) rather than fc(...) (vLLM `norm_before_residual`)."
+    )
+    freeze_lm_head: bool = Field(
+        True, description="Keep the drafter's lm_head equal to the target's rows for the draft vocabulary."
+    )
+
+    # --- validation, logging, hardware -------------------------------------------------------------
+    val_max_seqs: int = Field(
+        256, ge=1, le=1_000_000, description="Held-out sequences scored after each epoch (the first ones in the index)."
+    )
+    log_every_steps: int = Field(10, ge=1, le=100_000, description="Log training loss/accuracy every this many steps.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="'auto' takes CUDA when present.")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Compute dtype (bfloat16 autocast on GPUs; float32 is faster on most CPUs)."
+    )
+    num_threads: int | None = Field(None, ge=1, le=1024, description="torch CPU threads; default: torch's default.")
+    warm_start: str | None = Field(
+        None, description="Path on the host of an EAGLE-3 drafter in vLLM layout (config.json + *.safetensors) to "
+        "start from; its draft vocabulary (d2t) is kept.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainConfig":
+        if self.warmup_steps > 10_000:
+            raise ValueError("warmup_steps above 10000 is almost surely a typo; lower it")
+        if self.device == "cpu" and self.dtype == "bfloat16":
+            raise ValueError(
+                "dtype bfloat16 on device cpu is slower than float32 on these CPUs and autocast there is lossy; "
+                "set dtype: float32 (or device: cuda)"
+            )
+        return self

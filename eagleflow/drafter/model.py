@@ -1,0 +1,329 @@
+"""The EAGLE-3 drafter in the exact layout vLLM's `LlamaForCausalLMEagle3` loads.
+
+One decoder layer over the target's three auxiliary states. Parameter names of `Eagle3Drafter`
+are the checkpoint names vLLM reads (`fc.weight`, `layers.0.self_attn.q_proj.weight`, ...); the
+target's embedding is a frozen, non-persistent buffer and never exported (vLLM shares the target's).
+
+Forward of one drafting step at position t (vLLM `llama_eagle3.LlamaDecoderLayer`, layer_idx 0):
+
+    g      = fc(input_norm(cat(aux_1, aux_2, aux_3)))      step 0 only; later steps get the
+                                                           previous step's pre-norm output
+    e      = input_layernorm(embed(token))
+    h      = hidden_norm(g);  residual = h if norm_before_residual else g
+    a      = o_proj(attn(q,k,v from cat(e, h)))            attention input is 2H wide
+    r1     = a + residual;  m = mlp(post_attention_layernorm(r1))
+    r2     = m + r1                                         -> fed to the next drafting step
+    logits = lm_head(norm(r2))                              over the draft vocabulary
+
+Which token and which target state sit at a position, and what the label is, is settled in
+`ttt_forward` below.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class DrafterArch:
+    """The drafter's shape; every field is written to the vLLM config.json under the same name."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    vocab_size: int  # the target's vocabulary
+    draft_vocab_size: int
+    target_hidden_size: int
+    max_position_embeddings: int
+    num_aux_hidden_states: int = 3
+    norm_before_fc: bool = True
+    norm_before_residual: bool = True
+
+    def __post_init__(self) -> None:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if self.hidden_size != self.target_hidden_size:
+            # vLLM asserts hidden_states.shape[-1] == input_embeds.shape[-1]: the drafter shares the
+            # target's embedding, so its width must be the target's.
+            raise ValueError(
+                f"drafter hidden_size {self.hidden_size} must equal the target's {self.target_hidden_size}"
+            )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TargetHead:
+    """The frozen pieces of the target the drafter needs (float32)."""
+
+    embed_tokens: torch.Tensor  # shape: [V, H]
+    norm_weight: torch.Tensor  # shape: [H]
+    rms_norm_eps: float
+    lm_head: torch.Tensor  # shape: [V, H]
+    config: dict  # the target's (text) config.json
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.lm_head.shape[0])
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.lm_head.shape[1])
+
+    def logits(self, final_state: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Target logits from the final layer's pre-norm output, over all ids or only `rows`."""
+        # final_state shape: [N, H]
+        normed = rms_norm(final_state, self.norm_weight, self.rms_norm_eps)
+        weight = self.lm_head if rows is None else self.lm_head[rows]
+        return normed @ weight.T  # shape: [N, V] or [N, len(rows)]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin of the default (unscaled) rotary embedding, neox layout (HF rotate_half == vLLM neox)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
+    freqs = positions.float()[:, None] * inv_freq[None, :]  # shape: [T, hd/2]
+    emb = torch.cat([freqs, freqs], dim=-1)  # shape: [T, hd]
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x shape: [B, heads, T, hd]; cos/sin shape: [T, hd]
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    """Llama attention whose input is 2H wide: [input_layernorm(embed); hidden_norm(hidden)]."""
+
+    def __init__(self, arch: DrafterArch) -> None:
+        super().__init__()
+        h, nh, nkv, hd = arch.hidden_size, arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim
+        self.nh, self.nkv, self.hd = nh, nkv, hd
+        self.q_proj = nn.Linear(2 * h, nh * hd, bias=False)
+        self.k_proj = nn.Linear(2 * h, nkv * hd, bias=False)
+        self.v_proj = nn.Linear(2 * h, nkv * hd, bias=False)
+        self.o_proj = nn.Linear(nh * hd, h, bias=False)
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        # x shape: [B, T, 2H]
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.nh, self.hd).transpose(1, 2)  # shape: [B, nh, T, hd]
+        k = self.k_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)  # shape: [B, nkv, T, hd]
+        v = self.v_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.nkv != self.nh:
+            k = k.repeat_interleave(self.nh // self.nkv, dim=1)  # shape: [B, nh, T, hd]
+            v = v.repeat_interleave(self.nh // self.nkv, dim=1)
+        return q, k, v
+
+    def ttt(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: list) -> torch.Tensor:
+        """Step len(cache) of the training-time-test unroll (see `ttt_forward` for the layout).
+
+        The query at index p attends to the step-0 keys at indices <= p (causal) and to each
+        earlier step's key at index p only (the diagonal); its own key is that diagonal for its step.
+        """
+        q, k, v = self.qkv(x, cos, sin)
+        cache.append((k, v))
+        if len(cache) == 1:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # shape: [B, nh, T, hd]
+        else:
+            k0, v0 = cache[0]
+            t = q.shape[2]
+            scale = 1.0 / math.sqrt(self.hd)
+            causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+            s0 = (q @ k0.transpose(-1, -2)) * scale  # shape: [B, nh, T, T]
+            s0 = s0.masked_fill(~causal, float("-inf"))
+            kd = torch.stack([kj for kj, _ in cache[1:]], dim=-2)  # shape: [B, nh, T, i, hd]
+            vd = torch.stack([vj for _, vj in cache[1:]], dim=-2)  # shape: [B, nh, T, i, hd]
+            sd = (q.unsqueeze(-2) * kd).sum(-1) * scale  # shape: [B, nh, T, i]
+            probs = torch.softmax(torch.cat([s0, sd], dim=-1), dim=-1)  # shape: [B, nh, T, T+i]
+            out = probs[..., :t] @ v0 + (probs[..., t:].unsqueeze(-1) * vd).sum(-2)  # shape: [B, nh, T, hd]
+        b, _, t, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.nh * self.hd))  # shape: [B, T, H]
+
+    def attend_all(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: list, causal: bool) -> torch.Tensor:
+        """Inference-style attention: the new keys join `kv` and each query sees every earlier key
+        (and, when `causal`, the new ones at or before itself). B must be 1."""
+        q, k, v = self.qkv(x, cos, sin)
+        kv.append((k, v))
+        keys = torch.cat([kk for kk, _ in kv], dim=2)  # shape: [1, nh, S, hd]
+        values = torch.cat([vv for _, vv in kv], dim=2)
+        t, s = q.shape[2], keys.shape[2]
+        mask = torch.ones(t, s, dtype=torch.bool)
+        if causal:
+            mask[:, s - t:] = torch.ones(t, t, dtype=torch.bool).tril()
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        return self.o_proj(out.transpose(1, 2).reshape(1, t, self.nh * self.hd))
+
+
+class MLP(nn.Module):
+    def __init__(self, arch: DrafterArch) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(arch.hidden_size, arch.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(arch.hidden_size, arch.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, arch: DrafterArch) -> None:
+        super().__init__()
+        self.norm_before_residual = arch.norm_before_residual
+        self.self_attn = Attention(arch)
+        self.mlp = MLP(arch)
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.hidden_norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+
+    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, attend) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (mlp output, residual); `attend(x [B,T,2H]) -> [B,T,H]` runs the attention."""
+        # embeds, hidden shape: [B, T, H]
+        e = self.input_layernorm(embeds)
+        h = self.hidden_norm(hidden)
+        residual = h if self.norm_before_residual else hidden
+        a = attend(torch.cat([e, h], dim=-1))  # attention input shape: [B, T, 2H]
+        residual = a + residual
+        m = self.mlp(self.post_attention_layernorm(residual))
+        return m, residual
+
+
+class Eagle3Drafter(nn.Module):
+    """Parameter names == vLLM checkpoint names (see formats.vllm_weight_names)."""
+
+    def __init__(self, arch: DrafterArch, embed_tokens: torch.Tensor) -> None:
+        super().__init__()
+        if tuple(embed_tokens.shape) != (arch.vocab_size, arch.hidden_size):
+            raise ValueError(
+                f"target embedding has shape {tuple(embed_tokens.shape)}, expected "
+                f"({arch.vocab_size}, {arch.hidden_size})"
+            )
+        self.arch = arch
+        fc_in = arch.target_hidden_size * arch.num_aux_hidden_states
+        # Frozen and shared with the target: vLLM loads no embed_tokens from the drafter checkpoint.
+        self.register_buffer("embed_weight", embed_tokens.detach().float().clone(), persistent=False)
+        if arch.norm_before_fc:
+            self.input_norm = RMSNorm(fc_in, arch.rms_norm_eps)
+        self.fc = nn.Linear(fc_in, arch.hidden_size, bias=False)
+        self.layers = nn.ModuleList([DecoderLayer(arch)])
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.lm_head = nn.Linear(arch.hidden_size, arch.draft_vocab_size, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self, std: float = 0.02) -> None:
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=std)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+
+    def init_from_target(self, target: TargetHead, draft_to_target: torch.Tensor) -> None:
+        """lm_head = the target's rows of the draft vocabulary; final norm = the target's final norm."""
+        with torch.no_grad():
+            self.lm_head.weight.copy_(target.lm_head[draft_to_target])
+            self.norm.weight.copy_(target.norm_weight)
+
+    def combine_hidden_states(self, aux: torch.Tensor) -> torch.Tensor:
+        # aux shape: [B, T, 3*H_target] -> [B, T, H]
+        if self.arch.norm_before_fc:
+            aux = self.input_norm(aux)
+        return self.fc(aux)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.embed_weight)  # shape: [B, T, H]
+
+    def _rope(self, positions: torch.Tensor):
+        return rope_tables(positions, self.arch.head_dim, self.arch.rope_theta)
+
+    def ttt_forward(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
+        """The training-time-test unroll; returns the normed output of each step, shape [B, T, H].
+
+        Layout (index p = the last position whose target states the engine has, "context end"):
+          step 0 at p: token x[p+1], hidden fc(aux[p]), rotary position p
+          step i at p: token x[p+1+i], hidden = step i-1's pre-norm output at the same index p,
+                       rotary position p+i, attends to step-0 keys at indices <= p and to the keys
+                       of steps 1..i at index p.
+          label of step i at p: the target's next-token distribution at position p+1+i, i.e.
+                       softmax(lm_head(norm(final[p+1+i]))) -- the distribution of x[p+2+i].
+        This is vLLM's proposer exactly: after the target verifies up to position p and samples
+        x[p+1], the drafter's first pass feeds input_ids shifted left by one (token x[s+1] with the
+        target state of s, position s, for every new s <= p); draft step i then feeds the token it
+        just drafted (x[p+1+i] when accepted), the previous step's pre-norm output, position p+i,
+        and attends to the whole KV cache: step-0 entries for positions <= p plus drafts p+1..p+i.
+        With teacher forcing, tokens and labels shift one index left per step; the hidden does not.
+        """
+        # aux shape: [B, T, 3H]; input_ids shape: [B, T] (x[0..T-1], padded with any id)
+        b, t = input_ids.shape
+        cos, sin = self._rope(torch.arange(t + steps, device=aux.device))
+        hidden = self.combine_hidden_states(aux)  # shape: [B, T, H]
+        layer = self.layers[0]
+        cache: list = []
+        outs = []
+        for i in range(steps):
+            ids_i = torch.zeros_like(input_ids)
+            n = max(t - 1 - i, 0)
+            ids_i[:, :n] = input_ids[:, 1 + i : 1 + i + n]  # token x[p+1+i] at index p
+            c, s = cos[i : i + t], sin[i : i + t]  # rotary position p+i
+            m, residual = layer(self.embed(ids_i), hidden, lambda x: layer.self_attn.ttt(x, c, s, cache))
+            hidden = m + residual  # shape: [B, T, H], pre-norm: what the next step is fed
+            outs.append(self.norm(hidden))
+        return outs
+
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(normed)  # shape: [..., Vd]
+
+    # --- inference-style reference (one sequence, KV cache), the way the engine runs the drafter ---
+
+    def prefill(self, aux: torch.Tensor, input_ids: torch.Tensor, kv: list) -> tuple[torch.Tensor, torch.Tensor]:
+        """First pass over positions 0..P-1: token x[s+1], state aux[s], position s.
+        Returns (normed, pre-norm) outputs, shape [1, P, H]; `kv` receives the keys."""
+        # aux shape: [1, P, 3H]; input_ids shape: [1, P] holding x[1..P]
+        p = aux.shape[1]
+        cos, sin = self._rope(torch.arange(p))
+        layer = self.layers[0]
+        m, residual = layer(self.embed(input_ids), self.combine_hidden_states(aux),
+                            lambda x: layer.self_attn.attend_all(x, cos, sin, kv, causal=True))
+        hidden = m + residual
+        return self.norm(hidden), hidden
+
+    def decode_one_token(self, token: torch.Tensor, hidden: torch.Tensor, position: int, kv: list):
+        """One drafting step: token [1, 1], previous pre-norm output [1, 1, H], attends to all of `kv`."""
+        cos, sin = self._rope(torch.tensor([position]))
+        layer = self.layers[0]
+        m, residual = layer(self.embed(token), hidden,
+                            lambda x: layer.self_attn.attend_all(x, cos, sin, kv, causal=True))
+        hidden = m + residual
+        return self.norm(hidden), hidden

@@ -1,0 +1,82 @@
+"""An async client for an OpenAI-compatible chat API: many requests, bounded concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+
+@dataclass
+class ChatResult:
+    """One answer, or why there is none."""
+
+    index: int
+    content: str | None = None
+    reasoning: str | None = None
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+    error: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+def parse_choice(index: int, body: dict[str, Any]) -> ChatResult:
+    """Pull content and reasoning out of a chat completion.
+
+    vLLM's reasoning parsers put the thinking in `reasoning` (newer) or `reasoning_content` (older,
+    and most other servers); an answer with neither content nor reasoning is an error.
+    """
+    try:
+        choice = body["choices"][0]
+        msg = choice["message"]
+    except (KeyError, IndexError, TypeError):
+        return ChatResult(index, error=f"answer has no choices[0].message: {str(body)[:200]}", raw=body)
+    reasoning = msg.get("reasoning") or msg.get("reasoning_content")
+    content = msg.get("content")
+    usage = body.get("usage") or {}
+    result = ChatResult(
+        index, content=content, reasoning=reasoning, completion_tokens=int(usage.get("completion_tokens") or 0),
+        finish_reason=choice.get("finish_reason"), raw=body,
+    )
+    if not content and not reasoning:
+        result.error = f"answer without content (finish_reason={result.finish_reason!r})"
+    return result
+
+
+async def _chat_all(base_url: str, model: str, conversations: list[list[dict[str, Any]]], *,
+                    max_tokens: int, temperature: float, concurrency: int, timeout_s: float,
+                    extra: dict[str, Any] | None) -> list[ChatResult]:
+    sem = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+
+    async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s, limits=limits) as client:
+        async def one(i: int, messages: list[dict[str, Any]]) -> ChatResult:
+            payload = {"model": model, "messages": messages, "max_tokens": max_tokens,
+                       "temperature": temperature, **(extra or {})}
+            async with sem:
+                try:
+                    r = await client.post("/v1/chat/completions", json=payload)
+                except httpx.HTTPError as exc:
+                    return ChatResult(i, error=f"request to {base_url} failed: {type(exc).__name__}: {exc}")
+            if r.status_code != 200:
+                return ChatResult(i, error=f"HTTP {r.status_code} from {base_url}: {r.text[:300]}")
+            try:
+                body = r.json()
+            except ValueError:
+                return ChatResult(i, error=f"non-JSON answer from {base_url}: {r.text[:200]}")
+            return parse_choice(i, body)
+
+        return await asyncio.gather(*(one(i, m) for i, m in enumerate(conversations)))
+
+
+def chat_all(base_url: str, model: str, conversations: list[list[dict[str, Any]]], *, max_tokens: int,
+             temperature: float, concurrency: int, timeout_s: float = 600.0,
+             extra: dict[str, Any] | None = None) -> tuple[list[ChatResult], float]:
+    """Send every conversation; return the results in order and the wall time in seconds."""
+    start = time.perf_counter()
+    results = asyncio.run(_chat_all(base_url, model, conversations, max_tokens=max_tokens, temperature=temperature,
+                                    concurrency=concurrency, timeout_s=timeout_s, extra=extra))
+    return results, time.perf_counter() - start

@@ -1,0 +1,126 @@
+"""Stage keys and manifests: the small records that chain the stages.
+
+A stage writes under `<work_root>/<stage>/<key>/` and writes `manifest.json` last, atomically.
+The key hashes the stage's config, the upstream manifests' keys and the code version, so a changed
+setting reruns exactly the stages that depend on it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from eagleflow import __version__
+from eagleflow.config import RunConfig
+
+# Bump a stage's version when its outputs change meaning: its key and every downstream key change.
+STAGE_VERSIONS: dict[str, str] = {
+    "check": "1",
+    "generate": "1",
+    "extract": "1",
+    "train": "1",
+    "export": "1",
+    "benchmark": "1",
+}
+# The cached pipeline stages, in order; `check` runs before them every time and is never cached.
+STAGES: tuple[str, ...] = ("generate", "extract", "train", "export", "benchmark")
+UPSTREAM: dict[str, tuple[str, ...]] = {
+    "check": (),
+    "generate": (),
+    "extract": ("generate",),
+    "train": ("extract",),
+    "export": ("train",),
+    "benchmark": ("export", "generate"),
+}
+
+
+def stage_settings(stage: str, config: RunConfig) -> dict[str, Any]:
+    """The part of the run config a stage's output depends on (and nothing that doesn't)."""
+    c = config.model_dump(mode="json")
+    engine_launch = {k: v for k, v in c["engine"].items() if k not in ("host", "port", "startup_timeout_s", "request_timeout_s")}
+    return {
+        "check": c,
+        "generate": {"target": c["target"], "engine": engine_launch, "generate": c["generate"]},
+        "extract": {"target": c["target"], "extract": c["extract"]},
+        "train": {"train": c["train"]},
+        "export": {"export": c["export"], "aux_layer_ids": c["target"]["aux_layer_ids"]},
+        "benchmark": {"engine": engine_launch, "benchmark": c["benchmark"], "target": c["target"]},
+    }[stage]
+
+
+def stage_key(stage: str, config: RunConfig, upstream_keys: dict[str, str]) -> str:
+    """16 hex chars of sha256 over (stage, its settings, upstream keys, code version)."""
+    missing = set(UPSTREAM[stage]) - set(upstream_keys)
+    if missing:
+        raise ValueError(f"stage {stage!r} needs the keys of its upstream stages {sorted(missing)}")
+    payload = {
+        "stage": stage,
+        "settings": stage_settings(stage, config),
+        "upstream": {s: upstream_keys[s] for s in UPSTREAM[stage]},
+        "code": f"{__version__}/{STAGE_VERSIONS[stage]}",
+    }
+    blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def stage_dir(config: RunConfig, stage: str, key: str) -> str:
+    return f"{config.host.work_root.rstrip('/')}/{stage}/{key}"
+
+
+class Manifest(BaseModel):
+    """What a finished stage produced: paths, counts, content hashes, metrics. Small by design."""
+
+    stage: str = Field(description="Stage name.")
+    key: str = Field(description="Stage key (hash of settings, upstream keys, code version).")
+    dir: str = Field(description="The stage directory on the host.")
+    upstream: dict[str, str] = Field(default_factory=dict, description="Upstream stage -> its key.")
+    outputs: dict[str, Any] = Field(default_factory=dict, description="Paths (relative to dir) and counts.")
+    hashes: dict[str, str] = Field(default_factory=dict, description="Relative path -> sha256 of the file.")
+    metrics: dict[str, Any] = Field(default_factory=dict, description="Stage metrics (loss, acceptance, tok/s).")
+    seconds: float = Field(0.0, description="Wall time the stage took on the host.")
+    created: float = Field(default_factory=time.time, description="Unix time the manifest was written.")
+    code_version: str = Field(__version__, description="eagleflow version that wrote it.")
+
+    def path(self, rel: str) -> str:
+        return f"{self.dir}/{rel}"
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    """Write JSON to a temp file in the same directory, fsync, rename: readers see all or nothing."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_manifest(manifest: Manifest) -> Path:
+    path = Path(manifest.dir) / "manifest.json"
+    write_json_atomic(path, manifest.model_dump(mode="json"))
+    return path
+
+
+def read_manifest(path: str | Path) -> Manifest:
+    return Manifest.model_validate_json(Path(path).read_text())
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()

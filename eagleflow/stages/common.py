@@ -1,0 +1,87 @@
+"""What every host-side stage shares: reading its request, logging, writing its manifest last.
+
+A stage runs as `python -m eagleflow.stages.<stage> <stage_dir>/request.json`. The request holds the
+validated run config, the stage key and the upstream manifests; the stage writes its outputs under
+its directory and `manifest.json` last. A stage that fails exits non-zero with the cause on its last
+line and leaves no manifest, so nothing half-written is ever taken as complete.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from pydantic import BaseModel, Field
+
+from eagleflow.config import RunConfig
+from eagleflow.manifest import Manifest, write_manifest
+
+log = logging.getLogger("eagleflow")
+
+
+class StageError(RuntimeError):
+    """A failure whose message already says what is wrong and what to do; printed without a traceback."""
+
+
+class StageRequest(BaseModel):
+    """Written by the control side into the stage directory before the stage starts."""
+
+    stage: str
+    key: str
+    dir: str
+    config: RunConfig
+    upstream: dict[str, Manifest] = Field(default_factory=dict)
+
+    @property
+    def path(self) -> Path:
+        return Path(self.dir)
+
+    def manifest(self, outputs: dict[str, Any], metrics: dict[str, Any] | None = None,
+                 hashes: dict[str, str] | None = None, seconds: float = 0.0) -> Manifest:
+        return Manifest(
+            stage=self.stage, key=self.key, dir=self.dir,
+            upstream={s: m.key for s, m in self.upstream.items()},
+            outputs=outputs, metrics=metrics or {}, hashes=hashes or {}, seconds=seconds,
+        )
+
+
+StageFn = Callable[[StageRequest], Manifest]
+
+
+def setup_logging() -> None:
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stdout, force=True,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # One line per HTTP request would drown the stage's own log in Prefect.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def stage_main(stage: str, fn: StageFn, argv: list[str] | None = None) -> int:
+    """Entry point of `python -m eagleflow.stages.<stage> request.json`."""
+    argv = sys.argv[1:] if argv is None else argv
+    setup_logging()
+    if len(argv) != 1:
+        print(f"usage: python -m eagleflow.stages.{stage} <stage_dir>/request.json", file=sys.stderr)
+        return 2
+    try:
+        request = StageRequest.model_validate_json(Path(argv[0]).read_text())
+        if request.stage != stage:
+            raise StageError(f"{argv[0]} is a request for stage {request.stage!r}, not {stage!r}")
+        start = time.monotonic()
+        manifest = fn(request)
+        manifest.seconds = round(time.monotonic() - start, 3)
+        write_manifest(manifest)
+        log.info("%s done in %.1f s: %s/manifest.json", stage, manifest.seconds, manifest.dir)
+        return 0
+    except StageError as exc:
+        print(f"error: {exc}", flush=True)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - the last line must carry the cause for the control side
+        traceback.print_exc(file=sys.stdout)
+        print(f"error: {type(exc).__name__}: {exc}", flush=True)
+        return 1

@@ -1,0 +1,14 @@
+"""The export stage as a Prefect task (upstream: train)."""
+
+from __future__ import annotations
+
+from prefect import task
+
+from eagleflow.config import RunConfig
+from eagleflow.manifest import Manifest
+from tasks.dispatch import dispatch, stage_cache_key
+
+
+@task(name="export", cache_key_fn=stage_cache_key, persist_result=True, task_run_name="export")
+def export(config: RunConfig, upstream: dict[str, Manifest]) -> Manifest:
+    return dispatch("export", config, upstream)

@@ -1,0 +1,14 @@
+"""The generate stage as a Prefect task."""
+
+from __future__ import annotations
+
+from prefect import task
+
+from eagleflow.config import RunConfig
+from eagleflow.manifest import Manifest
+from tasks.dispatch import dispatch, stage_cache_key
+
+
+@task(name="generate", cache_key_fn=stage_cache_key, persist_result=True, task_run_name="generate")
+def generate(config: RunConfig, upstream: dict[str, Manifest]) -> Manifest:
+    return dispatch("generate", config, upstream)

@@ -1,0 +1,14 @@
+"""The train stage as a Prefect task (upstream: extract)."""
+
+from __future__ import annotations
+
+from prefect import task
+
+from eagleflow.config import RunConfig
+from eagleflow.manifest import Manifest
+from tasks.dispatch import dispatch, stage_cache_key
+
+
+@task(name="train", cache_key_fn=stage_cache_key, persist_result=True, task_run_name="train")
+def train(config: RunConfig, upstream: dict[str, Manifest]) -> Manifest:
+    return dispatch("train", config, upstream)

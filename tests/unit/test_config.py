@@ -1,0 +1,68 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eagleflow.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, data: dict) -> Path:
+    p = tmp_path / "run.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def demo_dict() -> dict:
+    return yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
+
+
+def test_examples_load_and_resolve_paths():
+    demo = load_config(ROOT / "configs" / "demo.yaml")
+    assert demo.target.model_path == str(ROOT / "demo" / "target")
+    assert demo.host.python == str(ROOT / ".hostenv" / "bin" / "python")
+    kimi = load_config(ROOT / "configs" / "kimi-k25.yaml")
+    assert kimi.engine.tensor_parallel_size == 8
+    assert kimi.engine.reasoning_parser == kimi.engine.tool_call_parser == "kimi_k2"
+    assert kimi.engine.max_model_len == 32768
+    assert (kimi.target.aux_layer_ids, kimi.target.final_layer_id) == ([2, 30, 58], 61)
+    assert (kimi.generate.num_samples, kimi.generate.holdout, kimi.train.epochs) == (10000, 1000, 5)
+    assert kimi.train.warm_start and kimi.production.unit == "vllm-kimi-k25-int4"
+
+
+@pytest.mark.parametrize(
+    "mutate, field",
+    [
+        (lambda d: d["generate"].update(holdout=900, num_samples=800), "generate"),
+        (lambda d: d["target"].update(aux_layer_ids=[1, 2, 4]), "target"),
+        (lambda d: d["target"].update(aux_layer_ids=[3, 2, 1]), "target"),
+        (lambda d: d["engine"].update(port=80), "engine.port"),
+        (lambda d: d["train"].update(epochs=0), "train.epochs"),
+        (lambda d: d["generate"].update(temprature=0.5), "generate.temprature"),
+        (lambda d: d.pop("target"), "target"),
+        (lambda d: d["benchmark"].update(num_prompts=1000), "benchmark.num_prompts"),
+    ],
+)
+def test_bad_config_names_the_field(tmp_path, mutate, field):
+    data = demo_dict()
+    mutate(data)
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, data))
+    assert field in str(err.value)
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_overrides_are_validated(tmp_path):
+    p = write(tmp_path, demo_dict())
+    assert load_config(p, {"benchmark.max_tokens": 7}).benchmark.max_tokens == 7
+    with pytest.raises(ConfigError, match="benchmark.max_tokens"):
+        load_config(p, {"benchmark.max_tokens": 0})
