@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import socket
 import subprocess
 import time
@@ -82,20 +81,21 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
-_FATAL = re.compile(r"(Traceback \(most recent call last\)|Error|error:|CUDA out of memory|Killed)")
+def root_cause_excerpt(log_text: str, max_lines: int = 25, max_chars: int = 400) -> str:
+    """The end of the engine's first traceback, else the last lines.
 
-
-def root_cause_excerpt(log_text: str, max_lines: int = 30) -> str:
-    """The engine's last traceback (the worker's, not the API server's wrapper), else the last lines."""
-    lines = log_text.splitlines()
+    The first traceback is the worker's / EngineCore's own; later ones are the API server's wrappers
+    re-raising it ("Engine core initialization failed"). Its end holds the exception and message.
+    """
+    lines = [line if len(line) <= max_chars else line[:max_chars] + " ..." for line in log_text.splitlines()]
     starts = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line]
-    if starts:
-        # The first traceback is usually the worker/EngineCore's own; later ones are wrappers re-raising it.
-        first = starts[0]
-        block = lines[first:first + max_lines]
-        last_err = next((line for line in reversed(lines) if _FATAL.search(line)), "")
-        return "\n".join(block + ([f"... last error line: {last_err}"] if last_err and last_err not in block else []))
-    return "\n".join(lines[-max_lines:])
+    if not starts:
+        return "\n".join(lines[-max_lines:])
+    end = starts[1] if len(starts) > 1 else len(lines)
+    block = lines[starts[0]:end]
+    if len(block) > max_lines:
+        block = [block[0], "  ..."] + block[-(max_lines - 2):]
+    return "\n".join(block)
 
 
 class VllmServer:

@@ -59,4 +59,8 @@ def test_root_cause_prefers_the_first_traceback():
                      "RuntimeError: Engine core initialization failed"])
     out = root_cause_excerpt(log)
     assert out.splitlines()[0].endswith("Traceback (most recent call last):")
-    assert "hidden size mismatch" in out
+    assert "hidden size mismatch" in out and "initialization failed" not in out
+    long_tb = "\n".join(["Traceback (most recent call last):"] + [f'  File "x.py", line {i}' for i in range(100)]
+                        + ["ValueError: " + "y" * 5000])
+    tail = root_cause_excerpt(long_tb).splitlines()
+    assert tail[-1].startswith("ValueError: yyy") and len(tail[-1]) < 500 and len(tail) <= 25
