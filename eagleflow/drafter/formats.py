@@ -14,10 +14,11 @@ without `lm_head`, maps `q/k/v_proj` -> `qkv_proj` and `gate/up_proj` -> `gate_u
     layers.0.mlp.{gate,up}_proj.weight          [I, H];  layers.0.mlp.down_proj.weight [H, I]
     norm.weight                                 [H]
     lm_head.weight                              [draft_vocab_size, H]
-    d2t                                         int64 [draft_vocab_size]  only when the draft
-                                                vocabulary is smaller than the target's (vLLM
-                                                allocates draft_id_to_target_id only then)
-    t2d                                         bool [vocab_size]  (vLLM skips it; SGLang reads it)
+    d2t                                         int64 [draft_vocab_size]: target_id = draft_id + d2t[draft_id]
+    t2d                                         bool [vocab_size] (vLLM skips it; SGLang reads it)
+                                                both only when the draft vocabulary is smaller than
+                                                the target's: vLLM allocates draft_id_to_target_id
+                                                only then, and an unexpected d2t fails its loader
 
 No `embed_tokens`: vLLM then shares the target's embedding. The config.json is a Llama config with
 `architectures: ["LlamaForCausalLMEagle3"]`, `num_hidden_layers: 1`, `vocab_size` = the target's,
@@ -344,6 +345,8 @@ def load_vllm_drafter(path: str | Path) -> tuple[dict, dict[str, torch.Tensor], 
     weights.pop("embed_tokens.weight", None)
     weights.pop("t2d", None)
     d2t = weights.pop("d2t", None)
+    if "vocab_size" not in cfg:
+        raise FormatError(f"{cfg_path} has no vocab_size (the target vocabulary the drafter maps into)")
     vocab_size = int(cfg["vocab_size"])
     vocab = DraftVocab.full(vocab_size) if d2t is None else DraftVocab.from_d2t(d2t, vocab_size)
     return cfg, {n: t.float() for n, t in weights.items()}, vocab

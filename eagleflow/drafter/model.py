@@ -136,56 +136,58 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(2 * h, nkv * hd, bias=False)
         self.o_proj = nn.Linear(nh * hd, h, bias=False)
 
-    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        # x shape: [B, T, 2H]
+    def q(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x shape: [B, T, 2H]; cos/sin shape: [T, hd] or [B, 1, T, hd]
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.nh, self.hd).transpose(1, 2)  # shape: [B, nh, T, hd]
-        k = self.k_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)  # shape: [B, nkv, T, hd]
+        return apply_rope(self.q_proj(x).view(b, t, self.nh, self.hd).transpose(1, 2), cos, sin)  # [B, nh, T, hd]
+
+    def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, t, _ = x.shape
+        k = apply_rope(self.k_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2), cos, sin)  # [B, nkv, T, hd]
         v = self.v_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.nkv != self.nh:
             k = k.repeat_interleave(self.nh // self.nkv, dim=1)  # shape: [B, nh, T, hd]
             v = v.repeat_interleave(self.nh // self.nkv, dim=1)
-        return q, k, v
+        return k, v
 
-    def ttt(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: list) -> torch.Tensor:
-        """Step len(cache) of the training-time-test unroll (see `ttt_forward` for the layout).
+    def out(self, o: torch.Tensor) -> torch.Tensor:
+        b, _, t, _ = o.shape  # o shape: [B, nh, T, hd]
+        return self.o_proj(o.transpose(1, 2).reshape(b, t, self.nh * self.hd))  # shape: [B, T, H]
 
-        The query at index p attends to the step-0 keys at indices <= p (causal) and to each
-        earlier step's key at index p only (the diagonal); its own key is that diagonal for its step.
+    def ttt(self, q: torch.Tensor, qpos: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, diag: list) -> torch.Tensor:
+        """Training-time-test attention (see `Eagle3Drafter.ttt_forward` for the layout).
+
+        A query at context end p (its row's `qpos`) attends to the step-0 keys at positions <= p
+        (causal) and to each later step's key at its own row only (the diagonal; its own key, for
+        steps >= 1, is the last of those).
         """
-        q, k, v = self.qkv(x, cos, sin)
-        cache.append((k, v))
-        if len(cache) == 1:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # shape: [B, nh, T, hd]
-        else:
-            k0, v0 = cache[0]
-            t = q.shape[2]
-            scale = 1.0 / math.sqrt(self.hd)
-            causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-            s0 = (q @ k0.transpose(-1, -2)) * scale  # shape: [B, nh, T, T]
-            s0 = s0.masked_fill(~causal, float("-inf"))
-            kd = torch.stack([kj for kj, _ in cache[1:]], dim=-2)  # shape: [B, nh, T, i, hd]
-            vd = torch.stack([vj for _, vj in cache[1:]], dim=-2)  # shape: [B, nh, T, i, hd]
-            sd = (q.unsqueeze(-2) * kd).sum(-1) * scale  # shape: [B, nh, T, i]
-            probs = torch.softmax(torch.cat([s0, sd], dim=-1), dim=-1)  # shape: [B, nh, T, T+i]
-            out = probs[..., :t] @ v0 + (probs[..., t:].unsqueeze(-1) * vd).sum(-2)  # shape: [B, nh, T, hd]
-        b, _, t, _ = out.shape
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.nh * self.hd))  # shape: [B, T, H]
+        # q shape: [B, nh, Tq, hd]; qpos shape: [B, Tq]; k0, v0 shape: [B, nh, T, hd];
+        # diag: (k_j, v_j) of steps 1..i, each [B, nh, Tq, hd]
+        t = k0.shape[2]
+        scale = 1.0 / math.sqrt(self.hd)
+        causal = torch.arange(t, device=q.device)[None, None, :] <= qpos[:, :, None]  # shape: [B, Tq, T]
+        s0 = (q @ k0.transpose(-1, -2)) * scale  # shape: [B, nh, Tq, T]
+        s0 = s0.masked_fill(~causal[:, None], float("-inf"))
+        if not diag:
+            return self.out(torch.softmax(s0, dim=-1) @ v0)
+        kd = torch.stack([kj for kj, _ in diag], dim=-2)  # shape: [B, nh, Tq, i, hd]
+        vd = torch.stack([vj for _, vj in diag], dim=-2)  # shape: [B, nh, Tq, i, hd]
+        sd = (q.unsqueeze(-2) * kd).sum(-1) * scale  # shape: [B, nh, Tq, i]
+        probs = torch.softmax(torch.cat([s0, sd], dim=-1), dim=-1)  # shape: [B, nh, Tq, T+i]
+        o = probs[..., :t] @ v0 + (probs[..., t:].unsqueeze(-1) * vd).sum(-2)  # shape: [B, nh, Tq, hd]
+        return self.out(o)
 
-    def attend_all(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: list, causal: bool) -> torch.Tensor:
-        """Inference-style attention: the new keys join `kv` and each query sees every earlier key
-        (and, when `causal`, the new ones at or before itself). B must be 1."""
-        q, k, v = self.qkv(x, cos, sin)
-        kv.append((k, v))
+    def attend_all(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: list) -> torch.Tensor:
+        """Inference-style attention: the new keys join `kv`; each query sees every earlier key and
+        the new ones at or before itself. B must be 1."""
+        q = self.q(x, cos, sin)
+        kv.append(self.kv(x, cos, sin))
         keys = torch.cat([kk for kk, _ in kv], dim=2)  # shape: [1, nh, S, hd]
         values = torch.cat([vv for _, vv in kv], dim=2)
         t, s = q.shape[2], keys.shape[2]
-        mask = torch.ones(t, s, dtype=torch.bool)
-        if causal:
-            mask[:, s - t:] = torch.ones(t, t, dtype=torch.bool).tril()
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-        return self.o_proj(out.transpose(1, 2).reshape(1, t, self.nh * self.hd))
+        mask = torch.ones(t, s, dtype=torch.bool, device=q.device)
+        mask[:, s - t:] = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+        return self.out(F.scaled_dot_product_attention(q, keys, values, attn_mask=mask))
 
 
 class MLP(nn.Module):
@@ -209,16 +211,21 @@ class DecoderLayer(nn.Module):
         self.hidden_norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
 
-    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, attend) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (mlp output, residual); `attend(x [B,T,2H]) -> [B,T,H]` runs the attention."""
-        # embeds, hidden shape: [B, T, H]
-        e = self.input_layernorm(embeds)
+    def attn_input(self, embeds: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(attention input [B, T, 2H], residual [B, T, H]) from the token embedding and the fed state."""
         h = self.hidden_norm(hidden)
         residual = h if self.norm_before_residual else hidden
-        a = attend(torch.cat([e, h], dim=-1))  # attention input shape: [B, T, 2H]
-        residual = a + residual
-        m = self.mlp(self.post_attention_layernorm(residual))
-        return m, residual
+        return torch.cat([self.input_layernorm(embeds), h], dim=-1), residual
+
+    def finish(self, attn_out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """The pre-norm output: what the next drafting step is fed, and what the final norm sees."""
+        residual = attn_out + residual
+        return self.mlp(self.post_attention_layernorm(residual)) + residual  # shape: [B, T, H]
+
+    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, attend) -> torch.Tensor:
+        """Pre-norm output; `attend(x [B, T, 2H]) -> [B, T, H]` runs the attention."""
+        x, residual = self.attn_input(embeds, hidden)
+        return self.finish(attend(x), residual)
 
 
 class Eagle3Drafter(nn.Module):
@@ -268,39 +275,62 @@ class Eagle3Drafter(nn.Module):
     def _rope(self, positions: torch.Tensor):
         return rope_tables(positions, self.arch.head_dim, self.arch.rope_theta)
 
-    def ttt_forward(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
-        """The training-time-test unroll; returns the normed output of each step, shape [B, T, H].
+    def ttt_forward(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int,
+                    query_start: torch.Tensor | None = None, query_len: int | None = None
+                    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The training-time-test unroll: (normed output of each step [B, Tq, H], context ends qpos [B, Tq]).
 
-        Layout (index p = the last position whose target states the engine has, "context end"):
+        Layout (p = a context end, the last position whose target states the engine has):
           step 0 at p: token x[p+1], hidden fc(aux[p]), rotary position p
-          step i at p: token x[p+1+i], hidden = step i-1's pre-norm output at the same index p,
-                       rotary position p+i, attends to step-0 keys at indices <= p and to the keys
-                       of steps 1..i at index p.
+          step i at p: token x[p+1+i], hidden = step i-1's pre-norm output at the same p,
+                       rotary position p+i; attends to the step-0 keys at positions <= p and to
+                       the keys of steps 1..i at p.
           label of step i at p: the target's next-token distribution at position p+1+i, i.e.
                        softmax(lm_head(norm(final[p+1+i]))) -- the distribution of x[p+2+i].
-        This is vLLM's proposer exactly: after the target verifies up to position p and samples
-        x[p+1], the drafter's first pass feeds input_ids shifted left by one (token x[s+1] with the
-        target state of s, position s, for every new s <= p); draft step i then feeds the token it
-        just drafted (x[p+1+i] when accepted), the previous step's pre-norm output, position p+i,
-        and attends to the whole KV cache: step-0 entries for positions <= p plus drafts p+1..p+i.
-        With teacher forcing, tokens and labels shift one index left per step; the hidden does not.
+        This is vLLM's proposer exactly: once the target has verified up to p and sampled x[p+1],
+        the drafter's first pass feeds input_ids shifted left by one (token x[s+1] with the target's
+        state at s, position s, for every new s <= p); draft step i then feeds the token it just
+        drafted (x[p+1+i] when accepted), the previous step's pre-norm output and position p+i,
+        and attends to the whole KV cache: step-0 entries at positions <= p plus its drafts.
+
+        Outputs are computed only for the context ends p = query_start[b] + r, r < query_len (the
+        rows that carry labels), default all of 0..T-1; step-0 keys are computed everywhere.
         """
         # aux shape: [B, T, 3H]; input_ids shape: [B, T] (x[0..T-1], padded with any id)
         b, t = input_ids.shape
-        cos, sin = self._rope(torch.arange(t + steps, device=aux.device))
-        hidden = self.combine_hidden_states(aux)  # shape: [B, T, H]
-        layer = self.layers[0]
-        cache: list = []
+        dev = input_ids.device
+        if query_start is None:
+            query_start, query_len = torch.zeros(b, dtype=torch.int64, device=dev), t
+        qpos = query_start[:, None] + torch.arange(query_len, device=dev)[None, :]  # shape: [B, Tq]
+        rows = qpos.clamp(max=t - 1)
+
+        def at_rows(z: torch.Tensor) -> torch.Tensor:  # [B, T, D] -> [B, Tq, D]
+            return z.gather(1, rows[..., None].expand(-1, -1, z.shape[-1]))
+
+        def token_at(offset: int) -> torch.Tensor:  # x[p + offset] for each row, 0 beyond the end
+            idx = qpos + offset
+            return torch.where(idx < t, input_ids.gather(1, idx.clamp(max=t - 1)), 0)  # shape: [B, Tq]
+
+        cos, sin = self._rope(torch.arange(t + steps, device=dev))
+        layer, attn = self.layers[0], self.layers[0].self_attn
+        # Step 0 keys/values at every position: token x[s+1], state fc(aux[s]), position s.
+        next_ids = torch.zeros_like(input_ids)
+        next_ids[:, : t - 1] = input_ids[:, 1:]
+        x_all, res_all = layer.attn_input(self.embed(next_ids), self.combine_hidden_states(aux))  # [B, T, 2H]
+        k0, v0 = attn.kv(x_all, cos[:t], sin[:t])  # shape: [B, nh, T, hd]
+        x, residual = at_rows(x_all), at_rows(res_all)
+        diag: list = []
         outs = []
         for i in range(steps):
-            ids_i = torch.zeros_like(input_ids)
-            n = max(t - 1 - i, 0)
-            ids_i[:, :n] = input_ids[:, 1 + i : 1 + i + n]  # token x[p+1+i] at index p
-            c, s = cos[i : i + t], sin[i : i + t]  # rotary position p+i
-            m, residual = layer(self.embed(ids_i), hidden, lambda x: layer.self_attn.ttt(x, c, s, cache))
-            hidden = m + residual  # shape: [B, T, H], pre-norm: what the next step is fed
+            if i > 0:
+                x, residual = layer.attn_input(self.embed(token_at(1 + i)), hidden)
+            c, s = cos[rows + i].unsqueeze(1), sin[rows + i].unsqueeze(1)  # rotary position p+i: [B, 1, Tq, hd]
+            q = attn.q(x, c, s)
+            if i > 0:
+                diag.append(attn.kv(x, c, s))
+            hidden = layer.finish(attn.ttt(q, rows, k0, v0, diag), residual)  # pre-norm: [B, Tq, H]
             outs.append(self.norm(hidden))
-        return outs
+        return outs, qpos
 
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
         return self.lm_head(normed)  # shape: [..., Vd]
@@ -311,19 +341,15 @@ class Eagle3Drafter(nn.Module):
         """First pass over positions 0..P-1: token x[s+1], state aux[s], position s.
         Returns (normed, pre-norm) outputs, shape [1, P, H]; `kv` receives the keys."""
         # aux shape: [1, P, 3H]; input_ids shape: [1, P] holding x[1..P]
-        p = aux.shape[1]
-        cos, sin = self._rope(torch.arange(p))
+        cos, sin = self._rope(torch.arange(aux.shape[1], device=aux.device))
         layer = self.layers[0]
-        m, residual = layer(self.embed(input_ids), self.combine_hidden_states(aux),
-                            lambda x: layer.self_attn.attend_all(x, cos, sin, kv, causal=True))
-        hidden = m + residual
+        hidden = layer(self.embed(input_ids), self.combine_hidden_states(aux),
+                       lambda x: layer.self_attn.attend_all(x, cos, sin, kv))
         return self.norm(hidden), hidden
 
     def decode_one_token(self, token: torch.Tensor, hidden: torch.Tensor, position: int, kv: list):
         """One drafting step: token [1, 1], previous pre-norm output [1, 1, H], attends to all of `kv`."""
-        cos, sin = self._rope(torch.tensor([position]))
+        cos, sin = self._rope(torch.tensor([position], device=hidden.device))
         layer = self.layers[0]
-        m, residual = layer(self.embed(token), hidden,
-                            lambda x: layer.self_attn.attend_all(x, cos, sin, kv, causal=True))
-        hidden = m + residual
+        hidden = layer(self.embed(token), hidden, lambda x: layer.self_attn.attend_all(x, cos, sin, kv))
         return self.norm(hidden), hidden

@@ -38,7 +38,7 @@ class TrainError(RuntimeError):
 
 @dataclass
 class StepStats:
-    """Sums over one or more batches, per unroll step i (and the acceptance chain)."""
+    """Sums over one or more batches, per unroll step i (and two acceptance simulations)."""
 
     steps: int
     loss_sum: torch.Tensor = None  # shape: [K] sum of per-position soft CE
@@ -46,41 +46,82 @@ class StepStats:
     count: torch.Tensor = None  # shape: [K] positions scored
     chain_accepted: torch.Tensor = None  # shape: [K] context ends whose first k+1 drafts all match
     chain_count: int = 0  # context ends where all K drafts are scored
+    walk_accepted: torch.Tensor = None  # shape: [K] engine-walk drafts whose first k+1 tokens were accepted
+    walk_drafts: int = 0  # engine-walk drafting rounds
     tokens: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("loss_sum", "correct", "count", "chain_accepted"):
+        for name in ("loss_sum", "correct", "count", "chain_accepted", "walk_accepted"):
             if getattr(self, name) is None:
                 setattr(self, name, torch.zeros(self.steps, dtype=torch.float64))
 
     def add(self, other: "StepStats") -> None:
-        self.loss_sum += other.loss_sum
-        self.correct += other.correct
-        self.count += other.count
-        self.chain_accepted += other.chain_accepted
+        for name in ("loss_sum", "correct", "count", "chain_accepted", "walk_accepted"):
+            getattr(self, name).add_(getattr(other, name))
         self.chain_count += other.chain_count
+        self.walk_drafts += other.walk_drafts
         self.tokens += other.tokens
 
     def summary(self, decay: float) -> dict[str, Any]:
-        """loss: decay-weighted mean of the per-step soft CE; acc: per-step argmax agreement;
-        accept_pos[k]: fraction of context ends whose drafts 0..k all equal the target's argmax
-        (what vLLM's num_accepted_tokens_per_pos / num_drafts measures under greedy verification);
-        acceptance_length = 1 + sum(accept_pos): vLLM's mean acceptance length, simulated."""
+        """loss: decay-weighted mean of the per-step soft CE; acc: per-step argmax agreement (teacher forced).
+
+        accept_pos[k] / acceptance_length: vLLM's num_accepted_tokens_per_pos[k] / num_drafts and
+        1 + accepted / drafts under greedy verification, simulated by walking each held-out answer the
+        way the engine does (`engine_walk`); this is the number the best epoch is chosen on.
+        accept_pos_uniform / acceptance_length_uniform: the same over *every* context end (each
+        weighted equally); optimistic, because the engine drafts more often right after a rejection.
+        acceptance_length_indep: 1 + sum_k prod_{i<=k} acc[i] (per-step accuracies taken as independent).
+        """
         per_step = (self.loss_sum / self.count.clamp(min=1)).tolist()
         w = [decay ** i for i in range(self.steps)]
         acc = (self.correct / self.count.clamp(min=1)).tolist()
-        accept = (self.chain_accepted / max(self.chain_count, 1)).tolist()
-        indep = 1.0 + sum(math.prod(acc[: k + 1]) for k in range(self.steps))
-        return {
+        uniform = (self.chain_accepted / max(self.chain_count, 1)).tolist()
+        out = {
             "loss": sum(wi * li for wi, li in zip(w, per_step)) / sum(w),
             "loss_per_step": [round(x, 5) for x in per_step],
             "acc": [round(x, 5) for x in acc],
-            "accept_pos": [round(x, 5) for x in accept],
-            "acceptance_length": round(1.0 + sum(accept), 5),
-            "acceptance_length_indep": round(indep, 5),
+            "accept_pos_uniform": [round(x, 5) for x in uniform],
+            "acceptance_length_uniform": round(1.0 + sum(uniform), 5),
+            "acceptance_length_indep": round(1.0 + sum(math.prod(acc[: k + 1]) for k in range(self.steps)), 5),
             "positions": int(self.count[0].item()),
             "tokens": self.tokens,
         }
+        if self.walk_drafts:
+            walk = (self.walk_accepted / self.walk_drafts).tolist()
+            out.update(accept_pos=[round(x, 5) for x in walk], acceptance_length=round(1.0 + sum(walk), 5),
+                       drafts=self.walk_drafts)
+        return out
+
+
+def engine_walk(correct: torch.Tensor, loss_mask: torch.Tensor, lengths: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """Greedy speculative decoding replayed over teacher-forced drafts: (drafting rounds, accepted per pos).
+
+    correct[k, b, p]: draft k made at context end p matches the target's argmax at p+1+k. The target
+    verifies through p and samples x[p+1]; the first round is at p = (first answer token) - 1. A round
+    accepts the leading run of matches, a, and the target adds one token: the next round is at
+    p + a + 1. Rounds run while all K drafted tokens lie inside the answer. Exact for greedy
+    verification when the answers are the target's own greedy output.
+    """
+    k_steps = correct.shape[0]
+    corr = correct.cpu().numpy()
+    lm = loss_mask.cpu().numpy()
+    drafts, accepted = 0, [0] * k_steps
+    for b, n in enumerate(lengths.tolist()):
+        answer = lm[b, :n].nonzero()[0]
+        if answer.size == 0:
+            continue
+        p = int(answer[0]) - 1
+        while p + 1 + k_steps <= n - 1:
+            if not lm[b, p + 1]:
+                p += 1  # a prompt token (a later turn): the engine is not drafting here
+                continue
+            a = 0
+            while a < k_steps and corr[a, b, p]:
+                accepted[a] += 1
+                a += 1
+            drafts += 1
+            p += a + 1
+    return drafts, torch.tensor(accepted, dtype=torch.float64)
 
 
 def label_positions(batch: Batch) -> torch.Tensor:
@@ -104,17 +145,15 @@ def shift_left(x: torch.Tensor, n: int, fill=False) -> torch.Tensor:
 
 
 def ttt_loss(model: Eagle3Drafter, target: TargetHead, vocab_rows: torch.Tensor, batch: Batch, steps: int,
-             decay: float, full_argmax: bool = False) -> tuple[torch.Tensor, StepStats]:
+             decay: float, full_argmax: bool = False, walk: bool = False) -> tuple[torch.Tensor, StepStats]:
     """The decay-weighted soft cross-entropy of a TTT unroll, and its statistics.
 
     Soft target: the target's distribution restricted to the draft vocabulary and renormalised
     (softmax over lm_head rows of the draft ids). `full_argmax` compares against the argmax over the
-    whole target vocabulary (what greedy verification uses) instead of the draft-vocabulary one.
+    whole target vocabulary (what greedy verification uses) instead of the draft-vocabulary one;
+    `walk` adds the engine-walk acceptance simulation (validation).
     """
     jvalid = label_positions(batch)  # shape: [B, T]
-    slot = torch.full(jvalid.shape, -1, dtype=torch.int64, device=jvalid.device)
-    n_labels = int(jvalid.sum())
-    slot[jvalid] = torch.arange(n_labels, device=jvalid.device)
     with torch.no_grad():
         final = batch.final[jvalid]  # shape: [N, H]
         tgt_logits = target.logits(final, vocab_rows)  # shape: [N, Vd]
@@ -124,25 +163,35 @@ def ttt_loss(model: Eagle3Drafter, target: TargetHead, vocab_rows: torch.Tensor,
         else:
             tgt_argmax = vocab_rows[tgt_logits.argmax(-1)]
 
-    outs = model.ttt_forward(batch.aux, batch.input_ids, steps)
+    # Context ends that carry a label for some step: p in [first label - steps, len - 3] per row.
+    b, t = jvalid.shape
+    first = torch.where(jvalid.any(1), jvalid.float().argmax(1), torch.zeros_like(batch.lengths))
+    query_start = (first - steps).clamp(min=0)  # shape: [B]
+    query_len = max(int((batch.lengths - 2 - query_start).max()), 1)
+    outs, qpos = model.ttt_forward(batch.aux, batch.input_ids, steps, query_start, query_len)
     stats = StepStats(steps, tokens=batch.num_tokens)
     total = torch.zeros((), device=batch.aux.device)
-    correct_at = []  # per step: [B, T] bool, the draft at context end p matches
+    j_index = torch.arange(t, device=jvalid.device)[None, :].expand_as(jvalid)[jvalid]  # shape: [N] position j
+    correct_at = []  # per step: [B, T] bool over context ends p, the draft matches
     for i, normed in enumerate(outs):
-        valid = shift_left(jvalid, 1 + i)  # shape: [B, T]: step i at p predicts position p+1+i
-        rows = shift_left(slot, 1 + i, fill=-1)[valid]  # shape: [N_i]
-        logits = model.logits(normed[valid]).float()  # shape: [N_i, Vd]
-        logq = torch.log_softmax(logits, dim=-1)
-        ce = -(tgt_probs[rows] * logq).sum(-1)  # shape: [N_i]
-        if ce.numel():
-            total = total + (decay ** i) * ce.mean()
-        hit = vocab_rows[logits.detach().argmax(-1)] == tgt_argmax[rows]
-        stats.loss_sum[i] = ce.detach().sum().double()
+        # Step i at context end p predicts the label at j = p+1+i: move its outputs to index j, so every
+        # step gathers the same label rows (no [N, V] gathers); rows with j < 1+i have no such p.
+        h = normed.shape[-1]
+        moved = torch.zeros(b, t + query_len + steps, h, device=normed.device, dtype=normed.dtype)
+        moved = moved.scatter(1, (qpos + 1 + i)[..., None].expand(-1, -1, h), normed)[:, :t]  # shape: [B, T, H]
+        logits = model.logits(moved[jvalid]).float()  # shape: [N, Vd]
+        ce = torch.logsumexp(logits, dim=-1) - (tgt_probs * logits).sum(-1)  # soft CE, shape: [N]
+        has_p = j_index >= 1 + i  # shape: [N]
+        n_i = int(has_p.sum())
+        if n_i:
+            total = total + (decay ** i) * (ce * has_p).sum() / n_i
+        hit = (vocab_rows[logits.detach().argmax(-1)] == tgt_argmax) & has_p  # shape: [N]
+        stats.loss_sum[i] = (ce.detach() * has_p).sum().double()
         stats.correct[i] = hit.sum().double()
-        stats.count[i] = ce.numel()
-        c = torch.zeros_like(valid)
-        c[valid] = hit
-        correct_at.append((c, valid))
+        stats.count[i] = n_i
+        c_j = torch.zeros_like(jvalid)
+        c_j[jvalid] = hit
+        correct_at.append((shift_left(c_j, 1 + i), shift_left(jvalid, 1 + i)))  # back to context ends p
     loss = total / sum(decay ** i for i in range(steps))
     # Acceptance chain over context ends where all K drafts are scored.
     all_valid = torch.stack([v for _, v in correct_at]).all(0)  # shape: [B, T]
@@ -151,6 +200,9 @@ def ttt_loss(model: Eagle3Drafter, target: TargetHead, vocab_rows: torch.Tensor,
     for i, (c, _) in enumerate(correct_at):
         chain = chain & c
         stats.chain_accepted[i] = chain.sum().double()
+    if walk:
+        correct = torch.stack([c for c, _ in correct_at])  # shape: [K, B, T]
+        stats.walk_drafts, stats.walk_accepted = engine_walk(correct, batch.loss_mask, batch.lengths)
     return loss, stats
 
 
@@ -247,15 +299,15 @@ class Trainer:
     def _setup_model(self, warm) -> Eagle3Drafter:
         arch = arch_for_target(self.target, self.cfg, self.vocab.size)
         if warm:
-            cfg = warm[0]
-            arch = DrafterArch(**{**arch.to_dict(), **{k: cfg[k] for k in (
-                "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
-                "norm_before_fc", "norm_before_residual") if k in cfg}})
+            arch = self._warm_arch(arch, warm[0])
         model = Eagle3Drafter(arch, self.target.embed_tokens)
         model.init_from_target(self.target, self.vocab.draft_to_target)
         if warm:
             weights = warm[1]
-            missing, unexpected = model.load_state_dict(weights, strict=False)
+            try:
+                missing, unexpected = model.load_state_dict(weights, strict=False)
+            except RuntimeError as exc:
+                raise TrainError(f"warm-start drafter {self.cfg.warm_start} does not fit: {exc}") from None
             missing = [m for m in missing if m != "lm_head.weight"]  # a shared lm_head: keep the target's rows
             if missing or unexpected:
                 raise TrainError(f"warm-start drafter {self.cfg.warm_start} does not fit: missing {missing}, "
@@ -263,12 +315,34 @@ class Trainer:
             log.info("warm start from %s", self.cfg.warm_start)
         model.lm_head.weight.requires_grad_(not self.cfg.freeze_lm_head)
         n = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        log.info("drafter: %s, %d trainable parameters, device %s", arch, n, self.device)
+        log.info("drafter: %s, %d trainable parameters, device %s, %d torch threads", arch, n, self.device,
+                 torch.get_num_threads())
         return model.to(self.device)
+
+    def _warm_arch(self, arch: DrafterArch, cfg: dict) -> DrafterArch:
+        """The warm-start drafter's own shape, read the way vLLM reads its config.json."""
+        if int(cfg.get("hidden_size", -1)) != arch.hidden_size:
+            raise TrainError(f"warm-start drafter {self.cfg.warm_start} has hidden_size {cfg.get('hidden_size')}, "
+                             f"the target {arch.hidden_size}")
+        eagle = cfg.get("eagle_config") or {}
+        heads = int(cfg.get("num_attention_heads", arch.num_attention_heads))
+        rope = cfg.get("rope_parameters") or {}
+        return DrafterArch(**{
+            **arch.to_dict(),
+            "intermediate_size": int(cfg.get("intermediate_size", arch.intermediate_size)),
+            "num_attention_heads": heads,
+            "num_key_value_heads": int(cfg.get("num_key_value_heads") or heads),
+            "head_dim": int(cfg.get("head_dim") or arch.hidden_size // heads),
+            "rms_norm_eps": float(cfg.get("rms_norm_eps", arch.rms_norm_eps)),
+            "rope_theta": float(cfg.get("rope_theta", rope.get("rope_theta", 10000.0))),
+            # vLLM's defaults when the keys are absent: no input norm, norm after the residual.
+            "norm_before_fc": bool(eagle.get("norm_before_fc", cfg.get("norm_before_fc", False))),
+            "norm_before_residual": bool(cfg.get("norm_before_residual", False)),
+        })
 
     def _setup_optimizer(self, model: Eagle3Drafter) -> torch.optim.Optimizer:
         decay, no_decay = [], []
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.requires_grad:
                 (no_decay if p.dim() < 2 else decay).append(p)
         return torch.optim.AdamW(
@@ -376,7 +450,8 @@ class Trainer:
             results.append(result)
         if not results:
             raise TrainError("no training step ran (time budget too small?)")
-        best = max(results, key=lambda r: (r.validation.get("acceptance_length", 0.0), -r.epoch))
+        # Highest simulated acceptance length; without a holdout split, the last epoch.
+        best = max(results, key=lambda r: (r.validation.get("acceptance_length", 0.0), r.epoch))
         return TrainResult(results, best.epoch, self.vocab.size, self.model.arch.to_dict())
 
     def _finish_epoch(self, epoch: int, stats: StepStats, epoch_s: float, step: int, train_s: float,
@@ -401,7 +476,7 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> dict[str, Any]:
-        """Holdout loss, per-step accuracy and simulated acceptance (see StepStats.summary)."""
+        """Holdout loss, per-step accuracy and simulated acceptance (see StepStats.summary, engine_walk)."""
         self.model.eval()
         total = StepStats(self.cfg.ttt_steps)
         t0 = time.perf_counter()
@@ -409,7 +484,7 @@ class Trainer:
             batch = collate(self.val_data, idx).to(self.device)
             with self._autocast():
                 _, stats = ttt_loss(self.model, self.target, self.vocab_rows, batch, self.cfg.ttt_steps,
-                                    self.cfg.step_loss_decay, full_argmax=True)
+                                    self.cfg.step_loss_decay, full_argmax=True, walk=True)
             total.add(stats)
         self.model.train()
         out = total.summary(self.cfg.step_loss_decay)
