@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -71,6 +72,18 @@ class LaunchSpec:
         return argv + list(e.extra_args)
 
 
+def _die_with_parent() -> None:
+    """In the engine's child process: receive SIGTERM when the stage that started it dies (Linux),
+    so a killed stage never leaves an engine holding the GPUs."""
+    try:
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
 def port_is_free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -124,8 +137,10 @@ class VllmServer:
         argv = self.spec.argv()
         log.info("launching engine: %s", " ".join(argv))
         self.proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env, start_new_session=True)
+                                     env=env, start_new_session=True, preexec_fn=_die_with_parent)
         logf.close()
+        # The pid beside the log: what this stage started, and so the only thing it may end.
+        self.log_path.with_suffix(".pid").write_text(str(self.proc.pid))
         try:
             self._wait_healthy(e.startup_timeout_s)
         except BaseException:

@@ -9,6 +9,7 @@ line and leaves no manifest, so nothing half-written is ever taken as complete.
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 import time
 import traceback
@@ -61,10 +62,17 @@ def setup_logging() -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
+def _terminate(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def stage_main(stage: str, fn: StageFn, argv: list[str] | None = None) -> int:
     """Entry point of `python -m eagleflow.stages.<stage> request.json`."""
     argv = sys.argv[1:] if argv is None else argv
     setup_logging()
+    # SIGTERM (a cancelled task ends our process group) unwinds the stack like Ctrl-C, so `with`
+    # blocks run and the engine this stage started is ended with it.
+    signal.signal(signal.SIGTERM, _terminate)
     if len(argv) != 1:
         print(f"usage: python -m eagleflow.stages.{stage} <stage_dir>/request.json", file=sys.stderr)
         return 2
