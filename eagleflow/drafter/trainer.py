@@ -403,7 +403,7 @@ class Trainer:
         steps_per_epoch = len(self._epoch_batches(1))
         total_steps = steps_per_epoch * cfg.epochs
         out_of_time = any(not r.complete for r in results)
-        log.info("training: %d epochs x %d steps, %d TTT steps, batch_tokens %d",
+        log.info("training: %d epochs x ~%d steps, %d TTT steps, batch_tokens %d",
                  cfg.epochs, steps_per_epoch, cfg.ttt_steps, cfg.batch_tokens)
         for epoch in range(start_epoch + 1, cfg.epochs + 1):
             if out_of_time:
@@ -412,7 +412,8 @@ class Trainer:
             epoch_stats = StepStats(cfg.ttt_steps)
             window = StepStats(cfg.ttt_steps)
             epoch_s = 0.0
-            for bi, idx in enumerate(self._epoch_batches(epoch)):
+            batches = self._epoch_batches(epoch)  # the packing, and so the count, varies by epoch
+            for bi, idx in enumerate(batches):
                 if cfg.time_budget_s and train_s >= cfg.time_budget_s:
                     out_of_time = True
                     log.info("time budget of %.0f s reached in epoch %d after %d of its steps",
@@ -441,7 +442,7 @@ class Trainer:
                 if step % cfg.log_every_steps == 0:
                     s = window.summary(cfg.step_loss_decay)
                     log.info("epoch %d step %d/%d lr %.2e loss %.4f acc %s grad_norm %.3f %.0f tok/s",
-                             epoch, bi + 1, steps_per_epoch, lr, s["loss"], s["acc"], float(grad_norm),
+                             epoch, bi + 1, len(batches), lr, s["loss"], s["acc"], float(grad_norm),
                              epoch_stats.tokens / max(epoch_s, 1e-9))
                     window = StepStats(cfg.ttt_steps)
             if epoch_stats.tokens == 0:

@@ -138,3 +138,34 @@ def test_deployments_register(prefect_server, config_path):
     crons = [s["schedule"].get("cron") for s in deps["eagleflow-nightly"]["schedules"]]
     assert crons == ["0 2 * * *"]
     assert deps["eagleflow-pipeline"]["parameters"]["params"]["config_path"] == str(config_path)
+
+
+PROMOTE_SCRIPT = """
+import json, sys
+from prefect import flow
+from eagleflow.config import load_config
+from tasks.promote import promote
+
+@flow
+def gate(path: str, report: dict) -> bool:
+    return promote(load_config(path), report, min_speedup=1.0, min_acceptance_length=1.5)
+
+print("PROMOTED", gate(sys.argv[1], json.loads(sys.argv[2])))
+"""
+
+
+def test_promotion_gate_keeps_the_better_drafter(first_run, prefect_server, config_path, workdir):
+    env = {**os.environ, **prefect_server}
+
+    def gate(al: float, speedup: float) -> bool:
+        report = {**first_run, "speedup": speedup, "drafter": {**first_run["drafter"], "mean_acceptance_length": al}}
+        proc = subprocess.run([sys.executable, "-c", PROMOTE_SCRIPT, str(config_path), json.dumps(report)],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return "PROMOTED True" in proc.stdout
+
+    record = workdir / "runs" / "promoted" / "e2e.json"
+    assert gate(3.0, 1.2) and json.loads(record.read_text())["mean_acceptance_length"] == 3.0
+    assert not gate(2.5, 1.3)  # worse than the promoted drafter
+    assert not gate(3.5, 0.9)  # slower than no speculation
+    assert gate(3.2, 1.1) and json.loads(record.read_text())["mean_acceptance_length"] == 3.2
