@@ -126,6 +126,12 @@ class BenchmarkConfig(_Strict):
     concurrency: int = Field(1, ge=1, description="Requests in flight.")
     temperature: float = Field(0.0, ge=0, le=2, description="0 is greedy.")
     warmup_requests: int = Field(2, ge=0, description="Requests sent before measuring.")
+    side_by_side: bool = Field(
+        False,
+        description="Run both engines at once (the drafter's on engine.port + 1) and alternate request rounds "
+        "between them, so drift of a noisy machine hits both alike. Only where each engine has its own cores or GPUs: "
+        "on a 2-core CPU host the idle engine's threads slow the busy one by ~40%.",
+    )
 
 
 class ProductionConfig(_Strict):

@@ -125,6 +125,12 @@ class VllmServer:
         self.base_url = f"http://{spec.engine.host}:{spec.port}"
 
     def __enter__(self) -> "VllmServer":
+        self.start()
+        self.wait_healthy()
+        return self
+
+    def start(self) -> None:
+        """Launch without waiting: two engines can then load side by side."""
         e = self.spec.engine
         if not port_is_free(e.host, self.spec.port):
             raise StageError(
@@ -141,12 +147,14 @@ class VllmServer:
         logf.close()
         # The pid beside the log: what this stage started, and so the only thing it may end.
         self.log_path.with_suffix(".pid").write_text(str(self.proc.pid))
+
+    def wait_healthy(self) -> None:
+        """Block until /health answers; end the engine and raise with its root cause if it dies first."""
         try:
-            self._wait_healthy(e.startup_timeout_s)
+            self._wait_healthy(self.spec.engine.startup_timeout_s)
         except BaseException:
             self.stop()
             raise
-        return self
 
     def _wait_healthy(self, timeout_s: float) -> None:
         assert self.proc is not None
@@ -161,7 +169,7 @@ class VllmServer:
                     )
                 try:
                     if client.get(f"{self.base_url}/health").status_code == 200:
-                        log.info("engine healthy after %.1f s", time.monotonic() - start)
+                        log.info("engine on port %d healthy after %.1f s", self.spec.port, time.monotonic() - start)
                         return
                 except httpx.TransportError:
                     pass
