@@ -27,7 +27,7 @@ def test_benchmark_settings_change_only_the_benchmark_key():
 
 def test_train_settings_change_train_and_downstream():
     base = keys(load_config(ROOT / "configs" / "demo.yaml"))
-    other = keys(load_config(ROOT / "configs" / "demo.yaml", {"train.learning_rate": 0.002}))
+    other = keys(load_config(ROOT / "configs" / "demo.yaml", {"train.learning_rate": 0.0005}))
     assert {s for s in base if base[s] != other[s]} == {"train", "export", "benchmark"}
 
 
