@@ -43,4 +43,6 @@ def main_cli(flow_fn: Callable[[RunParams], Any], doc: str | None) -> int:
     if not state.is_completed():
         print(f"error: the flow run ended {state.name}: {state.message}")
         return 1
+    report = state.result()
+    print(f"report: {report['path']}")  # the last line: where the run's report.json is
     return 0
