@@ -7,10 +7,10 @@ import datetime as dt
 from prefect import flow
 from pydantic import Field
 
+from eagleflow.config import load_config
 from flows.params import RunParams
 from flows.pipeline import pipeline
 from tasks.promote import promote
-from eagleflow.config import load_config
 
 
 class RetrainParams(RunParams):
