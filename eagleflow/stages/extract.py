@@ -138,6 +138,7 @@ def run(request: StageRequest) -> Manifest:
             if capture is None:
                 capture = HiddenStateCapture(cfg, device)
             start = time.perf_counter()
+            # Right padding under a causal mask: the pad id never reaches a kept position, so any id works.
             tensors = extract_shard(capture, ids, masks, cfg.extract.batch_tokens, pad_id=0)
             tmp = data_dir / f".{name}.tmp"
             save_file(tensors, str(tmp), metadata={"split": split})
