@@ -11,16 +11,24 @@ HOSTENV := .hostenv
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 
-.PHONY: demo test envs controlenv hostenv target clean-runs
+.PHONY: demo test envs controlenv hostenv sshd target clean-runs
 
 demo: envs
 	$(VENV)/bin/python -m flows.pipeline configs/demo.yaml
 
-test: envs
+test: envs sshd
 	$(HOSTENV)/bin/python -m pytest -q tests/unit tests/integration
 	$(VENV)/bin/python -m pytest -q tests/e2e
 
 envs: controlenv hostenv
+
+# The SSH tests start their own OpenSSH server on 127.0.0.1 (generated keys, a high port); they need
+# the sshd binary, which a bare CI machine lacks.
+sshd:
+	@test -x /usr/sbin/sshd || command -v sshd >/dev/null || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null 2>&1 || \
+	  { $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server; }; }
 controlenv: $(VENV)/.installed
 hostenv: $(HOSTENV)/.installed
 

@@ -1,10 +1,11 @@
-"""The three eagleflow deployments, registered on the Prefect server from this checkout.
+"""The eagleflow deployments, registered on the Prefect server from this checkout.
 
     .venv/bin/python -m deployments.deploy [--config configs/demo.yaml] [--pool eagleflow]
 
 - eagleflow-pipeline:  the full run, triggered from the UI (parameters: config path, overrides)
 - eagleflow-nightly:   the retrain with a promotion gate, on a cron schedule (02:00 UTC)
 - eagleflow-benchmark: the benchmark alone, for a finished drafter of a config
+- eagleflow-bootstrap: create or update the host environment, report what the host has
 
 They run on a `process` work pool; start a worker with `prefect worker start --pool eagleflow`.
 """
@@ -30,6 +31,8 @@ DEPLOYMENTS = [
      "Nightly retrain on fresh data with a promotion gate."),
     ("eagleflow-benchmark", "flows/benchmark.py:benchmark_only", None,
      "Benchmark only: the finished drafter of a config against no speculation."),
+    ("eagleflow-bootstrap", "flows/bootstrap.py:bootstrap", None,
+     "Create or update the host environment and report python, torch, CUDA, engine, GPUs and disk."),
 ]
 
 

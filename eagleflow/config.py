@@ -26,13 +26,49 @@ class _Strict(BaseModel):
 
 
 class HostConfig(_Strict):
-    """Where the heavy stages run."""
+    """Where the heavy stages run: this machine, or a GPU host reached over SSH."""
 
-    kind: Literal["local"] = Field("local", description="'local' runs stages as subprocesses here.")
-    name: str = Field("localhost", min_length=1, description="Host name, used in logs and locks.")
+    kind: Literal["local", "ssh"] = Field(
+        "local", description="'local' runs stages as subprocesses here; 'ssh' runs them as detached jobs on `address`."
+    )
+    name: str = Field(
+        "localhost", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$",
+        description="Host name, used in logs, the Prefect concurrency limit and the host lock.",
+    )
     work_root: str = Field(description="Directory on the host under which every stage writes its outputs.")
     python: str = Field(description="Python of the host environment (torch, transformers, the engine, eagleflow).")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for every stage process.")
+    # SSH only.
+    address: str | None = Field(None, description="SSH: host name or IP to connect to.")
+    port: int = Field(22, ge=1, le=65535, description="SSH: port of the host's sshd.")
+    user: str | None = Field(None, description="SSH: login user (default: the local user).")
+    key_path: str | None = Field(
+        None, description="SSH: private key file on the control machine; without it the SSH agent's keys are used."
+    )
+    known_hosts: str = Field(
+        "~/.ssh/known_hosts",
+        description="SSH: known_hosts file that must already hold the host's key (unknown keys are refused, never added).",
+    )
+    connect_timeout_s: float = Field(15, gt=0, description="SSH: timeout of one connection attempt.")
+    connect_attempts: int = Field(
+        4, ge=1, le=20, description="SSH: attempts for an unreachable host, with doubling backoff (1 s, 2 s, 4 s ...)."
+    )
+    stage_retries: int = Field(
+        3, ge=0, le=20,
+        description="Prefect retries of a stage task after a lost connection; the retry re-attaches to the running job.",
+    )
+
+    @model_validator(mode="after")
+    def _ssh(self) -> "HostConfig":
+        if self.kind == "ssh":
+            if not self.address:
+                raise ValueError("host.address is required when host.kind is 'ssh' (the GPU host's name or IP)")
+            for field in ("work_root", "python"):
+                if not getattr(self, field).startswith("/"):
+                    raise ValueError(
+                        f"host.{field} must be an absolute path on the SSH host, got {getattr(self, field)!r}"
+                    )
+        return self
 
 
 class TargetConfig(_Strict):

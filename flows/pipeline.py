@@ -13,6 +13,7 @@ from prefect.artifacts import create_markdown_artifact
 from eagleflow.config import RunConfig, load_config
 from eagleflow.manifest import Manifest
 from eagleflow.report import StageTiming, build_report, render_markdown, render_text, write_report
+from flows.hold import hold_host, stop_jobs_of_run
 from flows.params import RunParams, main_cli
 from tasks.benchmark import benchmark
 from tasks.check import check
@@ -46,13 +47,14 @@ def train_drafter(config: RunConfig) -> dict[str, StageRun]:
     return runs
 
 
-@flow(name="pipeline", log_prints=True)
+@flow(name="pipeline", log_prints=True, on_cancellation=[stop_jobs_of_run], on_crashed=[stop_jobs_of_run])
 def pipeline(params: RunParams = RunParams()) -> dict:
     config = load_config(params.config_path, params.overrides)
-    check(config)
-    runs = train_drafter(config)
-    upstream: dict[str, Manifest] = {"export": runs["export"].manifest, "generate": runs["generate"].manifest}
-    runs["benchmark"] = run_cached(benchmark, config, upstream)
+    with hold_host(config, f"pipeline {config.name}"):
+        check(config)
+        runs = train_drafter(config)
+        upstream: dict[str, Manifest] = {"export": runs["export"].manifest, "generate": runs["generate"].manifest}
+        runs["benchmark"] = run_cached(benchmark, config, upstream)
     return publish_report(config, runs)
 
 

@@ -6,9 +6,9 @@ from prefect import task
 
 from eagleflow.config import RunConfig
 from eagleflow.manifest import Manifest
-from tasks.dispatch import dispatch
+from tasks.dispatch import STAGE_TASK, dispatch
 
 
-@task(name="check", task_run_name="check")
+@task(name="check", **STAGE_TASK, task_run_name="check")
 def check(config: RunConfig, upstream: dict[str, Manifest] | None = None) -> Manifest:
     return dispatch("check", config, upstream or {})

@@ -3,6 +3,10 @@
 Prefect caches manifests, never data. The cache key is the stage key (stage settings, upstream keys,
 code version); a cache hit is honoured only while the manifest still exists on the host: otherwise
 the task runs with `refresh_cache`, which overwrites the stale record.
+
+Retries: a stage task is retried only when the link to the host dropped (`is_transient`); the retry
+runs the same job dir with the same attempt id, so an SSH host re-attaches to the job still running
+there instead of starting it twice. Failures of the stage itself are never retried blindly.
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from prefect import Task, get_run_logger
-from prefect.context import TaskRunContext
+from prefect.client.schemas.objects import TaskRun
+from prefect.context import FlowRunContext, TaskRunContext
+from prefect.states import State
 
 from eagleflow.config import RunConfig
-from eagleflow.hosts import make_host
+from eagleflow.hosts import is_transient, make_host
 from eagleflow.manifest import UPSTREAM, Manifest, stage_dir, stage_key
 from eagleflow.stages.common import StageRequest
 
@@ -30,28 +36,57 @@ def stage_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     return f"eagleflow-{stage}-{_key(stage, parameters['config'], parameters.get('upstream') or {})}"
 
 
+def retry_if_transient(task: Task, task_run: TaskRun, state: State) -> bool:
+    """Prefect's retry_condition_fn: retry a lost connection or an unreachable host, nothing else."""
+    exc = state.data if isinstance(state.data, BaseException) else None
+    if exc is None:
+        try:
+            exc = state.result(raise_on_failure=False)
+        except Exception as err:  # noqa: BLE001 - the result itself may be the failure
+            exc = err
+    return isinstance(exc, BaseException) and is_transient(exc)
+
+
+# Every stage task: retried after a dropped link (the retry re-attaches), `run_cached` sets how often.
+STAGE_TASK = dict(retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=retry_if_transient)
+
 # Measurements and checks are facts about now: they run every time, each in a directory of its own.
 ALWAYS_RUN = ("check", "benchmark")
+
+
+def _run_ids() -> tuple[str, str, str]:
+    """(owner, attempt, stamp): the flow run that owns the job, the task run (the same across its
+    retries), and a UTC stamp fixed at the task run's creation, so a retry finds the same dir."""
+    flow_ctx, task_ctx = FlowRunContext.get(), TaskRunContext.get()
+    owner = str(flow_ctx.flow_run.id) if flow_ctx and flow_ctx.flow_run else f"cli-{uuid.uuid4().hex}"
+    if task_ctx is None:
+        return owner, uuid.uuid4().hex, time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    run = task_ctx.task_run
+    created = run.expected_start_time or run.created
+    stamp = created.strftime("%Y%m%dT%H%M%S") if created else time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    return owner, str(run.id), stamp
 
 
 def dispatch(stage: str, config: RunConfig, upstream: dict[str, Manifest]) -> Manifest:
     """Run `python -m eagleflow.stages.<stage>` on the host; return the manifest it wrote last."""
     logger = get_run_logger()
-    host = make_host(config.host)
+    owner, attempt, stamp = _run_ids()
     key = _key(stage, config, upstream)
     if stage in ALWAYS_RUN:
-        key = f"{key}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
+        key = f"{key}-{stamp}-{attempt.replace('-', '')[-8:]}"  # UUIDv7: the random end
     d = stage_dir(config, stage, key)
     manifest_path = f"{d}/manifest.json"
-    if host.exists(manifest_path):
-        logger.info("%s %s is already complete on %s: %s", stage, key, host.name, manifest_path)
+    with make_host(config.host) as host:
+        if host.exists(manifest_path):
+            logger.info("%s %s is already complete on %s: %s", stage, key, host.name, manifest_path)
+            return Manifest.model_validate_json(host.read_text(manifest_path))
+        # Atomic (temp + rename): a stage already running read its request when it started.
+        request = StageRequest(stage=stage, key=key, dir=d, config=config, upstream=upstream)
+        host.write_text(f"{d}/request.json", request.model_dump_json(indent=2))
+        logger.info("running %s %s on %s (log: %s/stage.log)", stage, key, host.name, d)
+        host.run_job(d, [config.host.python, "-m", f"eagleflow.stages.{stage}", f"{d}/request.json"],
+                     log=logger.info, owner=owner, attempt=attempt)
         return Manifest.model_validate_json(host.read_text(manifest_path))
-    request = StageRequest(stage=stage, key=key, dir=d, config=config, upstream=upstream)
-    host.write_text(f"{d}/request.json", request.model_dump_json(indent=2))
-    logger.info("running %s %s on %s (log: %s/stage.log)", stage, key, host.name, d)
-    host.run([config.host.python, "-m", f"eagleflow.stages.{stage}", f"{d}/request.json"],
-             log=logger.info, log_path=f"{d}/stage.log")
-    return Manifest.model_validate_json(host.read_text(manifest_path))
 
 
 @dataclass
@@ -68,24 +103,26 @@ def run_cached(task: Task, config: RunConfig, upstream: dict[str, Manifest] | No
     upstream = upstream or {}
     stage = task.name
     key = _key(stage, config, upstream)
-    present = make_host(config.host).exists(f"{stage_dir(config, stage, key)}/manifest.json")
+    with make_host(config.host) as host:
+        present = host.exists(f"{stage_dir(config, stage, key)}/manifest.json")
     start = time.monotonic()
-    state = task.with_options(refresh_cache=not present)(config, upstream, return_state=True)
+    state = task.with_options(refresh_cache=not present, retries=config.host.stage_retries)(
+        config, upstream, return_state=True)
     manifest = state.result()  # raises the task's exception when it failed
     return StageRun(manifest, cached=state.name == "Cached", seconds=time.monotonic() - start)
 
 
 def finished_upstream(config: RunConfig, stages: tuple[str, ...]) -> dict[str, Manifest]:
     """The manifests of `stages` (in pipeline order) for this config, read from the host, or a clear error."""
-    host = make_host(config.host)
     found: dict[str, Manifest] = {}
-    for stage in stages:
-        key = _key(stage, config, found)
-        path = f"{stage_dir(config, stage, key)}/manifest.json"
-        if not host.exists(path):
-            raise FileNotFoundError(
-                f"no finished {stage} stage for run config {config.name!r} on {host.name} ({path}); "
-                "run the full pipeline first (deployment 'eagleflow-pipeline' or make demo)"
-            )
-        found[stage] = Manifest.model_validate_json(host.read_text(path))
+    with make_host(config.host) as host:
+        for stage in stages:
+            key = _key(stage, config, found)
+            path = f"{stage_dir(config, stage, key)}/manifest.json"
+            if not host.exists(path):
+                raise FileNotFoundError(
+                    f"no finished {stage} stage for run config {config.name!r} on {host.name} ({path}); "
+                    "run the full pipeline first (deployment 'eagleflow-pipeline' or make demo)"
+                )
+            found[stage] = Manifest.model_validate_json(host.read_text(path))
     return found

@@ -6,9 +6,9 @@ from prefect import task
 
 from eagleflow.config import RunConfig
 from eagleflow.manifest import Manifest
-from tasks.dispatch import dispatch, stage_cache_key
+from tasks.dispatch import STAGE_TASK, dispatch, stage_cache_key
 
 
-@task(name="generate", cache_key_fn=stage_cache_key, persist_result=True, task_run_name="generate")
+@task(name="generate", **STAGE_TASK, cache_key_fn=stage_cache_key, persist_result=True, task_run_name="generate")
 def generate(config: RunConfig, upstream: dict[str, Manifest]) -> Manifest:
     return dispatch("generate", config, upstream)

@@ -6,9 +6,9 @@ from prefect import task
 
 from eagleflow.config import RunConfig
 from eagleflow.manifest import Manifest
-from tasks.dispatch import dispatch, stage_cache_key
+from tasks.dispatch import STAGE_TASK, dispatch, stage_cache_key
 
 
-@task(name="train", cache_key_fn=stage_cache_key, persist_result=True, task_run_name="train")
+@task(name="train", **STAGE_TASK, cache_key_fn=stage_cache_key, persist_result=True, task_run_name="train")
 def train(config: RunConfig, upstream: dict[str, Manifest]) -> Manifest:
     return dispatch("train", config, upstream)

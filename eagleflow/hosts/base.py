@@ -1,16 +1,37 @@
-"""The host abstraction: where stages run. Local now; SSH implements the same interface."""
+"""The host abstraction: where stages run. `LocalHost` here, `SshHost` on a GPU host over SSH."""
 
 from __future__ import annotations
 
 import abc
+import contextlib
 from collections import deque
-from typing import Callable
+from typing import Callable, Iterator
 
 LogFn = Callable[[str], None]
 
 
 class HostError(RuntimeError):
     """The host cannot be used (unreachable, missing path); the message names the host and the fix."""
+
+
+class HostKeyError(HostError):
+    """The host's key is unknown or does not match known_hosts. Never retried, never auto-accepted."""
+
+
+class HostAuthError(HostError):
+    """The host refused our key (or the key file is unusable). Never retried."""
+
+
+class HostUnreachable(HostError):
+    """No SSH connection after every attempt with backoff (refused, timed out, no route)."""
+
+
+class ConnectionLost(HostError):
+    """The connection dropped while a job was running. The job goes on; a retry re-attaches to it."""
+
+
+class HostBusy(HostError):
+    """Another run holds the host lease or still has a job running there."""
 
 
 class StageFailed(RuntimeError):
@@ -53,6 +74,33 @@ class Host(abc.ABC):
         Raises StageFailed with the last lines when it exits non-zero. If the caller is interrupted
         (cancellation, KeyboardInterrupt), the process group it started is ended before re-raising.
         """
+
+    def run_job(self, job_dir: str, argv: list[str], *, log: LogFn, env: dict[str, str] | None = None,
+                owner: str = "", attempt: str = "") -> None:
+        """Run a stage as the job of `job_dir` (log in `<job_dir>/stage.log`); see `run`.
+
+        `owner` (the flow run) and `attempt` (the task run) let a host with detached jobs re-attach a
+        retry to the job it started instead of starting a second one.
+        """
+        self.run(argv, log=log, env=env, log_path=f"{job_dir}/stage.log")
+
+    def stop_owner(self, owner: str) -> list[str]:
+        """End every running job that `owner` started on this host; return their job dirs."""
+        return []
+
+    @contextlib.contextmanager
+    def lease(self, owner: str, what: str) -> Iterator[None]:
+        """Hold the host for one pipeline: a second run, in Prefect or not, fails with HostBusy."""
+        yield
+
+    def close(self) -> None:
+        """Drop connections; the host's jobs go on."""
+
+    def __enter__(self) -> "Host":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @abc.abstractmethod
     def exists(self, path: str) -> bool: ...

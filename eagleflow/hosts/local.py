@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 from pathlib import Path
+from typing import Iterator
 
-from eagleflow.hosts.base import Host, HostError, LogFn, StageFailed, TailBuffer
+from eagleflow import jobs
+from eagleflow.hosts.base import Host, HostBusy, HostError, LogFn, StageFailed, TailBuffer
 
 
 def end_process_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
@@ -29,9 +32,24 @@ def end_process_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
 
 
 class LocalHost(Host):
-    def __init__(self, name: str = "localhost", env: dict[str, str] | None = None):
+    def __init__(self, name: str = "localhost", env: dict[str, str] | None = None, work_root: str | None = None):
         self.name = name
         self.env = dict(env or {})
+        self.work_root = work_root
+
+    @contextlib.contextmanager
+    def lease(self, owner: str, what: str) -> Iterator[None]:
+        if self.work_root is None:
+            yield
+            return
+        try:
+            held = jobs.Lease(self.work_root, owner, what)
+        except jobs.HostBusyError as exc:
+            raise HostBusy(f"{self.name} is busy: {exc}; wait for that run to end, or cancel it") from None
+        try:
+            yield
+        finally:
+            held.release()
 
     def run(self, argv: list[str], *, log: LogFn, env: dict[str, str] | None = None,
             log_path: str | None = None) -> None:

@@ -9,7 +9,9 @@ line and leaves no manifest, so nothing half-written is ever taken as complete.
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -80,6 +82,9 @@ def stage_main(stage: str, fn: StageFn, argv: list[str] | None = None) -> int:
         request = StageRequest.model_validate_json(Path(argv[0]).read_text())
         if request.stage != stage:
             raise StageError(f"{argv[0]} is a request for stage {request.stage!r}, not {stage!r}")
+        # One line per process that ever worked on this stage dir: how a re-attached retry is told
+        # apart from a second copy.
+        log.info("%s %s: pid %d on %s", stage, request.key, os.getpid(), socket.gethostname())
         start = time.monotonic()
         manifest = fn(request)
         manifest.seconds = round(time.monotonic() - start, 3)

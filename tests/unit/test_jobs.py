@@ -1,0 +1,124 @@
+"""Host-side job control (eagleflow.jobs) on this machine: start, re-attach rules, stop, registry, lease."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from eagleflow import jobs
+
+
+def spec(root: Path, argv: list[str], owner: str = "flow-1", attempt: str = "task-1") -> dict:
+    return {"argv": argv, "env": {}, "owner": owner, "attempt": attempt, "root": str(root)}
+
+
+def wait_ended(job: jobs.Job, timeout: float = 20) -> dict:
+    deadline = time.monotonic() + timeout
+    while job.running():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    return job.status()
+
+
+def test_a_job_runs_detached_and_records_how_it_ended(tmp_path):
+    d = tmp_path / "j"
+    started = jobs.start(d, spec(tmp_path, [sys.executable, "-c", "import os; print(os.getpgrp(), os.getsid(0))"]))
+    assert started["state"] == "started"
+    status = wait_ended(jobs.Job(d))
+    assert status["state"] == "exited" and status["returncode"] == 0
+    pgrp, sid = map(int, (d / "stage.log").read_text().split())
+    assert pgrp == sid == started["pid"]  # the stage is in the supervisor's own session and group
+    assert pgrp != os.getpgrp()
+
+
+def test_start_never_runs_two_copies_and_reruns_only_what_failed_before(tmp_path):
+    d = tmp_path / "j"
+    slow = [sys.executable, "-c", "import time; print('run', flush=True); time.sleep(1.5)"]
+    first = jobs.start(d, spec(tmp_path, slow))
+    again = jobs.start(d, spec(tmp_path, slow, attempt="task-2"))  # a new flow run while it still runs
+    assert again["state"] == "running" and again["pid"] == first["pid"]
+    wait_ended(jobs.Job(d))
+    assert jobs.start(d, spec(tmp_path, slow))["state"] == "exited"  # done: nothing reruns
+    assert (d / "stage.log").read_text().count("run") == 1
+
+    f = tmp_path / "fails"
+    failing = [sys.executable, "-c", "raise SystemExit(5)"]
+    jobs.start(f, spec(tmp_path, failing))
+    assert wait_ended(jobs.Job(f))["returncode"] == 5
+    same = jobs.start(f, spec(tmp_path, failing))  # the retry of the same attempt reports the failure
+    assert same["state"] == "exited" and same["returncode"] == 5
+    assert jobs.start(f, spec(tmp_path, failing, attempt="task-9"))["state"] == "started"  # a new attempt reruns it
+
+
+def test_a_killed_job_counts_as_vanished_and_is_started_again(tmp_path):
+    d = tmp_path / "j"
+    started = jobs.start(d, spec(tmp_path, ["sleep", "60"]))
+    os.killpg(started["pid"], signal.SIGKILL)
+    assert wait_ended(jobs.Job(d))["state"] == "vanished"
+    assert jobs.running_jobs(tmp_path) == []  # its stale registry entry is dropped
+    again = jobs.start(d, spec(tmp_path, ["true"]))
+    assert again["state"] == "started"
+    assert wait_ended(jobs.Job(d))["returncode"] == 0
+    assert "starting again (vanished before)" in (d / "stage.log").read_text()
+
+
+def test_stop_signals_only_a_live_job_of_its_own(tmp_path):
+    d = tmp_path / "j"
+    jobs.start(d, spec(tmp_path, ["sh", "-c", "sleep 60 & sleep 60 & wait"]))
+    assert len(jobs.running_jobs(tmp_path)) == 1
+    result = jobs.stop(d, grace_s=3)
+    assert result["stopped"] and not jobs.Job(d).running()
+    assert jobs.Job(d).status()["state"] == "exited"
+    # A pid file naming a live process that is not our job (this test process): never signalled.
+    e = tmp_path / "stale"
+    e.mkdir()
+    (e / "job.pid").write_text(str(os.getpid()))
+    assert jobs.stop(e)["stopped"] is False
+
+
+def test_stop_owner_ends_the_jobs_of_one_flow_run(tmp_path):
+    mine = jobs.start(tmp_path / "a", spec(tmp_path, ["sleep", "60"], owner="flow-1"))
+    theirs = jobs.start(tmp_path / "b", spec(tmp_path, ["sleep", "60"], owner="flow-1", attempt="t2"))
+    other_root = tmp_path / "other"
+    other = jobs.start(other_root / "c", spec(other_root, ["sleep", "60"], owner="flow-2"))
+    result = jobs.stop_owner(tmp_path, "flow-1", grace_s=2)
+    assert sorted(result["stopped"]) == sorted([str(tmp_path / "a"), str(tmp_path / "b")])
+    assert jobs.Job(other_root / "c").running()
+    jobs.stop(other_root / "c", grace_s=2)
+    assert mine["pid"] != theirs["pid"] != other["pid"]
+
+
+def test_follow_streams_until_the_job_ends(tmp_path):
+    d = tmp_path / "j"
+    jobs.start(d, spec(tmp_path, [sys.executable, "-u", "-c", "import time\nfor i in range(3):\n print(i); time.sleep(0.2)"]))
+    out = io.BytesIO()
+    assert jobs.follow(d, out=out) == 0
+    assert out.getvalue().split() == [b"0", b"1", b"2"]
+
+
+def test_the_lease_is_exclusive_and_blocks_jobs_of_other_runs(tmp_path):
+    lease = jobs.Lease(tmp_path, "flow-1", "pipeline demo")
+    with pytest.raises(jobs.HostBusyError, match="pipeline demo"):
+        jobs.Lease(tmp_path, "flow-2", "pipeline other")
+    busy = jobs.start(tmp_path / "x", spec(tmp_path, ["true"], owner="flow-2"))
+    assert busy["state"] == "busy" and "flow-1" in busy["message"]
+    assert not (tmp_path / "x" / "job.json").exists()
+    assert jobs.start(tmp_path / "y", spec(tmp_path, ["sleep", "30"], owner="flow-1"))["state"] == "started"
+    lease.release()
+    # Lease free, but flow-1's job still runs: flow-2 may not take the host.
+    with pytest.raises(jobs.HostBusyError, match="still running"):
+        jobs.Lease(tmp_path, "flow-2", "pipeline other")
+    jobs.stop(tmp_path / "y", grace_s=2)
+    jobs.Lease(tmp_path, "flow-2", "pipeline other").release()
+
+
+def test_cli_prints_one_json_line(tmp_path, capsys):
+    assert jobs.main(["status", str(tmp_path / "nothing")]) == 0
+    assert json.loads(capsys.readouterr().out)["state"] == "absent"
