@@ -322,13 +322,15 @@ def follow(job_dir: str | Path, tail_lines: int | None = None, out: Any = None) 
             lines = f.read().split(b"\n")[-tail_lines - 1:]
             out.write(b"\n".join(lines))
             out.flush()
-        pause = 0.02
+        # Poll, backing off to 0.1 s: ten cheap wake-ups a second for an hours-long stage, and a
+        # short one is seen ending within tens of milliseconds.
+        pause = 0.005
         while True:
             data = f.read(65536)
             if data:
                 out.write(data)
                 out.flush()
-                pause = 0.02
+                pause = 0.005
                 continue
             if not job.running():
                 rest = f.read()
@@ -337,7 +339,7 @@ def follow(job_dir: str | Path, tail_lines: int | None = None, out: Any = None) 
                     out.flush()
                 return 0 if job.exit_path.exists() else VANISHED
             time.sleep(pause)
-            pause = min(pause * 2, 0.25)
+            pause = min(pause * 2, 0.1)
 
 
 def run(job_dir: str | Path, spec: dict[str, Any]) -> int:

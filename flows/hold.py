@@ -46,7 +46,7 @@ def hold_host(config: RunConfig, what: str) -> Iterator[None]:
     ctx = FlowRunContext.get()
     owner = str(ctx.flow_run.id) if ctx and ctx.flow_run else "unknown"
     with concurrency(name, occupy=1, strict=True):
-        with make_host(config.host) as host, host.lease(owner, what):
+        with make_host(config.host) as host, host.lease(owner, what, log=logger.warning):
             logger.info("holding host %s for %s", config.host.name, what)
             yield
 

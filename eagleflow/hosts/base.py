@@ -89,7 +89,7 @@ class Host(abc.ABC):
         return []
 
     @contextlib.contextmanager
-    def lease(self, owner: str, what: str) -> Iterator[None]:
+    def lease(self, owner: str, what: str, log: LogFn | None = None) -> Iterator[None]:
         """Hold the host for one pipeline: a second run, in Prefect or not, fails with HostBusy."""
         yield
 

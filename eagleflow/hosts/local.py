@@ -38,7 +38,7 @@ class LocalHost(Host):
         self.work_root = work_root
 
     @contextlib.contextmanager
-    def lease(self, owner: str, what: str) -> Iterator[None]:
+    def lease(self, owner: str, what: str, log: LogFn | None = None) -> Iterator[None]:
         if self.work_root is None:
             yield
             return

@@ -22,6 +22,7 @@ import posixpath
 import shlex
 import socket
 import stat
+import threading
 import time
 from typing import Any, Iterator
 
@@ -315,13 +316,8 @@ class SshHost(Host):
     def stop_owner(self, owner: str) -> list[str]:
         return self._job("stop-owner", self.work_root, owner, "--grace", str(CANCEL_GRACE_S))["stopped"]
 
-    @contextlib.contextmanager
-    def lease(self, owner: str, what: str) -> Iterator[None]:
-        """Hold the host lease on a connection of its own, for as long as the block runs.
-
-        The holder on the host exits when this channel closes, so a controller that dies (or loses its
-        link) frees the lease by itself; jobs it started still block other runs until they end.
-        """
+    def _take_lease(self, owner: str, what: str) -> tuple[paramiko.SSHClient, paramiko.Channel]:
+        """Start the lease holder on a connection of its own; return it once the host says 'held'."""
         client = self.connect()
         try:
             chan = client.get_transport().open_session()
@@ -335,14 +331,53 @@ class SshHost(Host):
         if not line.startswith("{"):
             err = chan.makefile_stderr("rb").read().decode(errors="replace")
             client.close()
-            raise HostError(f"cannot take the host lease on {self.label}: {err.strip()[-2000:] or 'no answer'}")
+            self._raise_setup_error(chan.recv_exit_status(), err)
         answer = json.loads(line)
         if answer["state"] == "busy":
             client.close()
             raise HostBusy(f"{self.label} is busy: {answer['message']}; wait for that run to end, or cancel it")
+        return client, chan
+
+    @contextlib.contextmanager
+    def lease(self, owner: str, what: str, log: LogFn | None = None) -> Iterator[None]:
+        """Hold the host lease for as long as the block runs.
+
+        The holder on the host exits when its channel closes, so a controller that dies frees the
+        lease by itself. A link that drops while the block runs would free it too; a keeper thread
+        takes it again (same owner: the host lets it wait for the old holder to go). If another run
+        got in between, the next stage is refused by the host with HostBusy, naming that run.
+        """
+        say = log or (lambda msg: None)
+        held = [self._take_lease(owner, what)]
+        done = threading.Event()
+
+        def keep() -> None:
+            while not done.wait(1.0):
+                client, chan = held[0]
+                transport = client.get_transport()
+                if not (chan.closed or chan.exit_status_ready() or transport is None or not transport.is_active()):
+                    continue
+                client.close()
+                say(f"the host lease on {self.name} was lost with its connection; taking it again")
+                while not done.is_set():
+                    try:
+                        held[0] = self._take_lease(owner, what)
+                        say(f"host lease on {self.name} held again")
+                        break
+                    except HostBusy as exc:
+                        say(f"could not take the host lease back: {exc}")
+                        return
+                    except (HostError, OSError):
+                        done.wait(5.0)
+
+        keeper = threading.Thread(target=keep, name=f"lease-{self.name}", daemon=True)
+        keeper.start()
         try:
             yield
         finally:
+            done.set()
+            keeper.join(timeout=10)
+            client, chan = held[0]
             with contextlib.suppress(Exception):
                 chan.shutdown_write()
             client.close()

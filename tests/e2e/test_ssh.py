@@ -233,3 +233,23 @@ def test_a_dead_controller_frees_the_lease(sshd, root):
     while jobs.lease_holder(root) is not None:
         assert time.monotonic() < deadline, "the lease outlived its controller"
         time.sleep(0.1)
+
+
+def test_a_lease_lost_with_its_link_is_taken_back(sshd, relay, root):
+    said: list[str] = []
+    with SshHost(host_config(sshd, root, port=relay.port)) as host, host.lease("flow-A", "pipeline a", log=said.append):
+        first = jobs.lease_holder(root)
+        relay.cut()
+        deadline = time.monotonic() + 30
+        while True:
+            holder = jobs.lease_holder(root)
+            if holder and holder["pid"] != first["pid"]:
+                break
+            assert time.monotonic() < deadline, f"the lease was not taken back: {said}"
+            time.sleep(0.2)
+        assert holder["owner"] == "flow-A"
+        assert any("held again" in s for s in said)
+    deadline = time.monotonic() + 15
+    while jobs.lease_holder(root) is not None:  # released at the end of the block
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
