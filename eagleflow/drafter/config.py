@@ -22,13 +22,26 @@ class TrainConfig(BaseModel):
     adam_beta2: float = Field(0.95, gt=0, lt=1, description="AdamW beta2 (beta1 is 0.9).")
     warmup_steps: int = Field(20, ge=0, le=10_000, description="Linear warm-up steps before cosine decay.")
     batch_tokens: int = Field(
-        4096, ge=64, le=1_048_576,
-        description="Padded tokens per optimizer step (sequences of similar length are batched together; a longer "
-        "sequence is a batch of its own). Demo target on 2 CPU cores: 2048 with learning_rate 2e-3.",
+        4096, ge=64, le=16_777_216,
+        description="Padded tokens per optimizer step, summed over all ranks and accumulation micro-batches "
+        "(sequences of similar length are batched together; a longer sequence is a batch of its own). Each rank's "
+        "micro-batch holds about batch_tokens / (nproc * grad_accum_steps), so nproc and grad_accum_steps change "
+        "memory, not the optimization. Demo target on 2 CPU cores: 2048 with learning_rate 2e-3.",
+    )
+    grad_accum_steps: int = Field(
+        1, ge=1, le=1024,
+        description="Micro-batches per rank whose gradients add up to one optimizer step (lowers memory; the global "
+        "batch stays batch_tokens).",
     )
     max_seq_len: int = Field(2048, ge=16, le=1_048_576, description="Sequences longer than this are cut.")
     grad_clip: float = Field(1.0, gt=0, le=1000, description="Gradient-norm clip.")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed for init and data order.")
+    checkpoint_every_steps: int = Field(
+        500, ge=0, le=10_000_000,
+        description="Also write a mid-epoch checkpoint (checkpoints/step-<n>/: weights, optimizer, step, data "
+        "position, RNG) every this many optimizer steps, so a killed run resumes mid-epoch; only the newest is kept "
+        "and the epoch checkpoint supersedes it. 0: per-epoch checkpoints only.",
+    )
     time_budget_s: float | None = Field(
         None, gt=0, le=30 * 24 * 3600,
         description="Stop after this many seconds of optimizer steps (validation not counted). When it binds, the "
@@ -37,10 +50,18 @@ class TrainConfig(BaseModel):
 
     # --- the EAGLE-3 objective -------------------------------------------------------------------
     ttt_steps: int = Field(
-        3, ge=1, le=16, description="Training-time-test unroll: drafting steps, step i>0 fed the drafter's own states."
+        3, ge=1, le=16,
+        description="Training-time-test unroll: drafting steps, step i>0 fed the drafter's own states (EAGLE-3 "
+        "reference: 7; speculators: 3). Train at least as many as the engine's num_speculative_tokens.",
     )
     step_loss_decay: float = Field(
         0.8, gt=0, le=1, description="Weight of unroll step i is decay**i (EAGLE-3 reference: 0.8)."
+    )
+    loss: Literal["soft_ce", "kl"] = Field(
+        "soft_ce",
+        description="Per position, against the target's distribution restricted to the draft vocabulary: 'soft_ce' "
+        "(EAGLE-3 reference) or 'kl' = soft_ce minus the target's entropy (speculators' default). Both have the same "
+        "gradient; 'kl' reads 0 for a perfect drafter.",
     )
     draft_vocab_size: int = Field(
         32000, ge=16, le=1_048_576,
@@ -68,13 +89,25 @@ class TrainConfig(BaseModel):
     )
     log_every_steps: int = Field(50, ge=1, le=100_000, description="Log training loss/accuracy every this many steps.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="'auto' takes CUDA when present.")
-    dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="Compute dtype (bfloat16 autocast on GPUs; float32 is faster on most CPUs)."
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="Compute dtype: bfloat16 is autocast (weights and optimizer stay float32); 'auto' is "
+        "bfloat16 on GPUs and float32 on CPUs (faster there, and CPU autocast is lossy).",
     )
-    num_threads: int | None = Field(None, ge=1, le=1024, description="torch CPU threads; default: torch's default.")
+    nproc: int = Field(
+        1, ge=1, le=1024,
+        description="Data-parallel ranks on the host: above 1 the train stage runs itself under torchrun "
+        "(`python -m torch.distributed.run --standalone --nproc-per-node N`), DDP over nccl (one GPU each) or gloo "
+        "(CPU). Launching `torchrun -m eagleflow.stages.train request.json` by hand works too.",
+    )
+    num_threads: int | None = Field(
+        None, ge=1, le=1024,
+        description="torch CPU threads per rank; default: torch's default (with nproc > 1 on CPU: cores // nproc).",
+    )
     warm_start: str | None = Field(
-        None, description="Path on the host of an EAGLE-3 drafter in vLLM layout (config.json + *.safetensors) to "
-        "start from; its draft vocabulary (d2t) is kept.",
+        None, description="Path on the host of a public EAGLE-3 drafter (config.json + *.safetensors or "
+        "pytorch_model.bin) to start from, in the vLLM (`layers.0.*`), EAGLE/SGLang/SpecForge (`midlayer.*`) or "
+        "speculators layout (detected from the keys and config.json); its draft vocabulary (d2t/t2d) is kept so its "
+        "lm_head rows stay aligned.",
     )
 
     @model_validator(mode="after")

@@ -212,3 +212,24 @@ def make_batches(lengths: list[int], batch_tokens: int, seed: int | None, window
     if seed is not None:
         random.Random(seed + 1).shuffle(batches)
     return batches
+
+
+def split_batch(indices: list[int], lengths: list[int], parts: int) -> list[list[int]]:
+    """One optimizer step's sequences dealt to `parts` micro-batches (ranks x accumulation steps).
+
+    Longest first, round robin, so each part gets a similar share of the padded tokens; a part is
+    empty when the batch has fewer sequences than parts. `parts` 1 returns the batch unchanged.
+    """
+    if parts == 1:
+        return [list(indices)]
+    order = sorted(indices, key=lambda i: -lengths[i])
+    return [order[k::parts] for k in range(parts)]
+
+
+def token_masks(store: SequenceStore, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss_mask [B, T] bool, lengths [B]) of some sequences, without reading their hidden states."""
+    lengths = [store.refs[i].length for i in indices]
+    mask = torch.zeros(len(indices), max(lengths), dtype=torch.bool)
+    for row, i in enumerate(indices):
+        mask[row, : lengths[row]] = store.tokens(i)[1]
+    return mask, torch.tensor(lengths)

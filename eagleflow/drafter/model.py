@@ -27,6 +27,10 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+# flex_attention runs its fused kernel only when compiled; eager flex is a slow reference.
+_compiled_flex = torch.compile(flex_attention)
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x32.to(x.dtype)
 
 
+# Element-wise chains fused into one kernel each way on CUDA (eager, each op is a pass over memory).
+_rms_norm_fused = torch.compile(rms_norm, dynamic=True)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -106,7 +114,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+        return (_rms_norm_fused if x.is_cuda else rms_norm)(x, self.weight, self.eps)
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,11 +125,25 @@ def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[t
     return emb.cos(), emb.sin()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     # x shape: [B, heads, T, hd]; cos/sin shape: [T, hd]
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)  # in x's dtype, as HF and vLLM do
+
+
+_apply_rope_fused = torch.compile(_apply_rope, dynamic=True)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return (_apply_rope_fused if x.is_cuda else _apply_rope)(x, cos, sin)
+
+
+def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+_silu_mul_fused = torch.compile(_silu_mul, dynamic=True)
 
 
 class Attention(nn.Module):
@@ -141,11 +163,12 @@ class Attention(nn.Module):
         b, t, _ = x.shape
         return apply_rope(self.q_proj(x).view(b, t, self.nh, self.hd).transpose(1, 2), cos, sin)  # [B, nh, T, hd]
 
-    def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, expand: bool = True
+           ) -> tuple[torch.Tensor, torch.Tensor]:
         b, t, _ = x.shape
         k = apply_rope(self.k_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2), cos, sin)  # [B, nkv, T, hd]
         v = self.v_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
-        if self.nkv != self.nh:
+        if expand and self.nkv != self.nh:
             k = k.repeat_interleave(self.nh // self.nkv, dim=1)  # shape: [B, nh, T, hd]
             v = v.repeat_interleave(self.nh // self.nkv, dim=1)
         return k, v
@@ -153,6 +176,29 @@ class Attention(nn.Module):
     def out(self, o: torch.Tensor) -> torch.Tensor:
         b, _, t, _ = o.shape  # o shape: [B, nh, T, hd]
         return self.o_proj(o.transpose(1, 2).reshape(b, t, self.nh * self.hd))  # shape: [B, T, H]
+
+    def ttt_flex(self, q: torch.Tensor, qpos: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, diag: list
+                 ) -> torch.Tensor:
+        """`ttt` through one fused flex-attention call (CUDA): the same keys and mask, never materialised.
+
+        Keys are [step-0 keys (T); step-1 keys (Tq); ...; step-i keys (Tq)], unexpanded (GQA in the
+        kernel). A query row r attends to step-0 key s when s <= qpos[r], and to key T + (j-1)*Tq + r' of
+        step j when r' == r. The block mask skips the blocks above the causal edge and off the diagonals.
+        """
+        # q shape: [B, nh, Tq, hd]; k0, v0 shape: [B, nkv, T, hd]; diag: (k_j, v_j) each [B, nkv, Tq, hd]
+        b, _, tq, _ = q.shape
+        t = k0.shape[2]
+        dt = v0.dtype  # the projections' output dtype (bf16 under autocast); rope may have promoted q, k
+        keys = torch.cat([k0, *[kj for kj, _ in diag]], dim=2).to(dt)  # shape: [B, nkv, T + i*Tq, hd]
+        values = torch.cat([v0, *[vj for _, vj in diag]], dim=2)
+        q = q.to(dt)
+
+        def mask_mod(bi, _h, qi, kv):
+            return torch.where(kv < t, kv <= qpos[bi, qi], (kv - t) % tq == qi)
+
+        mask = create_block_mask(mask_mod, B=b, H=None, Q_LEN=tq, KV_LEN=keys.shape[2], device=q.device)
+        o = _compiled_flex(q, keys, values, block_mask=mask, enable_gqa=self.nkv != self.nh)
+        return self.out(o)
 
     def ttt(self, q: torch.Tensor, qpos: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, diag: list) -> torch.Tensor:
         """Training-time-test attention (see `Eagle3Drafter.ttt_forward` for the layout).
@@ -198,7 +244,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(arch.intermediate_size, arch.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj((_silu_mul_fused if x.is_cuda else _silu_mul)(gate, up))
 
 
 class DecoderLayer(nn.Module):
@@ -317,7 +364,8 @@ class Eagle3Drafter(nn.Module):
         next_ids = torch.zeros_like(input_ids)
         next_ids[:, : t - 1] = input_ids[:, 1:]
         x_all, res_all = layer.attn_input(self.embed(next_ids), self.combine_hidden_states(aux))  # [B, T, 2H]
-        k0, v0 = attn.kv(x_all, cos[:t], sin[:t])  # shape: [B, nh, T, hd]
+        fused = aux.is_cuda  # flex attention has no CPU backward
+        k0, v0 = attn.kv(x_all, cos[:t], sin[:t], expand=not fused)  # shape: [B, nh or nkv, T, hd]
         x, residual = at_rows(x_all), at_rows(res_all)
         diag: list = []
         outs = []
@@ -327,8 +375,9 @@ class Eagle3Drafter(nn.Module):
             c, s = cos[rows + i].unsqueeze(1), sin[rows + i].unsqueeze(1)  # rotary position p+i: [B, 1, Tq, hd]
             q = attn.q(x, c, s)
             if i > 0:
-                diag.append(attn.kv(x, c, s))
-            hidden = layer.finish(attn.ttt(q, rows, k0, v0, diag), residual)  # pre-norm: [B, Tq, H]
+                diag.append(attn.kv(x, c, s, expand=not fused))
+            o = (attn.ttt_flex if fused else attn.ttt)(q, rows, k0, v0, diag)
+            hidden = layer.finish(o, residual)  # pre-norm: [B, Tq, H]
             outs.append(self.norm(hidden))
         return outs, qpos
 

@@ -2,29 +2,48 @@
 validation pass per epoch, the best epoch chosen on simulated acceptance length.
 
 Reads top to bottom: `Trainer.setup()` builds the vocabulary, the model, the optimizer and the
-data in that order; `Trainer.train()` loops epochs; `ttt_loss` is one forward of the objective.
+data in that order; `Trainer.train()` loops epochs; `Trainer._optimizer_step` is one optimizer step
+(its micro-batches on this rank); `ttt_loss` is one forward of the objective.
+
+Resumable mid-epoch: a step checkpoint holds the weights, AdamW's state, the step and training
+seconds (the learning rate is a function of them), the epoch and its next batch (an epoch's
+batches are a function of seed and epoch), the epoch's statistics so far, and the RNG states.
+Data parallel under torchrun: each optimizer step's batch (`batch_tokens`) is dealt to nproc x
+grad_accum_steps micro-batches whose losses are shares of the whole batch's (`label_counts`), so
+the step, and the curve, do not depend on how it is split.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import inspect
 import json
 import logging
 import math
+import os
 import random
 import re
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from eagleflow.drafter.config import TrainConfig
-from eagleflow.drafter.data import Batch, ExtractIndex, SequenceStore, collate, make_batches
-from eagleflow.drafter.formats import (
-    CHECKPOINT_META, CHECKPOINT_STATE, arch_for_target, load_checkpoint, load_vllm_drafter, save_checkpoint,
+from eagleflow.drafter.data import (
+    Batch, ExtractIndex, SequenceStore, collate, make_batches, split_batch, token_masks,
 )
-from eagleflow.drafter.model import DrafterArch, Eagle3Drafter, TargetHead
+from eagleflow.drafter.formats import (
+    CHECKPOINT_META, CHECKPOINT_STATE, PublicDrafter, arch_for_target, check_warm_start, load_checkpoint,
+    read_public_drafter, save_checkpoint, warm_start_arch,
+)
+from eagleflow.drafter.model import Eagle3Drafter, TargetHead
 from eagleflow.drafter.vocab import DraftVocab, count_tokens
 
 log = logging.getLogger("eagleflow.train")
@@ -61,6 +80,24 @@ class StepStats:
         self.chain_count += other.chain_count
         self.walk_drafts += other.walk_drafts
         self.tokens += other.tokens
+
+    _SUMS = ("loss_sum", "correct", "count", "chain_accepted", "walk_accepted")
+    _COUNTS = ("chain_count", "walk_drafts", "tokens")
+
+    def to_vector(self) -> torch.Tensor:
+        """All sums in one float64 vector (for all-reduce and checkpoints), shape [5K + 3]."""
+        return torch.cat([getattr(self, n).double().cpu() for n in self._SUMS]
+                         + [torch.tensor([float(getattr(self, n)) for n in self._COUNTS], dtype=torch.float64)])
+
+    @classmethod
+    def from_vector(cls, steps: int, vec: torch.Tensor) -> "StepStats":
+        vec = vec.double().cpu()
+        out = cls(steps)
+        for k, n in enumerate(cls._SUMS):
+            setattr(out, n, vec[k * steps:(k + 1) * steps].clone())
+        for k, n in enumerate(cls._COUNTS):
+            setattr(out, n, int(round(float(vec[len(cls._SUMS) * steps + k]))))
+        return out
 
     def summary(self, decay: float) -> dict[str, Any]:
         """loss: decay-weighted mean of the per-step soft CE; acc: per-step argmax agreement (teacher forced).
@@ -131,9 +168,25 @@ def label_positions(batch: Batch) -> torch.Tensor:
     (loss_mask 1: the drafter is then drafting during generation) and x[j+1] exists. Drafting step i
     at context end p predicts the distribution at j = p+1+i.
     """
-    b, t = batch.input_ids.shape
-    idx = torch.arange(t, device=batch.input_ids.device)
-    return batch.loss_mask & (idx[None, :] <= (batch.lengths[:, None] - 2)) & (idx[None, :] >= 1)  # shape: [B, T]
+    return label_mask(batch.loss_mask, batch.lengths)
+
+
+def label_mask(loss_mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """`label_positions` from the loss mask [B, T] and the lengths [B] alone."""
+    t = loss_mask.shape[1]
+    idx = torch.arange(t, device=loss_mask.device)
+    return loss_mask & (idx[None, :] <= (lengths[:, None] - 2)) & (idx[None, :] >= 1)  # shape: [B, T]
+
+
+def label_counts(loss_mask: torch.Tensor, lengths: torch.Tensor, steps: int) -> torch.Tensor:
+    """Labels each unroll step scores, shape [K]: step i scores label j only if its context end j-1-i >= 0.
+
+    These are the per-step denominators of the loss; summed over all micro-batches of an optimizer
+    step they make accumulation and data parallelism give the gradient of the whole batch.
+    """
+    jvalid = label_mask(loss_mask, lengths)
+    idx = torch.arange(jvalid.shape[1], device=jvalid.device)
+    return torch.stack([(jvalid & (idx[None, :] >= 1 + i)).sum() for i in range(steps)]).double()
 
 
 def shift_left(x: torch.Tensor, n: int, fill=False) -> torch.Tensor:
@@ -144,20 +197,41 @@ def shift_left(x: torch.Tensor, n: int, fill=False) -> torch.Tensor:
     return out
 
 
+def _soft_ce_eager(logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """Soft cross-entropy per row in fp32: logsumexp(logits) - sum(probs * logits)."""
+    # logits shape: [N, Vd] (bf16 under autocast); probs shape: [N, Vd] fp32
+    x = logits.float()
+    return torch.logsumexp(x, dim=-1) - (probs * x).sum(-1)  # shape: [N]
+
+
+# One pass over the logits forward and one backward, with no fp32 copy of them (CUDA only: CPU
+# training must not need a C++ compiler).
+_soft_ce_fused = torch.compile(_soft_ce_eager, dynamic=True)
+
+
 def ttt_loss(model: Eagle3Drafter, target: TargetHead, vocab_rows: torch.Tensor, batch: Batch, steps: int,
-             decay: float, full_argmax: bool = False, walk: bool = False) -> tuple[torch.Tensor, StepStats]:
-    """The decay-weighted soft cross-entropy of a TTT unroll, and its statistics.
+             decay: float, full_argmax: bool = False, walk: bool = False, denominators: torch.Tensor | None = None,
+             loss_kind: str = "soft_ce") -> tuple[torch.Tensor, StepStats]:
+    """The decay-weighted soft cross-entropy (or KL) of a TTT unroll, and its statistics.
+
+        loss = sum_i decay^i * mean_{labels of step i} ce_i  /  sum_i decay^i
 
     Soft target: the target's distribution restricted to the draft vocabulary and renormalised
-    (softmax over lm_head rows of the draft ids). `full_argmax` compares against the argmax over the
-    whole target vocabulary (what greedy verification uses) instead of the draft-vocabulary one;
-    `walk` adds the engine-walk acceptance simulation (validation).
+    (softmax over lm_head rows of the draft ids). `loss_kind` "kl" subtracts the target's entropy
+    (same gradient). `denominators` [K]: the label count of each step over the whole optimizer step
+    (`label_counts`), when this batch is one micro-batch of it; default: this batch's own.
+    `full_argmax` compares against the argmax over the whole target vocabulary (what greedy
+    verification uses) instead of the draft-vocabulary one; `walk` adds the engine-walk acceptance
+    simulation (validation).
     """
     jvalid = label_positions(batch)  # shape: [B, T]
     with torch.no_grad():
         final = batch.final[jvalid]  # shape: [N, H]
         tgt_logits = target.logits(final, vocab_rows)  # shape: [N, Vd]
         tgt_probs = torch.softmax(tgt_logits, dim=-1)
+        if loss_kind == "kl":
+            tgt_logp = torch.log_softmax(tgt_logits.float(), dim=-1)
+            tgt_entropy = -(tgt_logp.exp() * tgt_logp).sum(-1)  # shape: [N]
         if full_argmax and vocab_rows.numel() != target.vocab_size:
             tgt_argmax = torch.cat([target.logits(c).argmax(-1) for c in final.split(4096)])  # target ids
         else:
@@ -179,12 +253,15 @@ def ttt_loss(model: Eagle3Drafter, target: TargetHead, vocab_rows: torch.Tensor,
         h = normed.shape[-1]
         moved = torch.zeros(b, t + query_len + steps, h, device=normed.device, dtype=normed.dtype)
         moved = moved.scatter(1, (qpos + 1 + i)[..., None].expand(-1, -1, h), normed)[:, :t]  # shape: [B, T, H]
-        logits = model.logits(moved[jvalid]).float()  # shape: [N, Vd]
-        ce = torch.logsumexp(logits, dim=-1) - (tgt_probs * logits).sum(-1)  # soft CE, shape: [N]
+        logits = model.logits(moved[jvalid])  # shape: [N, Vd]
+        ce = (_soft_ce_fused if logits.is_cuda else _soft_ce_eager)(logits, tgt_probs)  # soft CE, shape: [N]
+        if loss_kind == "kl":
+            ce = ce - tgt_entropy  # KL(target || draft): the same gradient
         has_p = j_index >= 1 + i  # shape: [N]
         n_i = int(has_p.sum())
-        if n_i:
-            total = total + (decay ** i) * (ce * has_p).sum() / n_i
+        denom = n_i if denominators is None else float(denominators[i])
+        if n_i and denom:
+            total = total + (decay ** i) * (ce * has_p).sum() / denom
         hit = (vocab_rows[logits.detach().argmax(-1)] == tgt_argmax) & has_p  # shape: [N]
         stats.loss_sum[i] = (ce.detach() * has_p).sum().double()
         stats.correct[i] = hit.sum().double()
@@ -217,6 +294,8 @@ class EpochResult:
     validation: dict[str, Any]
     tokens_per_s: float
     seconds: float
+    step: int | None = None  # optimizer steps at the end of the epoch (None: a checkpoint of the first version)
+    lr: float | None = None  # learning rate of the epoch's last step
 
 
 @dataclass
@@ -231,40 +310,125 @@ class TrainResult:
         return next(e for e in self.epochs if e.epoch == self.best_epoch)
 
 
-def pick_device(cfg: TrainConfig) -> torch.device:
+@dataclass
+class ResumePoint:
+    """Where training continues: `epoch` from its batch `batch_index` (0: the epoch's start)."""
+
+    epoch: int = 1
+    batch_index: int = 0
+    step: int = 0
+    train_seconds: float = 0.0
+    epoch_seconds: float = 0.0
+    epoch_stats: torch.Tensor | None = None  # StepStats.to_vector() of the epoch so far
+    results: list[EpochResult] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This process's place among the data-parallel ranks (torchrun's environment variables)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def from_env(cls) -> "DistEnv":
+        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
+                   int(os.environ.get("LOCAL_RANK", 0)))
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def pick_device(cfg: TrainConfig, local_rank: int = 0) -> torch.device:
     if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
             raise TrainError("train.device is 'cuda' but torch sees no CUDA device; set device: auto or cpu")
-        return torch.device("cuda")
+        return torch.device("cuda", local_rank)
     return torch.device("cpu")
 
 
+class TTTObjective(nn.Module):
+    """`ttt_loss` as one module forward, so DistributedDataParallel sees (and syncs) the whole step."""
+
+    def __init__(self, drafter: Eagle3Drafter, target: TargetHead, vocab_rows: torch.Tensor, cfg: TrainConfig):
+        super().__init__()
+        self.drafter, self.target, self.vocab_rows, self.cfg = drafter, target, vocab_rows, cfg
+
+    def forward(self, batch: Batch, denominators: torch.Tensor | None = None) -> tuple[torch.Tensor, StepStats]:
+        return ttt_loss(self.drafter, self.target, self.vocab_rows, batch, self.cfg.ttt_steps,
+                        self.cfg.step_loss_decay, denominators=denominators, loss_kind=self.cfg.loss)
+
+
+def _rng_state(device: torch.device) -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def _set_rng_state(state: Any, device: torch.device) -> None:
+    if isinstance(state, torch.Tensor):  # checkpoints of the first version: the CPU generator only
+        torch.set_rng_state(state)
+        return
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if state.get("cuda") is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
 class Trainer:
-    """One training run in `out_dir` (checkpoints/epoch-<n>/); resumes after the last finished epoch."""
+    """One training run in `out_dir`: checkpoints/epoch-<n>/ per epoch and checkpoints/step-<n>/ every
+    `checkpoint_every_steps`; a rerun resumes from the newest, mid-epoch included.
+
+    Under torchrun (WORLD_SIZE > 1) each rank runs this same recipe: every optimizer step's batch is
+    dealt to nproc x grad_accum_steps micro-batches, DDP sums the gradients, and rank 0 alone
+    validates, logs and writes checkpoints.
+    """
 
     def __init__(self, cfg: TrainConfig, target: TargetHead, index: ExtractIndex, out_dir: str | Path,
                  aux_layer_ids: list[int]) -> None:
         self.cfg, self.target, self.index = cfg, target, index
         self.out_dir = Path(out_dir)
         self.aux_layer_ids = list(aux_layer_ids)
-        self.device = pick_device(cfg)
+        self.dist = DistEnv.from_env()
+        self.device = pick_device(cfg, self.dist.local_rank)
 
     # --- setup -----------------------------------------------------------------------------------
 
     def setup(self) -> "Trainer":
-        if self.cfg.num_threads:
-            torch.set_num_threads(self.cfg.num_threads)
+        self._setup_distributed()
         torch.manual_seed(self.cfg.seed)
         random.seed(self.cfg.seed)
         self.train_data, self.val_data = self._setup_data()
+        self._train_lengths = self.train_data.lengths()
         warm = self._read_warm_start()
-        self.vocab = warm[2] if warm else self._setup_vocab(self.train_data)
+        self.vocab = warm.vocab if warm else self._setup_vocab(self.train_data)
         self.model = self._setup_model(warm)
         self.optimizer = self._setup_optimizer(self.model)
         self.vocab_rows = self.vocab.draft_to_target.to(self.device)
         self.target = TargetHead(**{k: (v.to(self.device) if isinstance(v, torch.Tensor) else v)
                                     for k, v in vars(self.target).items()})
+        self.objective = self._setup_objective()
         return self
+
+    def _setup_distributed(self) -> None:
+        threads = self.cfg.num_threads
+        if threads is None and self.dist.distributed and self.device.type == "cpu":
+            threads = max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", self.dist.world_size)))
+        if threads:
+            torch.set_num_threads(threads)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        if self.dist.distributed and not dist.is_initialized():
+            # Rank 0 validates and writes checkpoints while the others wait at a barrier.
+            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo",
+                                    timeout=datetime.timedelta(hours=2))
+        if not self.dist.is_main:
+            log.setLevel(logging.WARNING)
 
     def _setup_data(self) -> tuple[SequenceStore, SequenceStore]:
         if self.index.hidden_size != self.target.hidden_size:
@@ -287,58 +451,37 @@ class Trainer:
                  vocab.size, vocab.target_vocab_size, 100 * covered)
         return vocab
 
-    def _read_warm_start(self):
+    def _read_warm_start(self) -> PublicDrafter | None:
         if not self.cfg.warm_start:
             return None
-        cfg, weights, vocab = load_vllm_drafter(self.cfg.warm_start)
-        if vocab.target_vocab_size != self.target.vocab_size:
-            raise TrainError(f"warm-start drafter {self.cfg.warm_start} has vocab_size {vocab.target_vocab_size}, "
-                             f"the target {self.target.vocab_size}")
-        return cfg, weights, vocab
+        drafter = read_public_drafter(self.cfg.warm_start)
+        for warning in check_warm_start(drafter, self.target, self.aux_layer_ids, "the target (target.model_path)"):
+            log.warning("%s", warning)
+        log.info("warm start: %s drafter in %s layout, draft vocabulary of %d kept",
+                 self.cfg.warm_start, drafter.layout, drafter.vocab.size)
+        return drafter
 
-    def _setup_model(self, warm) -> Eagle3Drafter:
+    def _setup_model(self, warm: PublicDrafter | None) -> Eagle3Drafter:
         arch = arch_for_target(self.target, self.cfg, self.vocab.size)
         if warm:
-            arch = self._warm_arch(arch, warm[0])
+            arch = warm_start_arch(warm, arch)
         model = Eagle3Drafter(arch, self.target.embed_tokens)
         model.init_from_target(self.target, self.vocab.draft_to_target)
         if warm:
-            weights = warm[1]
+            where = ", ".join(str(f) for f in warm.weight_files)
             try:
-                missing, unexpected = model.load_state_dict(weights, strict=False)
+                missing, unexpected = model.load_state_dict(warm.weights, strict=False)
             except RuntimeError as exc:
-                raise TrainError(f"warm-start drafter {self.cfg.warm_start} does not fit: {exc}") from None
+                raise TrainError(f"warm-start drafter {where} ({warm.layout} layout) does not fit: {exc}") from None
             missing = [m for m in missing if m != "lm_head.weight"]  # a shared lm_head: keep the target's rows
             if missing or unexpected:
-                raise TrainError(f"warm-start drafter {self.cfg.warm_start} does not fit: missing {missing}, "
-                                 f"unexpected {unexpected}")
-            log.info("warm start from %s", self.cfg.warm_start)
+                raise TrainError(f"warm-start drafter {where} ({warm.layout} layout) does not fit: missing "
+                                 f"{missing}, unexpected {unexpected}")
         model.lm_head.weight.requires_grad_(not self.cfg.freeze_lm_head)
         n = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        log.info("drafter: %s, %d trainable parameters, device %s, %d torch threads", arch, n, self.device,
-                 torch.get_num_threads())
+        log.info("drafter: %s, %d trainable parameters, device %s, %d torch threads, %d rank(s)", arch, n,
+                 self.device, torch.get_num_threads(), self.dist.world_size)
         return model.to(self.device)
-
-    def _warm_arch(self, arch: DrafterArch, cfg: dict) -> DrafterArch:
-        """The warm-start drafter's own shape, read the way vLLM reads its config.json."""
-        if int(cfg.get("hidden_size", -1)) != arch.hidden_size:
-            raise TrainError(f"warm-start drafter {self.cfg.warm_start} has hidden_size {cfg.get('hidden_size')}, "
-                             f"the target {arch.hidden_size}")
-        eagle = cfg.get("eagle_config") or {}
-        heads = int(cfg.get("num_attention_heads", arch.num_attention_heads))
-        rope = cfg.get("rope_parameters") or {}
-        return DrafterArch(**{
-            **arch.to_dict(),
-            "intermediate_size": int(cfg.get("intermediate_size", arch.intermediate_size)),
-            "num_attention_heads": heads,
-            "num_key_value_heads": int(cfg.get("num_key_value_heads") or heads),
-            "head_dim": int(cfg.get("head_dim") or arch.hidden_size // heads),
-            "rms_norm_eps": float(cfg.get("rms_norm_eps", arch.rms_norm_eps)),
-            "rope_theta": float(cfg.get("rope_theta", rope.get("rope_theta", 10000.0))),
-            # vLLM's defaults when the keys are absent: no input norm, norm after the residual.
-            "norm_before_fc": bool(eagle.get("norm_before_fc", cfg.get("norm_before_fc", False))),
-            "norm_before_residual": bool(cfg.get("norm_before_residual", False)),
-        })
 
     def _setup_optimizer(self, model: Eagle3Drafter) -> torch.optim.Optimizer:
         decay, no_decay = [], []
@@ -349,6 +492,18 @@ class Trainer:
             [{"params": decay, "weight_decay": self.cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=self.cfg.learning_rate, betas=(0.9, self.cfg.adam_beta2),
         )
+
+    def _setup_objective(self) -> nn.Module:
+        objective = TTTObjective(self.model, self.target, self.vocab_rows, self.cfg)
+        if not self.dist.distributed:
+            return objective
+        # The frozen target embedding (a buffer) never changes: sync buffers once at init, not every
+        # forward (`forward_sync_buffers` from torch 2.13, `broadcast_buffers` before).
+        no_buffer_sync = ({"forward_sync_buffers": False}
+                          if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+                          else {"broadcast_buffers": False})
+        return DistributedDataParallel(objective, device_ids=[self.device.index] if self.device.type == "cuda"
+                                       else None, **no_buffer_sync)
 
     # --- schedule --------------------------------------------------------------------------------
 
@@ -367,53 +522,37 @@ class Trainer:
     # --- loop ------------------------------------------------------------------------------------
 
     def _autocast(self):
-        enabled = self.device.type == "cuda" and self.cfg.dtype == "bfloat16"
+        enabled = self.device.type == "cuda" and self.cfg.dtype in ("auto", "bfloat16")
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
 
     def _epoch_batches(self, epoch: int) -> list[list[int]]:
-        return make_batches(self.train_data.lengths(), self.cfg.batch_tokens, seed=self.cfg.seed * 100_003 + epoch)
-
-    def _resume(self) -> tuple[int, int, float, list[EpochResult]]:
-        """(last finished epoch, optimizer step, training seconds, earlier results) from checkpoints/."""
-        ckpt_root = self.out_dir / "checkpoints"
-        done = []
-        for d in ckpt_root.glob("epoch-*") if ckpt_root.is_dir() else []:
-            m = re.fullmatch(r"epoch-(\d+)", d.name)
-            if m and (d / CHECKPOINT_STATE).is_file() and (d / CHECKPOINT_META).is_file():
-                done.append(int(m.group(1)))
-        if not done:
-            return 0, 0, 0.0, []
-        last = max(done)
-        results = []
-        for n in sorted(done):
-            meta = json.loads((ckpt_root / f"epoch-{n}" / CHECKPOINT_META).read_text())
-            results.append(EpochResult(**meta["result"]))
-        _, weights, _, _ = load_checkpoint(ckpt_root / f"epoch-{last}")
-        self.model.load_state_dict({k: v.to(self.device) for k, v in weights.items()})
-        state = torch.load(ckpt_root / f"epoch-{last}" / CHECKPOINT_STATE, map_location=self.device,
-                           weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"])
-        log.info("resuming after epoch %d (step %d)", last, state["step"])
-        return last, state["step"], state["train_seconds"], results
+        """The epoch's optimizer steps, each a list of sequences (the same on every rank)."""
+        return make_batches(self._train_lengths, self.cfg.batch_tokens, seed=self.cfg.seed * 100_003 + epoch)
 
     def train(self) -> TrainResult:
         cfg = self.cfg
-        start_epoch, step, train_s, results = self._resume()
+        at = self._resume()
+        step, train_s, results = at.step, at.train_seconds, at.results
         steps_per_epoch = len(self._epoch_batches(1))
         total_steps = steps_per_epoch * cfg.epochs
         out_of_time = any(not r.complete for r in results)
-        log.info("training: %d epochs x ~%d steps, %d TTT steps, batch_tokens %d",
-                 cfg.epochs, steps_per_epoch, cfg.ttt_steps, cfg.batch_tokens)
-        for epoch in range(start_epoch + 1, cfg.epochs + 1):
+        log.info("training: %d epochs x ~%d steps, %d TTT steps, %d tokens per step in %d rank(s) x %d micro-batches",
+                 cfg.epochs, steps_per_epoch, cfg.ttt_steps, cfg.batch_tokens, self.dist.world_size,
+                 cfg.grad_accum_steps)
+        lr = self.lr_at(step, total_steps, train_s)
+        for epoch in range(at.epoch, cfg.epochs + 1):
             if out_of_time:
                 break
             self.model.train()
-            epoch_stats = StepStats(cfg.ttt_steps)
-            window = StepStats(cfg.ttt_steps)
-            epoch_s = 0.0
+            first = at.batch_index if epoch == at.epoch else 0
+            epoch_stats = StepStats(cfg.ttt_steps)  # this rank's, since the epoch's start or the resume point
+            # All ranks' sums before the resume point (every rank adds them after its all-reduce).
+            resumed_stats = (StepStats.from_vector(cfg.ttt_steps, at.epoch_stats)
+                             if epoch == at.epoch and at.epoch_stats is not None else None)
+            window, window_s = StepStats(cfg.ttt_steps), 0.0
+            epoch_s = at.epoch_seconds if epoch == at.epoch else 0.0
             batches = self._epoch_batches(epoch)  # the packing, and so the count, varies by epoch
-            for bi, idx in enumerate(batches):
+            for bi in range(first, len(batches)):
                 if cfg.time_budget_s and train_s >= cfg.time_budget_s:
                     out_of_time = True
                     log.info("time budget of %.0f s reached in epoch %d after %d of its steps",
@@ -423,56 +562,187 @@ class Trainer:
                 lr = self.lr_at(step, total_steps, train_s)
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
-                batch = collate(self.train_data, idx).to(self.device)
-                with self._autocast():
-                    loss, stats = ttt_loss(self.model, self.target, self.vocab_rows, batch, cfg.ttt_steps,
-                                           cfg.step_loss_decay)
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-                self.optimizer.step()
+                stats, grad_norm = self._optimizer_step(batches[bi])
                 if self.device.type == "cuda":
                     torch.cuda.synchronize()  # honest step timing
                 dt = time.perf_counter() - t0
                 step += 1
-                train_s += dt
+                train_s = self._agreed_seconds(train_s + dt)
                 epoch_s += dt
+                window_s += dt
                 epoch_stats.add(stats)
                 window.add(stats)
                 if step % cfg.log_every_steps == 0:
-                    s = window.summary(cfg.step_loss_decay)
+                    s = self._reduce(window).summary(cfg.step_loss_decay)
                     log.info("epoch %d step %d/%d lr %.2e loss %.4f acc %s grad_norm %.3f %.0f tok/s",
                              epoch, bi + 1, len(batches), lr, s["loss"], s["acc"], float(grad_norm),
-                             epoch_stats.tokens / max(epoch_s, 1e-9))
-                    window = StepStats(cfg.ttt_steps)
-            if epoch_stats.tokens == 0:
+                             s["tokens"] / max(window_s, 1e-9))
+                    window, window_s = StepStats(cfg.ttt_steps), 0.0
+                if cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0 and bi + 1 < len(batches):
+                    self._save_step_checkpoint(epoch, bi + 1, step, train_s, epoch_s,
+                                               self._epoch_total(epoch_stats, resumed_stats), lr)
+            total = self._epoch_total(epoch_stats, resumed_stats)
+            if total.tokens == 0:
                 break
-            result = self._finish_epoch(epoch, epoch_stats, epoch_s, step, train_s, complete=not out_of_time)
+            result = self._finish_epoch(epoch, total, epoch_s, step, train_s, lr, complete=not out_of_time)
             results.append(result)
         if not results:
             raise TrainError("no training step ran (time budget too small?)")
         # Highest simulated acceptance length; without a holdout split, the last epoch.
         best = max(results, key=lambda r: (r.validation.get("acceptance_length", 0.0), r.epoch))
+        log.info("best epoch %d: simulated acceptance length %s (%s)", best.epoch,
+                 best.validation.get("acceptance_length"), best.checkpoint)
         return TrainResult(results, best.epoch, self.vocab.size, self.model.arch.to_dict())
 
-    def _finish_epoch(self, epoch: int, stats: StepStats, epoch_s: float, step: int, train_s: float,
+    def _optimizer_step(self, batch_idx: list[int]) -> tuple[StepStats, torch.Tensor]:
+        """One optimizer step over `batch_idx`: this rank's micro-batches, gradients summed over all."""
+        cfg, world = self.cfg, self.dist.world_size
+        parts = split_batch(batch_idx, self._train_lengths, world * cfg.grad_accum_steps)
+        mine = parts[self.dist.rank * cfg.grad_accum_steps:(self.dist.rank + 1) * cfg.grad_accum_steps]
+        denominators = None
+        if len(parts) > 1:  # per-step label counts of the whole step, so micro-batch losses add up to its loss
+            mask, lengths = token_masks(self.train_data, batch_idx)
+            denominators = label_counts(mask, lengths, cfg.ttt_steps)
+        stats = StepStats(cfg.ttt_steps)
+        self.optimizer.zero_grad(set_to_none=True)
+        for m, idx in enumerate(mine):
+            weight = 1.0
+            if not idx:  # fewer sequences than micro-batches: a zero-weight pass keeps the ranks in step
+                idx, weight = batch_idx[:1], 0.0
+            batch = collate(self.train_data, idx).to(self.device)
+            last = m == len(mine) - 1
+            sync = contextlib.nullcontext() if last or not self.dist.distributed else self.objective.no_sync()
+            with sync:
+                with self._autocast():
+                    loss, s = self.objective(batch, denominators)
+                # DDP averages gradients over ranks; the losses are already shares of the whole step's.
+                (loss * (weight * world)).backward()
+            if weight:
+                stats.add(s)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        self.optimizer.step()
+        return stats, grad_norm
+
+    # --- ranks -------------------------------------------------------------------------------------
+
+    def _reduce(self, stats: StepStats) -> StepStats:
+        """The sum of `stats` over ranks (`stats` itself when there is one rank)."""
+        if not self.dist.distributed:
+            return stats
+        vec = stats.to_vector().to(self.device)
+        dist.all_reduce(vec)
+        return StepStats.from_vector(stats.steps, vec)
+
+    def _epoch_total(self, local: StepStats, resumed: StepStats | None) -> StepStats:
+        """The epoch's statistics so far, all ranks, the steps before a resume included (a collective)."""
+        total = self._reduce(local)
+        if resumed is not None:
+            total = StepStats.from_vector(total.steps, total.to_vector() + resumed.to_vector())
+        return total
+
+    def _agreed_seconds(self, seconds: float) -> float:
+        """Every rank takes the slowest rank's training time: the budget and the schedule must agree."""
+        if not (self.dist.distributed and self.cfg.time_budget_s):
+            return seconds
+        t = torch.tensor([seconds], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
+    def _barrier(self) -> None:
+        if self.dist.distributed:
+            dist.barrier()
+
+    # --- checkpoints -------------------------------------------------------------------------------
+
+    def _trainer_state(self, epoch: int, batch_index: int, step: int, train_s: float, epoch_s: float,
+                       epoch_stats: StepStats, lr: float) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "step": step, "train_seconds": train_s,
+                "epoch": epoch, "batch_index": batch_index, "epoch_seconds": epoch_s,
+                "epoch_stats": epoch_stats.to_vector(), "lr": lr, "rng": _rng_state(self.device),
+                "batch_tokens": self.cfg.batch_tokens, "seed": self.cfg.seed, "world_size": self.dist.world_size}
+
+    def _save_step_checkpoint(self, epoch: int, batch_index: int, step: int, train_s: float, epoch_s: float,
+                              epoch_stats: StepStats, lr: float) -> None:
+        """checkpoints/step-<n>/ (temp dir, then rename); the older ones go once it is in place."""
+        if self.dist.is_main:
+            root = self.out_dir / "checkpoints"
+            meta = {"epoch": epoch, "kind": "step", "step": step, "aux_layer_ids": self.aux_layer_ids,
+                    "train_config": self.cfg.model_dump(mode="json")}
+            state = self._trainer_state(epoch, batch_index, step, train_s, epoch_s, epoch_stats, lr)
+            save_checkpoint(root / f"step-{step}", self.model, self.vocab, meta, state)
+            self._drop_step_checkpoints(keep_after=step - 1)
+            log.info("checkpoint at step %d (epoch %d, batch %d)", step, epoch, batch_index)
+        self._barrier()
+
+    def _drop_step_checkpoints(self, keep_after: int) -> None:
+        for d in (self.out_dir / "checkpoints").glob("step-*"):
+            m = re.fullmatch(r"step-(\d+)", d.name)
+            if m and int(m.group(1)) <= keep_after:
+                shutil.rmtree(d, ignore_errors=True)
+
+    def _resume(self) -> ResumePoint:
+        """The newest complete checkpoint: after the last finished epoch, or mid-epoch from a step checkpoint."""
+        ckpt_root = self.out_dir / "checkpoints"
+        found: dict[str, list[tuple[int, Path]]] = {"epoch": [], "step": []}
+        for d in ckpt_root.iterdir() if ckpt_root.is_dir() else []:
+            m = re.fullmatch(r"(epoch|step)-(\d+)", d.name)
+            if m and (d / CHECKPOINT_STATE).is_file() and (d / CHECKPOINT_META).is_file():
+                found[m.group(1)].append((int(m.group(2)), d))
+        results = [EpochResult(**json.loads((d / CHECKPOINT_META).read_text())["result"])
+                   for _, d in sorted(found["epoch"])]
+        at_epoch = max(found["epoch"], default=None)
+        at_step = max(found["step"], default=None)
+        path, state = None, None
+        if at_epoch is not None:
+            path = at_epoch[1]
+            state = torch.load(path / CHECKPOINT_STATE, map_location="cpu", weights_only=False)
+        if at_step is not None:
+            step_state = torch.load(at_step[1] / CHECKPOINT_STATE, map_location="cpu", weights_only=False)
+            if state is None or step_state["step"] > state["step"]:
+                path, state = at_step[1], step_state
+        if state is None:
+            return ResumePoint()
+        if state.get("batch_tokens", self.cfg.batch_tokens) != self.cfg.batch_tokens:
+            raise TrainError(f"checkpoint {path} was written with batch_tokens {state['batch_tokens']}, the config "
+                             f"has {self.cfg.batch_tokens}: resuming needs the same batches; restore it or start "
+                             "a fresh stage directory")
+        _, weights, _, _ = load_checkpoint(path)
+        self.model.load_state_dict({k: v.to(self.device) for k, v in weights.items()})
+        self.optimizer.load_state_dict(state["optimizer"])
+        _set_rng_state(state["rng"], self.device)
+        if path.name.startswith("epoch-"):  # after a finished (or budget-cut) epoch
+            log.info("resuming after epoch %d (step %d)", at_epoch[0], state["step"])
+            return ResumePoint(epoch=at_epoch[0] + 1, step=state["step"], train_seconds=state["train_seconds"],
+                               results=results)
+        log.info("resuming mid-epoch from %s: epoch %d at batch %d (step %d)", path.name, state["epoch"],
+                 state["batch_index"], state["step"])
+        return ResumePoint(epoch=state["epoch"], batch_index=state["batch_index"], step=state["step"],
+                           train_seconds=state["train_seconds"], epoch_seconds=state["epoch_seconds"],
+                           epoch_stats=state["epoch_stats"], results=results)
+
+    def _finish_epoch(self, epoch: int, stats: StepStats, epoch_s: float, step: int, train_s: float, lr: float,
                       complete: bool) -> EpochResult:
         train = stats.summary(self.cfg.step_loss_decay)
-        val = self.validate() if len(self.val_data) else {}
+        val = self.validate() if len(self.val_data) and self.dist.is_main else {}
         rel = f"checkpoints/epoch-{epoch}"
+        tokens_per_s = round(stats.tokens / max(epoch_s, 1e-9), 1)  # all ranks' tokens over rank 0's time
         result = EpochResult(epoch=epoch, checkpoint=rel, complete=complete, train=train, validation=val,
-                             tokens_per_s=round(stats.tokens / max(epoch_s, 1e-9), 1), seconds=round(epoch_s, 2))
-        meta = {"epoch": epoch, "aux_layer_ids": self.aux_layer_ids, "validation": val,
-                "train_config": self.cfg.model_dump(mode="json"), "result": vars(result)}
-        state = {"optimizer": self.optimizer.state_dict(), "step": step, "train_seconds": train_s,
-                 "rng": torch.get_rng_state()}
-        save_checkpoint(self.out_dir / rel, self.model, self.vocab, meta, state)
-        log.info("epoch %d%s: train loss %.4f acc %s | holdout loss %s acc %s accept_pos %s AL %s | "
-                 "%.0f tok/s, %.1f s", epoch, "" if complete else " (partial)", train["loss"], train["acc"],
-                 val.get("loss") and round(val["loss"], 4), val.get("acc"), val.get("accept_pos"),
-                 val.get("acceptance_length"), result.tokens_per_s, epoch_s)
-        print("EPOCH_METRICS " + json.dumps({"epoch": epoch, "train": train, "validation": val,
-                                             "tokens_per_s": result.tokens_per_s}), flush=True)
+                             tokens_per_s=tokens_per_s, seconds=round(epoch_s, 2), step=step, lr=lr)
+        if self.dist.is_main:
+            meta = {"epoch": epoch, "kind": "epoch", "aux_layer_ids": self.aux_layer_ids, "validation": val,
+                    "train_config": self.cfg.model_dump(mode="json"), "result": vars(result)}
+            state = self._trainer_state(epoch, -1, step, train_s, epoch_s, stats, lr)
+            save_checkpoint(self.out_dir / rel, self.model, self.vocab, meta, state)
+            self._drop_step_checkpoints(keep_after=step)
+            log.info("epoch %d%s: train loss %.4f acc %s | holdout loss %s acc %s accept_pos %s AL %s | "
+                     "%.0f tok/s, %.1f s", epoch, "" if complete else " (partial)", train["loss"], train["acc"],
+                     val.get("loss") and round(val["loss"], 4), val.get("acc"), val.get("accept_pos"),
+                     val.get("acceptance_length"), result.tokens_per_s, epoch_s)
+            print("EPOCH_METRICS " + json.dumps({"epoch": epoch, "complete": complete, "step": step, "lr": lr,
+                                                 "train": train, "validation": val,
+                                                 "tokens_per_s": result.tokens_per_s, "seconds": result.seconds}),
+                  flush=True)
+        self._barrier()
         return result
 
     @torch.no_grad()
@@ -481,11 +751,12 @@ class Trainer:
         self.model.eval()
         total = StepStats(self.cfg.ttt_steps)
         t0 = time.perf_counter()
-        for idx in make_batches(self.val_data.lengths(), self.cfg.batch_tokens, seed=None):
+        micro_tokens = max(64, self.cfg.batch_tokens // (self.dist.world_size * self.cfg.grad_accum_steps))
+        for idx in make_batches(self.val_data.lengths(), micro_tokens, seed=None):
             batch = collate(self.val_data, idx).to(self.device)
             with self._autocast():
                 _, stats = ttt_loss(self.model, self.target, self.vocab_rows, batch, self.cfg.ttt_steps,
-                                    self.cfg.step_loss_decay, full_argmax=True, walk=True)
+                                    self.cfg.step_loss_decay, full_argmax=True, walk=True, loss_kind=self.cfg.loss)
             total.add(stats)
         self.model.train()
         out = total.summary(self.cfg.step_loss_decay)

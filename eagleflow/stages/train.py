@@ -1,23 +1,49 @@
 """Stage train: the extract stage's shards -> an EAGLE-3 drafter, one checkpoint per epoch.
 
     python -m eagleflow.stages.train <stage_dir>/request.json
+    torchrun --nproc-per-node N -m eagleflow.stages.train <stage_dir>/request.json   (by hand)
 
-Writes `checkpoints/epoch-<n>/` (model.safetensors in vLLM names, drafter.json, trainer_state.pt)
-and records the best epoch (highest simulated acceptance length on the holdout split) in the
-manifest. A rerun resumes after the last finished epoch. Per-epoch metrics go to stdout.
+Writes `checkpoints/epoch-<n>/` (model.safetensors in vLLM names, drafter.json, trainer_state.pt),
+`checkpoints/step-<n>/` every `train.checkpoint_every_steps` (the newest only), and records the best
+epoch (highest simulated acceptance length on the holdout split) in the manifest. A rerun resumes
+from the newest checkpoint, mid-epoch included. Per-epoch metrics go to stdout (EPOCH_METRICS lines)
+and into the manifest.
+
+With `train.nproc` > 1 the stage runs itself under torchrun (`python -m torch.distributed.run`):
+every rank trains, rank 0 writes the checkpoints and the manifest, and this process waits, passes
+the ranks' output through and returns rank 0's manifest.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import subprocess
 import sys
+import traceback
+from collections import deque
+from pathlib import Path
 
-from eagleflow.manifest import Manifest, sha256_file
-from eagleflow.stages.common import StageError, StageRequest, stage_main
+from eagleflow.manifest import Manifest, read_manifest, sha256_file
+from eagleflow.stages.common import StageError, StageRequest, setup_logging, stage_main
+
+log = logging.getLogger("eagleflow.train")
+
+
+def _under_torchrun() -> bool:
+    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
 def run(request: StageRequest) -> Manifest:
+    if request.config.train.nproc > 1 and not _under_torchrun():
+        return _launch_torchrun(request)
+    result, index_aux = _train(request)
+    return _manifest(request, result, index_aux)
+
+
+def _train(request: StageRequest):
     from eagleflow.drafter.data import DataError, read_index
-    from eagleflow.drafter.formats import CHECKPOINT_WEIGHTS, FormatError, read_target_head
+    from eagleflow.drafter.formats import FormatError, read_target_head
     from eagleflow.drafter.trainer import Trainer, TrainError
 
     config = request.config
@@ -35,14 +61,22 @@ def run(request: StageRequest) -> Manifest:
             )
         target = read_target_head(config.target.model_path)
         trainer = Trainer(config.train, target, index, request.path, index.aux_layer_ids).setup()
-        result = trainer.train()
+        return trainer.train(), index.aux_layer_ids
     except (DataError, FormatError, TrainError) as exc:
         raise StageError(str(exc)) from None
+    finally:
+        import torch.distributed as dist
 
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _manifest(request: StageRequest, result, aux_layer_ids: list[int]) -> Manifest:
     best = result.best
     epochs = [
-        {"epoch": e.epoch, "complete": e.complete, "tokens_per_s": e.tokens_per_s, "seconds": e.seconds,
-         "train_loss": e.train["loss"], "train_acc": e.train["acc"], **{f"val_{k}": v for k, v in e.validation.items()}}
+        {"epoch": e.epoch, "complete": e.complete, "step": e.step, "lr": e.lr, "tokens_per_s": e.tokens_per_s,
+         "seconds": e.seconds, **{f"train_{k}": v for k, v in e.train.items()},
+         **{f"val_{k}": v for k, v in e.validation.items()}}
         for e in result.epochs
     ]
     metrics = {
@@ -51,17 +85,85 @@ def run(request: StageRequest) -> Manifest:
         "epochs": epochs,
         "tokens_per_s": round(sum(e.train["tokens"] for e in result.epochs) / max(1e-9, sum(e.seconds for e in result.epochs)), 1),
         "draft_vocab_size": result.vocab_size,
+        "nproc": request.config.train.nproc,
     }
     outputs = {
         "checkpoints": [e.checkpoint for e in result.epochs],
         "best": best.checkpoint,
         "best_epoch": best.epoch,
-        "aux_layer_ids": index.aux_layer_ids,
+        "aux_layer_ids": aux_layer_ids,
         "arch": result.arch,
     }
+    from eagleflow.drafter.formats import CHECKPOINT_WEIGHTS
+
     weights = f"{best.checkpoint}/{CHECKPOINT_WEIGHTS}"
     return request.manifest(outputs=outputs, metrics=metrics, hashes={weights: sha256_file(request.path / weights)})
 
 
+def _launch_torchrun(request: StageRequest) -> Manifest:
+    """Run this stage under torchrun with train.nproc ranks; rank 0 writes the manifest we return."""
+    nproc = request.config.train.nproc
+    request_file = request.path / "request.json"
+    if not request_file.is_file():
+        request_file.write_text(request.model_dump_json(indent=2))
+    manifest_path = request.path / "manifest.json"
+    manifest_path.unlink(missing_ok=True)  # only this launch's rank 0 may leave one
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "eagleflow.stages.train", str(request_file)]
+    env = dict(os.environ)
+    gpus = _cuda_devices() if request.config.train.device != "cpu" else 0
+    if gpus and nproc > gpus:
+        raise StageError(f"train.nproc is {nproc} but this host has {gpus} CUDA device(s): one rank per GPU; "
+                         f"set train.nproc <= {gpus} (or device: cpu)")
+    if not gpus:
+        # One share of the cores per rank (torchrun would otherwise set 1 and print a banner about it).
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    log.info("launching %d ranks: %s", nproc, " ".join(cmd))
+    tail: deque[str] = deque(maxlen=40)
+    # The ranks share our process group: a cancelled stage (SIGTERM to the group) ends them too.
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                          env=env) as proc:
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                tail.append(line.rstrip("\n"))
+        except BaseException:  # SIGTERM (SystemExit) or Ctrl-C here: torchrun ends its ranks
+            proc.terminate()
+            proc.wait()
+            raise
+        rc = proc.wait()
+    if rc != 0 or not manifest_path.is_file():
+        cause = next((ln for ln in reversed(tail) if ln.startswith("error:")), None) or (tail[-1] if tail else "")
+        raise StageError(f"torchrun with {nproc} ranks exited {rc}: {cause} (the ranks' output is above)")
+    return read_manifest(manifest_path)
+
+
+def _cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _rank_main(argv: list[str]) -> int:
+    """A torchrun rank other than 0: train, write nothing but what the trainer writes (nothing)."""
+    setup_logging()
+    logging.getLogger("eagleflow").setLevel(logging.WARNING)
+    try:
+        request = StageRequest.model_validate_json(Path(argv[0]).read_text())
+        _train(request)
+        return 0
+    except StageError as exc:
+        print(f"error: rank {os.environ.get('RANK')}: {exc}", flush=True)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - the launcher reports the last `error:` line
+        traceback.print_exc(file=sys.stdout)
+        print(f"error: rank {os.environ.get('RANK')}: {type(exc).__name__}: {exc}", flush=True)
+        return 1
+
+
 if __name__ == "__main__":
+    if _under_torchrun() and int(os.environ.get("RANK", "0")) != 0:
+        sys.exit(_rank_main(sys.argv[1:]))
     sys.exit(stage_main("train", run))

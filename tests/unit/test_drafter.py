@@ -1,6 +1,9 @@
 """Unit tests of the EAGLE-3 drafter: shapes, the TTT attention layout against engine-style
-drafting, the draft vocabulary, label alignment, checkpoint/export names as vLLM loads them, and
-the train/export stages end to end on a tiny synthetic target. Host environment (torch)."""
+drafting, the draft vocabulary, label alignment and loss masking per unroll step, the KL loss,
+checkpoint/export names as vLLM loads them, warm starts from public drafters in the vLLM, EAGLE
+and speculators layouts, gradient accumulation, resume state, and the train/export stages end to
+end on a tiny synthetic target. Host environment (torch). Killing and resuming a real stage
+process, and torchrun, are in tests/integration/test_trainer.py."""
 
 from __future__ import annotations
 
@@ -384,19 +387,307 @@ def test_train_and_export_stages(tmp_path):
     assert set(exported.hashes) == {"vllm/config.json", "vllm/model.safetensors"}
 
 
-def test_warm_start_from_a_vllm_drafter(tmp_path):
+# ------------------------------------------------------------------ warm start from public drafters
+
+def _public_tensors(model: Eagle3Drafter, vocab: DraftVocab, layout: str) -> dict[str, torch.Tensor]:
+    """The model's tensors named the way each public layout names them (bf16, as published)."""
+    out = {}
+    for name, t in model.state_dict().items():
+        if layout == "eagle":
+            name = name.replace("layers.0.", "midlayer.")
+        out[name] = t.to(torch.bfloat16).contiguous()
+    if layout in ("eagle", "speculators"):  # both ship the target's embedding beside the drafter
+        out["embed_tokens.weight"] = model.embed_weight.to(torch.bfloat16).contiguous()
+    out["d2t"], out["t2d"] = vocab.d2t.contiguous(), vocab.t2d.contiguous()
+    return out
+
+
+def write_public_drafter(path: Path, layout: str, model: Eagle3Drafter, vocab: DraftVocab,
+                         aux=(1, 2, 3), **overrides) -> Path:
+    """A small public EAGLE-3 drafter in `layout`: config.json as each project writes it + model.safetensors."""
+    a = model.arch
+    llama = {"hidden_size": a.hidden_size, "intermediate_size": a.intermediate_size,
+             "num_attention_heads": a.num_attention_heads, "num_key_value_heads": a.num_key_value_heads,
+             "head_dim": a.head_dim, "rms_norm_eps": a.rms_norm_eps, "rope_theta": a.rope_theta,
+             "vocab_size": a.vocab_size, "num_hidden_layers": 1, "max_position_embeddings": 256,
+             "hidden_act": "silu", "model_type": "llama"}
+    if layout == "vllm":
+        cfg = {**llama, "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": vocab.size,
+               "target_hidden_size": a.hidden_size, "eagle_aux_hidden_state_layer_ids": list(aux),
+               "norm_before_fc": a.norm_before_fc, "norm_before_residual": a.norm_before_residual}
+    elif layout == "eagle":  # EAGLE-3 reference / SpecForge: no norm_before_* keys
+        cfg = {**llama, "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": vocab.size}
+    else:  # speculators: the layer's shape under transformer_layer_config
+        cfg = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+               "transformer_layer_config": llama, "draft_vocab_size": vocab.size,
+               "norm_before_residual": a.norm_before_residual, "target_hidden_size": None,
+               "eagle_aux_hidden_state_layer_ids": list(aux),
+               "speculators_config": {"algorithm": "eagle3", "verifier": {"name_or_path": "target"}}}
+    for key, value in overrides.items():
+        (cfg["transformer_layer_config"] if layout == "speculators" and key in llama else cfg)[key] = value
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(cfg))
+    save_file(_public_tensors(model, vocab, layout), str(path / "model.safetensors"))
+    return path
+
+
+@pytest.mark.parametrize("layout,norm_before_fc,norm_before_residual", [
+    ("vllm", True, True), ("eagle", False, False), ("speculators", False, True),
+])
+def test_warm_start_from_public_drafters(tmp_path, layout, norm_before_fc, norm_before_residual):
+    """Each layout is detected from its keys; weights land on the same parameters; the public draft
+    vocabulary (d2t/t2d) is kept, so its lm_head rows still mean the same target ids."""
+    from eagleflow.drafter.formats import read_public_drafter
     from eagleflow.drafter.trainer import Trainer
 
     root = write_synthetic(tmp_path / "syn")
     index = read_index(root / "data" / "index.json", stage_dir=root)
     target = read_target_head(root / "target")
-    model = make_model(draft_vocab_size=16)
-    vocab = DraftVocab(torch.arange(3, 19), V)
-    save_checkpoint(tmp_path / "ckpt", model, vocab, {"aux_layer_ids": [1, 2, 3]})
-    export_vllm(tmp_path / "ckpt", tmp_path / "public", [1, 2, 3])
-    cfg = TrainConfig(warm_start=str(tmp_path / "public"), draft_vocab_size=24, num_threads=1)
+    model = make_model(seed=3, draft_vocab_size=16, norm_before_fc=norm_before_fc,
+                       norm_before_residual=norm_before_residual, intermediate_size=40)
+    vocab = DraftVocab(torch.tensor([0, 2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 33, 35, 37, 39]), V)
+    public = write_public_drafter(tmp_path / "public", layout, model, vocab)
+    assert read_public_drafter(public).layout == layout
+    cfg = TrainConfig(warm_start=str(public), draft_vocab_size=24, num_threads=1)
     trainer = Trainer(cfg, target, index, tmp_path / "train", [1, 2, 3]).setup()
-    assert trainer.vocab.size == 16 and torch.equal(trainer.vocab.draft_to_target, vocab.draft_to_target)
-    torch.testing.assert_close(trainer.model.fc.weight, model.fc.weight.to(torch.bfloat16).float())
-    torch.testing.assert_close(trainer.model.layers[0].hidden_norm.weight,
-                               model.layers[0].hidden_norm.weight.to(torch.bfloat16).float())
+    arch = trainer.model.arch
+    assert (arch.norm_before_fc, arch.norm_before_residual, arch.intermediate_size) == (
+        norm_before_fc, norm_before_residual, 40)
+    assert torch.equal(trainer.vocab.draft_to_target, vocab.draft_to_target)
+    bf16 = {n: t.to(torch.bfloat16).float() for n, t in model.state_dict().items()}
+    got = trainer.model.state_dict()
+    assert set(got) == set(bf16)
+    for name in bf16:
+        if name != "embed_weight":
+            torch.testing.assert_close(got[name], bf16[name], msg=name)
+    # A training step runs on the loaded drafter.
+    batch = collate(trainer.train_data, [0, 1])
+    loss, _ = ttt_loss(trainer.model, trainer.target, trainer.vocab_rows, batch, 3, 0.8)
+    assert torch.isfinite(loss)
+
+
+@pytest.mark.parametrize("layout", ["vllm", "eagle", "speculators"])
+@pytest.mark.parametrize("override,field,values", [
+    ({"hidden_size": 48}, "hidden_size", ("48", f"{H}")),
+    ({"vocab_size": 64}, "vocab_size", ("64", f"{V}")),
+    ({"num_hidden_layers": 2}, "num_hidden_layers", ("2", "1 decoder layer")),
+])
+def test_warm_start_mismatch_names_file_field_and_values(tmp_path, layout, override, field, values):
+    from eagleflow.drafter.formats import check_warm_start, read_public_drafter
+
+    target = _target()
+    target.config = {"num_hidden_layers": 4}
+    model = make_model(draft_vocab_size=16)
+    vocab = DraftVocab(torch.arange(16) * 2, V) if "vocab_size" not in override else DraftVocab(torch.arange(16), 64)
+    public = write_public_drafter(tmp_path / layout, layout, model, vocab, **override)
+    with pytest.raises(FormatError) as err:
+        check_warm_start(read_public_drafter(public), target, [1, 2, 3])
+    msg = str(err.value)
+    assert str(public / "config.json") in msg and field in msg and all(v in msg for v in values), msg
+
+
+def test_warm_start_layer_count_errors(tmp_path):
+    """Tensors of a second decoder layer, and aux layers the target does not have, are refused."""
+    from eagleflow.drafter.formats import check_warm_start, read_public_drafter
+
+    model = make_model(draft_vocab_size=16)
+    vocab = DraftVocab(torch.arange(16) * 2, V)
+    public = write_public_drafter(tmp_path / "two", "eagle", model, vocab)
+    tensors = _public_tensors(model, vocab, "vllm")
+    tensors["layers.1.self_attn.q_proj.weight"] = tensors["layers.0.self_attn.q_proj.weight"].clone()
+    save_file(tensors, str(public / "model.safetensors"))
+    with pytest.raises(FormatError, match=r"num_hidden_layers is 1 \(tensors of layers 1 in .*model.safetensors\)"):
+        read_public_drafter(public)
+
+    target = _target()
+    target.config = {"num_hidden_layers": 4}
+    deep = write_public_drafter(tmp_path / "deep", "vllm", model, vocab, aux=(2, 30, 58))
+    with pytest.raises(FormatError, match=r"eagle_aux_hidden_state_layer_ids is \[2, 30, 58\], .* num_hidden_layers 4"):
+        check_warm_start(read_public_drafter(deep), target, [1, 2, 3])
+    other = write_public_drafter(tmp_path / "other", "vllm", model, vocab, aux=(0, 1, 2))
+    warnings = check_warm_start(read_public_drafter(other), target, [1, 2, 3])
+    assert any("[0, 1, 2]" in w and "[1, 2, 3]" in w for w in warnings)
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "config.json").write_text("{}")
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "bare" / "model.safetensors"))
+    with pytest.raises(FormatError, match="cannot tell the layout"):
+        read_public_drafter(tmp_path / "bare")
+
+
+def test_warm_start_vocab_from_t2d_and_inconsistent_lm_head(tmp_path):
+    from eagleflow.drafter.formats import read_public_drafter
+
+    model = make_model(draft_vocab_size=16)
+    vocab = DraftVocab(torch.arange(16) * 2 + 1, V)
+    public = write_public_drafter(tmp_path / "p", "speculators", model, vocab)
+    tensors = _public_tensors(model, vocab, "speculators")
+    del tensors["d2t"]  # t2d alone still gives the mapping
+    save_file(tensors, str(public / "model.safetensors"))
+    assert torch.equal(read_public_drafter(public).vocab.draft_to_target, vocab.draft_to_target)
+    tensors["lm_head.weight"] = tensors["lm_head.weight"][:10].contiguous()
+    save_file(tensors, str(public / "model.safetensors"))
+    with pytest.raises(FormatError, match="lm_head.weight has 10 rows"):
+        read_public_drafter(public)
+
+
+# ------------------------------------------------------------------------------------- loss
+
+@pytest.mark.parametrize("steps", [3, 7])
+def test_loss_reads_only_assistant_labels_at_every_step(steps):
+    """d loss / d output of step i at context end p is non-zero iff the label j = p+1+i is an
+    assistant position (loss_mask[j], j <= len-2): the mask is shifted with the unroll."""
+    target = _target()
+    b, t = 2, 24
+    mask = torch.zeros(b, t, dtype=torch.bool)
+    mask[0, 5:12] = True  # two assistant turns with a user turn between them
+    mask[0, 16:22] = True
+    mask[1, 3:] = True
+    lengths = torch.tensor([t, t - 4])
+    batch = Batch(torch.randint(0, V, (b, t)), mask, lengths, torch.randn(b, t, 3 * H), torch.randn(b, t, H))
+
+    class Leaf(_Oracle):
+        def ttt_forward(self, aux, input_ids, steps, query_start, query_len):
+            outs, qpos = super().ttt_forward(aux, input_ids, steps, query_start, query_len)
+            self.leaves = [o.clone().requires_grad_(True) for o in outs]
+            return self.leaves, qpos
+
+    drafter = Leaf(target, batch.final, 0)
+    loss, _ = ttt_loss(drafter, target, torch.arange(V), batch, steps, 0.8)
+    loss.backward()
+    leaves = drafter.leaves
+    jvalid = label_positions(batch)
+    _, qpos = drafter.ttt_forward(None, None, steps, *_window(jvalid, lengths, steps))
+    for i, leaf in enumerate(leaves):
+        touched = leaf.grad.abs().sum(-1) > 0  # [B, Tq]
+        j = qpos + 1 + i
+        expect = torch.where(j < t, jvalid.gather(1, j.clamp(max=t - 1)), False)
+        assert torch.equal(touched, expect), f"step {i}"
+
+
+def _window(jvalid, lengths, steps):
+    first = torch.where(jvalid.any(1), jvalid.float().argmax(1), torch.zeros_like(lengths))
+    start = (first - steps).clamp(min=0)
+    return start, max(int((lengths - 2 - start).max()), 1)
+
+
+def test_kl_loss_is_soft_ce_minus_entropy_with_the_same_gradient():
+    target = _target()
+    model = make_model(draft_vocab_size=V)
+    model.train()
+    b, t = 2, 16
+    mask = torch.ones(b, t, dtype=torch.bool)
+    mask[:, :3] = False
+    batch = Batch(torch.randint(0, V, (b, t)), mask, torch.tensor([t, t - 3]), torch.randn(b, t, 3 * H),
+                  torch.randn(b, t, H))
+    grads = {}
+    for kind in ("soft_ce", "kl"):
+        model.zero_grad()
+        loss, stats = ttt_loss(model, target, torch.arange(V), batch, 3, 0.8, loss_kind=kind)
+        loss.backward()
+        grads[kind] = (loss.item(), stats.summary(0.8)["loss_per_step"],
+                       [p.grad.clone() for p in model.parameters() if p.grad is not None])
+    jvalid = label_positions(batch)
+    logp = torch.log_softmax(target.logits(batch.final[jvalid]), -1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    j = torch.arange(t)[None].expand(b, t)[jvalid]
+    for i in range(3):
+        h_i = entropy[j >= 1 + i].mean().item()
+        assert grads["kl"][1][i] == pytest.approx(grads["soft_ce"][1][i] - h_i, abs=1e-4)
+        assert grads["kl"][1][i] >= 0
+    for g_ce, g_kl in zip(grads["soft_ce"][2], grads["kl"][2]):
+        torch.testing.assert_close(g_ce, g_kl, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("steps", [3, 7])
+def test_ttt_unroll_equals_kv_cache_drafting_batched(steps):
+    """The parallel unroll over a padded batch (GQA, a query window) equals one-sequence KV-cache
+    drafting at every context end: each step sees step-0 keys at positions <= p and its own
+    earlier drafts at p, never later positions."""
+    model = make_model(num_attention_heads=4, num_key_value_heads=1)
+    t = 18
+    aux, ids = torch.randn(2, t, 3 * H), torch.randint(0, V, (2, t))
+    lengths = [t, 13]
+    with torch.no_grad():
+        outs, qpos = model.ttt_forward(aux, ids, steps, query_start=torch.tensor([0, 0]), query_len=t - steps)
+        for row, n in enumerate(lengths):
+            for p in range(n - steps):
+                kv: list = []
+                normed, pre = model.prefill(aux[row:row + 1, : p + 1], ids[row:row + 1, 1 : p + 2], kv)
+                ref, hidden = [normed[0, -1]], pre[:, -1:]
+                for i in range(1, steps):
+                    normed, hidden = model.decode_one_token(ids[row:row + 1, p + 1 + i : p + 2 + i], hidden, p + i, kv)
+                    ref.append(normed[0, 0])
+                for i in range(steps):
+                    torch.testing.assert_close(outs[i][row, p], ref[i], atol=2e-4, rtol=2e-4)
+
+
+# ------------------------------------------------------------ accumulation, data parallel, resume
+
+def test_split_batch_and_label_counts():
+    from eagleflow.drafter.data import split_batch
+    from eagleflow.drafter.trainer import label_counts
+
+    lengths = [5, 9, 3, 7, 8]
+    parts = split_batch([0, 1, 2, 3, 4], lengths, 2)
+    assert parts == [[1, 3, 2], [4, 0]]
+    assert split_batch([2, 0], lengths, 4) == [[0], [2], [], []]
+    assert split_batch([2, 0], lengths, 1) == [[2, 0]]
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [0, 1, 1, 1, 0, 0]], dtype=torch.bool)
+    # row 0: labels j in {2, 3, 4} (j <= len-2 = 4); row 1 (len 4): j in {1, 2}
+    assert label_counts(mask, torch.tensor([6, 4]), 3).tolist() == [5.0, 4.0, 2.0]
+
+
+def _tiny_trainer(tmp_path, root, **kw):
+    from eagleflow.drafter.trainer import Trainer
+
+    index = read_index(root / "data" / "index.json", stage_dir=root)
+    cfg = TrainConfig(**{"epochs": 1, "batch_tokens": 128, "draft_vocab_size": 24, "warmup_steps": 2,
+                         "max_seq_len": 32, "num_threads": 1, **kw})
+    return Trainer(cfg, read_target_head(root / "target"), index, tmp_path, [1, 2, 3]).setup()
+
+
+def test_grad_accumulation_gives_the_one_batch_step(tmp_path):
+    """Micro-batches (some empty) with the whole step's label counts add up to the step's gradient."""
+    root = write_synthetic(tmp_path / "syn", n_train=40)
+    one = _tiny_trainer(tmp_path / "one", root)
+    acc = _tiny_trainer(tmp_path / "acc", root, grad_accum_steps=4)
+    idx = [0, 1, 2]  # 3 sequences in 4 micro-batches: one is a zero-weight pass
+    for trainer in (one, acc):
+        for group in trainer.optimizer.param_groups:
+            group["lr"] = 1e-2
+        stats, _ = trainer._optimizer_step(idx)
+        trainer.stats = stats.summary(0.8)
+    assert one.stats["positions"] == acc.stats["positions"] and one.stats["tokens"] == acc.stats["tokens"]
+    assert one.stats["loss"] == pytest.approx(acc.stats["loss"], rel=1e-6)
+    for (name, p1), p2 in zip(one.model.named_parameters(), acc.model.parameters()):
+        if p1.requires_grad:  # the gradients (Adam's first step is sign-like: compare before it)
+            torch.testing.assert_close(p1.grad, p2.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_resume_restores_rng_and_continues_mid_epoch(tmp_path):
+    """A step checkpoint restores the CPU and Python generators, the data position and the epoch's
+    statistics so far (not the freshly seeded state of a new process)."""
+    import random
+
+    root = write_synthetic(tmp_path / "syn", n_train=40)
+    first = _tiny_trainer(tmp_path / "run", root, checkpoint_every_steps=3)
+    torch.rand(7), random.random()  # the generators move on during training
+    stats = StepStats(3, tokens=123)
+    first._save_step_checkpoint(epoch=1, batch_index=3, step=3, train_s=1.5, epoch_s=1.5, epoch_stats=stats, lr=1e-3)
+    expected = (torch.rand(5), random.random())
+    second = _tiny_trainer(tmp_path / "run", root, checkpoint_every_steps=3)  # seeds again
+    at = second._resume()
+    assert (torch.rand(5).tolist(), random.random()) == (expected[0].tolist(), expected[1])
+    assert (at.epoch, at.batch_index, at.step, at.train_seconds) == (1, 3, 3, 1.5)
+    assert StepStats.from_vector(3, at.epoch_stats).tokens == 123
+    restored, saved = second.optimizer.state_dict(), first.optimizer.state_dict()
+    assert restored["param_groups"][0]["lr"] == saved["param_groups"][0]["lr"]
+
+
+def test_step_checkpoints_are_superseded_by_the_epoch_checkpoint(tmp_path):
+    root = write_synthetic(tmp_path / "syn", n_train=40)
+    trainer = _tiny_trainer(tmp_path / "run", root, checkpoint_every_steps=2, epochs=2)
+    result = trainer.train()
+    names = sorted(d.name for d in (tmp_path / "run" / "checkpoints").iterdir())
+    assert names == ["epoch-1", "epoch-2"]  # no step-* left, no temp dirs
+    assert [e.step for e in result.epochs][-1] > 2
