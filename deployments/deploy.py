@@ -4,7 +4,7 @@
 
 - eagleflow-pipeline:  the full run, triggered from the UI (parameters: config path, overrides)
 - eagleflow-nightly:   the retrain with a promotion gate, on a cron schedule (02:00 UTC)
-- eagleflow-benchmark: the benchmark alone, for a finished drafter of a config
+- eagleflow-benchmark: the benchmark alone, for a given drafter or the config's finished one
 - eagleflow-bootstrap: create or update the host environment, report what the host has
 
 They run on a `process` work pool; start a worker with `prefect worker start --pool eagleflow`.
@@ -30,7 +30,8 @@ DEPLOYMENTS = [
     ("eagleflow-nightly", "flows/retrain.py:retrain", NIGHTLY_CRON,
      "Nightly retrain on fresh data with a promotion gate."),
     ("eagleflow-benchmark", "flows/benchmark.py:benchmark_only", None,
-     "Benchmark only: the finished drafter of a config against no speculation."),
+     "Benchmark only: a drafter (parameter `drafter`: a directory or export manifest on the host; empty: the "
+     "config's finished one) against no speculation and production's current drafter, production given back."),
     ("eagleflow-bootstrap", "flows/bootstrap.py:bootstrap", None,
      "Create or update the host environment and report python, torch, CUDA, engine, GPUs and disk."),
 ]

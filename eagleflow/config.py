@@ -103,20 +103,45 @@ class TargetConfig(_Strict):
 class EngineConfig(_Strict):
     """How the serving engine is launched (the same settings production uses)."""
 
-    kind: Literal["vllm"] = Field("vllm", description="Serving engine; SGLang comes with the benchmark issue.")
+    kind: Literal["vllm", "sglang"] = Field(
+        "vllm", description="Serving engine: 'vllm' (GPU or CPU build) or 'sglang'. Generation and benchmark use it."
+    )
     host: str = Field("127.0.0.1", description="Address the engine binds to on the host.")
     port: int = Field(8000, ge=1024, le=65535, description="Port the engine listens on; must be free.")
-    tensor_parallel_size: int = Field(1, ge=1, le=64, description="--tensor-parallel-size.")
-    max_model_len: int = Field(4096, ge=64, description="--max-model-len.")
-    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="--gpu-memory-utilization (GPU only).")
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="vLLM --tensor-parallel-size / SGLang --tp-size.")
+    max_model_len: int = Field(4096, ge=64, description="vLLM --max-model-len / SGLang --context-length.")
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="vLLM --gpu-memory-utilization / SGLang --mem-fraction-static (GPU only)."
+    )
     reasoning_parser: str | None = Field(None, description="--reasoning-parser, e.g. deepseek_r1 or kimi_k2.")
     tool_call_parser: str | None = Field(None, description="--tool-call-parser, e.g. kimi_k2.")
-    enforce_eager: bool = Field(False, description="--enforce-eager (CPU: 42 s to healthy instead of 130 s).")
+    enforce_eager: bool = Field(
+        False, description="vLLM --enforce-eager / SGLang --disable-cuda-graph (CPU: 42 s to healthy instead of 130 s)."
+    )
     trust_remote_code: bool = Field(False, description="--trust-remote-code.")
     extra_args: list[str] = Field(default_factory=list, description="More engine arguments, passed as given.")
     env: dict[str, str] = Field(default_factory=dict, description="Engine environment, e.g. VLLM_CPU_KVCACHE_SPACE.")
     startup_timeout_s: float = Field(1800, gt=0, description="Give up if not healthy after this many seconds.")
+    stall_timeout_s: float | None = Field(
+        None, gt=0,
+        description="While starting: give up when the engine log has not grown for this many seconds (a hung load). "
+        "None: only startup_timeout_s applies.",
+    )
+    fatal_patterns: list[str] = Field(
+        default_factory=list,
+        description="Extra regular expressions that, on an engine log line while starting, fail the launch at once "
+        "(built in: worker/EngineCore death, CUDA out of memory, NCCL errors, engine core initialization failure).",
+    )
     request_timeout_s: float = Field(600, gt=0, description="Timeout of one chat request.")
+    preflight: bool = Field(
+        True, description="Check engine, target and drafters in seconds before any weights load (benchmark stage)."
+    )
+    min_free_disk_gib: float = Field(1.0, ge=0, description="Preflight: free space needed under host.work_root.")
+    min_free_gpu_fraction: float = Field(
+        0.0, ge=0, le=1,
+        description="Preflight: the fraction of each visible GPU's memory that must be free before launching "
+        "(default 0: taken from gpu_memory_utilization when set).",
+    )
 
 
 class GenerateConfig(_Strict):
@@ -154,26 +179,98 @@ class ExportConfig(_Strict):
 
 
 class BenchmarkConfig(_Strict):
-    """Serving benchmark: the engine with and without the drafter, on held-out prompts."""
+    """Serving benchmark: the engine without speculation, with production's drafter and with the new one."""
 
-    num_prompts: int = Field(32, ge=1, description="Held-out chat prompts sent to each variant.")
+    num_prompts: int = Field(32, ge=1, description="Held-out chat prompts sent in each setting to each variant.")
     max_tokens: int = Field(128, ge=1, description="Fixed max_tokens per request (ignore_eos keeps lengths equal).")
     num_speculative_tokens: int = Field(3, ge=1, le=16, description="Draft tokens per step.")
-    concurrency: int = Field(1, ge=1, description="Requests in flight.")
-    temperature: float = Field(0.0, ge=0, le=2, description="0 is greedy.")
+    temperatures: list[float] = Field(
+        [0.0, 0.7], min_length=1,
+        description="Sampling settings measured on every variant: 0 is greedy; the others sample (seeded per request).",
+    )
+    concurrencies: list[int] = Field(
+        [1, 4], min_length=1, description="Requests in flight, one measured window per value on every variant."
+    )
     warmup_requests: int = Field(2, ge=0, description="Requests sent before measuring.")
+    drafter: str | None = Field(
+        None,
+        description="The drafter to benchmark as variant 'drafter': a directory on the host in the engine's format, "
+        "or an export stage's manifest.json. None: the one this run's export stage made.",
+    )
+    current_drafter: str | None = Field(
+        None,
+        description="Drafter production serves now (a directory on the host in the engine's format), measured as "
+        "variant 'current'. None: the drafter promoted by the nightly retrain, if any.",
+    )
+    suspect_ratio: float = Field(
+        0.6, gt=0, le=1,
+        description="Verdict: serving acceptance below this fraction of the offline estimate (in accepted tokens per "
+        "step) points at the engine integration rather than the drafter.",
+    )
     side_by_side: bool = Field(
         False,
-        description="Run both engines at once (the drafter's on engine.port + 1) and alternate request rounds "
-        "between them, so drift of a noisy machine hits both alike. Only where each engine has its own cores or GPUs: "
+        description="Run all variants' engines at once (on engine.port, +1, +2) and alternate request rounds "
+        "between them, so drift of a noisy machine hits all alike. Only where each engine has its own cores or GPUs: "
         "on a 2-core CPU host the idle engine's threads slow the busy one by ~40%.",
     )
 
+    @field_validator("temperatures")
+    @classmethod
+    def _temps(cls, v: list[float]) -> list[float]:
+        if any(t < 0 or t > 2 for t in v) or len(set(v)) != len(v):
+            raise ValueError(f"temperatures must be distinct values in [0, 2], got {v}")
+        return v
+
+    @field_validator("concurrencies")
+    @classmethod
+    def _conc(cls, v: list[int]) -> list[int]:
+        if any(c < 1 for c in v) or len(set(v)) != len(v):
+            raise ValueError(f"concurrencies must be distinct values >= 1, got {v}")
+        return v
+
 
 class ProductionConfig(_Strict):
-    """The production service on the host (stopped and restored by the benchmark issue)."""
+    """The production service on the host: stopped before the benchmark, restored after it whatever happens.
 
-    unit: str | None = Field(None, description="systemd unit of the production server, e.g. vllm-kimi-k25-int4.")
+    'systemd' runs `systemctl stop|start <unit>`; 'command' runs the operator's own stop and start
+    commands (argv lists, run on the host; start must return once the service is launched). eagleflow
+    never signals the production processes itself. Health is `health_url` answering 200.
+    """
+
+    kind: Literal["none", "systemd", "command"] = Field(
+        "none", description="'none': nothing to stop (a dedicated benchmark host); 'systemd' or 'command'."
+    )
+    unit: str | None = Field(None, description="systemd: the unit of the production server, e.g. vllm-kimi-k25-int4.")
+    user_unit: bool = Field(False, description="systemd: a user unit (systemctl --user).")
+    start_command: list[str] = Field(default_factory=list, description="command: argv that starts the service.")
+    stop_command: list[str] = Field(default_factory=list, description="command: argv that stops the service.")
+    health_url: str | None = Field(
+        None, description="URL that answers 200 when production is healthy, e.g. http://127.0.0.1:8000/health."
+    )
+    stop_timeout_s: float = Field(120, gt=0, description="Wait this long for production to be down after stopping it.")
+    restore_timeout_s: float = Field(
+        1800, gt=0, description="Wait this long for production to answer healthy after starting it again."
+    )
+    orphan_grace_s: float = Field(
+        20, gt=0,
+        description="Safety net on the host: when the pipeline that stopped production is gone this long (its host "
+        "lease is free), the net ends the benchmark and restores production.",
+    )
+
+    @model_validator(mode="after")
+    def _kind(self) -> "ProductionConfig":
+        if self.kind == "systemd" and not self.unit:
+            raise ValueError("production.unit is required when production.kind is 'systemd'")
+        if self.kind == "command" and not (self.start_command and self.stop_command):
+            raise ValueError(
+                "production.start_command and production.stop_command are required when production.kind is 'command'"
+            )
+        if self.kind != "none" and not self.health_url:
+            raise ValueError(
+                f"production.health_url is required when production.kind is {self.kind!r}: "
+                "it is how eagleflow knows production answers again"
+            )
+        return self
 
 
 class RunConfig(_Strict):
@@ -241,10 +338,26 @@ def _resolve_local_paths(data: dict[str, Any], base: Path) -> None:
         ("target", "model_path"),
         ("generate", "prompts_path"),
         ("train", "warm_start"),
+        ("benchmark", "current_drafter"),
+        ("benchmark", "drafter"),
     ]:
         fix(section, key)
     if isinstance(data.get("report_dir"), str) and not Path(data["report_dir"]).is_absolute():
         data["report_dir"] = os.path.normpath(os.path.join(base, data["report_dir"]))
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """`--set a.b=VALUE` command-line items (VALUE is YAML) as load_config's dotted overrides."""
+    overrides: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set benchmark.max_tokens=64")
+        try:
+            overrides[key] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {item!r}: the value is not valid YAML: {exc}") from None
+    return overrides
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:

@@ -27,7 +27,7 @@ STAGE_VERSIONS: dict[str, str] = {
     "extract": "1",
     "train": "1",
     "export": "1",
-    "benchmark": "1",
+    "benchmark": "2",
 }
 # The cached pipeline stages, in order; `check` runs before them every time and is never cached.
 STAGES: tuple[str, ...] = ("generate", "extract", "train", "export", "benchmark")
@@ -37,33 +37,49 @@ UPSTREAM: dict[str, tuple[str, ...]] = {
     "extract": ("generate",),
     "train": ("extract",),
     "export": ("train",),
-    "benchmark": ("export", "generate"),
+    "benchmark": ("export",),
 }
+
+# Settings that change how a stage runs, not what it produces: they stay out of its key, so moving a
+# run to more ranks, raising a timeout or logging more often reuses the finished stage.
+_ENGINE_RUNTIME = ("host", "port", "startup_timeout_s", "stall_timeout_s", "request_timeout_s", "fatal_patterns",
+                   "preflight", "min_free_disk_gib", "min_free_gpu_fraction")
+_TRAIN_RUNTIME = ("nproc", "grad_accum_steps", "num_threads", "log_every_steps", "checkpoint_every_steps")
+
+
+def required_upstream(stage: str, config: RunConfig) -> tuple[str, ...]:
+    """The upstream stages whose manifests `stage` needs; a benchmark of a given drafter needs none."""
+    if stage == "benchmark" and config.benchmark.drafter:
+        return ()
+    return UPSTREAM[stage]
 
 
 def stage_settings(stage: str, config: RunConfig) -> dict[str, Any]:
     """The part of the run config a stage's output depends on (and nothing that doesn't)."""
     c = config.model_dump(mode="json")
-    engine_launch = {k: v for k, v in c["engine"].items() if k not in ("host", "port", "startup_timeout_s", "request_timeout_s")}
+    engine_launch = {k: v for k, v in c["engine"].items() if k not in _ENGINE_RUNTIME}
+    train = {k: v for k, v in c["train"].items() if k not in _TRAIN_RUNTIME}
+    prompts = {k: c["generate"][k] for k in ("prompts_path", "num_samples", "holdout", "seed")}
     return {
         "check": c,
         "generate": {"target": c["target"], "engine": engine_launch, "generate": c["generate"]},
         "extract": {"target": c["target"], "extract": c["extract"]},
-        "train": {"train": c["train"]},
+        "train": {"train": train},
         "export": {"export": c["export"], "aux_layer_ids": c["target"]["aux_layer_ids"]},
-        "benchmark": {"engine": engine_launch, "benchmark": c["benchmark"], "target": c["target"]},
+        "benchmark": {"engine": engine_launch, "benchmark": c["benchmark"], "target": c["target"], "prompts": prompts},
     }[stage]
 
 
 def stage_key(stage: str, config: RunConfig, upstream_keys: dict[str, str]) -> str:
     """16 hex chars of sha256 over (stage, its settings, upstream keys, code version)."""
-    missing = set(UPSTREAM[stage]) - set(upstream_keys)
+    needed = required_upstream(stage, config)
+    missing = set(needed) - set(upstream_keys)
     if missing:
         raise ValueError(f"stage {stage!r} needs the keys of its upstream stages {sorted(missing)}")
     payload = {
         "stage": stage,
         "settings": stage_settings(stage, config),
-        "upstream": {s: upstream_keys[s] for s in UPSTREAM[stage]},
+        "upstream": {s: upstream_keys[s] for s in needed},
         "code": f"{__version__}/{STAGE_VERSIONS[stage]}",
     }
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()

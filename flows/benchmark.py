@@ -1,7 +1,11 @@
-"""Benchmark only: the finished drafter of a run config, measured again on the engine.
+"""Benchmark only: measure a drafter on the engine again, without recomputing anything upstream.
 
-Nothing upstream is recomputed: the flow fails, naming the stage, if the pipeline has not finished
-for this config on the host.
+    python -m flows.benchmark configs/demo.yaml                       # this run's exported drafter
+    python -m flows.benchmark configs/demo.yaml --drafter /path/on/host/drafter-or-manifest.json
+
+Without a drafter it takes the finished export of the run config (failing, naming the stage, when
+the pipeline has not finished for this config on the host). With one (a drafter directory in the
+engine's format, or an export stage's manifest.json, on the host) nothing upstream is needed.
 """
 
 from __future__ import annotations
@@ -9,8 +13,10 @@ from __future__ import annotations
 import sys
 
 from prefect import flow
+from pydantic import Field
 
 from eagleflow.config import load_config
+from eagleflow.manifest import Manifest
 from flows.hold import hold_host, stop_jobs_of_run
 from flows.params import RunParams, main_cli
 from flows.pipeline import publish_report
@@ -19,16 +25,30 @@ from tasks.check import check
 from tasks.dispatch import StageRun, finished_upstream, run_cached
 
 
+class BenchmarkParams(RunParams):
+    drafter: str | None = Field(
+        None, description="Drafter to measure: a directory on the host (engine format) or an export manifest.json; "
+        "empty: the run config's finished export.",
+    )
+
+
 @flow(name="benchmark", log_prints=True, on_cancellation=[stop_jobs_of_run], on_crashed=[stop_jobs_of_run])
-def benchmark_only(params: RunParams = RunParams()) -> dict:
-    config = load_config(params.config_path, params.overrides)
+def benchmark_only(params: BenchmarkParams = BenchmarkParams()) -> dict:
+    overrides = {**params.overrides, **({"benchmark.drafter": params.drafter} if params.drafter else {})}
+    config = load_config(params.config_path, overrides)
     with hold_host(config, f"benchmark {config.name}"):
         check(config)
-        done = finished_upstream(config, ("generate", "extract", "train", "export"))
-        runs = {s: StageRun(m, cached=True, seconds=0.0) for s, m in done.items()}
-        runs["benchmark"] = run_cached(benchmark, config, {"export": done["export"], "generate": done["generate"]})
+        runs: dict[str, StageRun] = {}
+        upstream: dict[str, Manifest] = {}
+        if not config.benchmark.drafter:
+            done = finished_upstream(config, ("generate", "extract", "train", "export"))
+            runs = {s: StageRun(m, cached=True, seconds=0.0) for s, m in done.items()}
+            upstream = {"export": done["export"]}
+        runs["benchmark"] = run_cached(benchmark, config, upstream)
     return publish_report(config, runs)
 
 
 if __name__ == "__main__":
-    sys.exit(main_cli(benchmark_only, __doc__))
+    sys.exit(main_cli(benchmark_only, __doc__, params_cls=BenchmarkParams, extra_args={
+        "--drafter": "drafter directory or export manifest.json on the host (a relative path is relative to the "
+                     "config file, like the paths in it)"}))

@@ -15,9 +15,9 @@ from typing import Any
 from prefect import flow
 from pydantic import Field
 
-from eagleflow.config import ConfigError, load_config
+from eagleflow.config import ConfigError, load_config, parse_overrides
 from flows.params import RunParams
-from infra.bootstrap import build_parser, parse_overrides, render_text
+from infra.bootstrap import build_parser, render_text
 from tasks.bootstrap import bootstrap_host
 
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable
 
-import yaml
 from pydantic import BaseModel, Field
 
-from eagleflow.config import ConfigError, load_config
+from eagleflow.config import ConfigError, load_config, parse_overrides
 
 
 class RunParams(BaseModel):
@@ -18,28 +17,29 @@ class RunParams(BaseModel):
     )
 
 
-def main_cli(flow_fn: Callable[[RunParams], Any], doc: str | None) -> int:
+def main_cli(flow_fn: Callable[[Any], Any], doc: str | None, params_cls: type[RunParams] = RunParams,
+             extra_args: dict[str, str] | None = None) -> int:
     """`python -m flows.<flow> CONFIG [--set a.b=value ...]`: validate first, then run the flow.
 
     The config is validated before Prefect starts, so a bad field fails in a second, by name.
+    `extra_args` ({"--drafter": help}) become string fields of `params_cls`.
     """
-    parser = argparse.ArgumentParser(description=doc)
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", nargs="?", default="configs/demo.yaml", help="run config (YAML)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a field, e.g. --set benchmark.max_tokens=64 (VALUE is YAML)")
+    for flag, help_text in (extra_args or {}).items():
+        parser.add_argument(flag, default=None, help=help_text)
     args = parser.parse_args()
-    overrides: dict[str, Any] = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            parser.error(f"--set {item!r}: expected KEY=VALUE")
-        overrides[key] = yaml.safe_load(value)
+    extra = {flag.lstrip("-").replace("-", "_"): getattr(args, flag.lstrip("-").replace("-", "_"))
+             for flag in (extra_args or {})}
     try:
+        overrides = parse_overrides(args.set)
         load_config(args.config, overrides)
     except ConfigError as exc:
         print(f"error: {exc}")
         return 2
-    state = flow_fn(RunParams(config_path=args.config, overrides=overrides), return_state=True)
+    state = flow_fn(params_cls(config_path=args.config, overrides=overrides, **extra), return_state=True)
     if not state.is_completed():
         print(f"error: the flow run ended {state.name}: {state.message}")
         return 1

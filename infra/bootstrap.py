@@ -44,9 +44,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-import yaml
 
-from eagleflow.config import ConfigError, HostConfig, RunConfig, load_config
+from eagleflow.config import ConfigError, HostConfig, RunConfig, load_config, parse_overrides
 from eagleflow.hosts import HostError, make_host
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout whose wheel is installed on the host
@@ -425,17 +424,6 @@ def render_markdown(result: dict[str, Any]) -> str:
     lines = [f"# Host {result['host']}", "", "| fact | value |", "|---|---|"]
     lines += ["| {} | {} |".format(name, value.replace("|", "\\|")) for name, value in summary_rows(result)]
     return "\n".join(lines) + "\n"
-
-
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """`--set a.b=VALUE` items (VALUE is YAML) as load_config's dotted overrides."""
-    overrides = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set {item!r}: expected KEY=VALUE")
-        overrides[key] = yaml.safe_load(value)
-    return overrides
 
 
 def build_parser(description: str | None) -> argparse.ArgumentParser:

@@ -1,14 +1,55 @@
-"""The benchmark stage as a Prefect task (upstream: export, generate)."""
+"""The benchmark stage as a Prefect task (upstream: export, unless benchmark.drafter names the drafter).
+
+Its table and verdict become a markdown artifact. When it fails, the engine and guardian logs are
+attached as an artifact too, so the root cause is one click from the failed task, not an SSH away.
+"""
 
 from __future__ import annotations
 
-from prefect import task
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
 
 from eagleflow.config import RunConfig
+from eagleflow.hosts import Host, StageFailed, make_host
 from eagleflow.manifest import Manifest
 from tasks.dispatch import STAGE_TASK, dispatch
+
+# The files a failed benchmark leaves that explain it, in the order a reader wants them.
+FAILURE_FILES = ("stage.log", "engine-baseline.log", "engine-current.log", "engine-drafter.log",
+                 "preflight.json", "production.json", "production.restored.json", "production-guardian.log",
+                 "production-commands.log")
+MAX_ATTACHED = 200_000  # characters per file; the full file stays on the host, named in the artifact
+
+
+def _artifact_key(config: RunConfig, what: str) -> str:
+    return f"eagleflow-{config.name.lower().replace('_', '-').replace('.', '-')}-{what}"
+
+
+def attach_failure_logs(config: RunConfig, host: Host, stage_dir: str, error: StageFailed) -> None:
+    parts = [f"# Benchmark failed on {host.name}", "", "```", str(error)[-4000:], "```"]
+    for name in FAILURE_FILES:
+        path = f"{stage_dir}/{name}"
+        if not host.exists(path):
+            continue
+        text = host.read_text(path)
+        cut = len(text) > MAX_ATTACHED
+        parts += ["", f"## {name}", f"`{host.name}:{path}`" + (f" (last {MAX_ATTACHED} characters)" if cut else ""),
+                  "", "```", text[-MAX_ATTACHED:], "```"]
+    try:
+        create_markdown_artifact("\n".join(parts), key=_artifact_key(config, "benchmark-failure"),
+                                 description=f"logs of the failed benchmark in {stage_dir}")
+    except Exception as exc:  # noqa: BLE001 - attaching must never hide the failure itself
+        get_run_logger().warning("could not attach the benchmark logs: %s", exc)
 
 
 @task(name="benchmark", **STAGE_TASK, task_run_name="benchmark")
 def benchmark(config: RunConfig, upstream: dict[str, Manifest]) -> Manifest:
-    return dispatch("benchmark", config, upstream)
+    manifest = dispatch("benchmark", config, upstream,
+                        on_failure=lambda host, d, exc: attach_failure_logs(config, host, d, exc))
+    report = manifest.outputs.get("report_md")
+    if report:
+        with make_host(config.host) as host:
+            text = host.read_text(manifest.path(report))
+        create_markdown_artifact(text, key=_artifact_key(config, "benchmark"),
+                                 description=f"benchmark table and verdict ({manifest.dir})")
+    return manifest

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from prefect import Task, get_run_logger
 from prefect.client.schemas.objects import TaskRun
@@ -22,13 +22,13 @@ from prefect.context import FlowRunContext, TaskRunContext
 from prefect.states import State
 
 from eagleflow.config import RunConfig
-from eagleflow.hosts import is_transient, make_host
-from eagleflow.manifest import UPSTREAM, Manifest, stage_dir, stage_key
+from eagleflow.hosts import Host, StageFailed, is_transient, make_host
+from eagleflow.manifest import Manifest, required_upstream, stage_dir, stage_key
 from eagleflow.stages.common import StageRequest
 
 
 def _key(stage: str, config: RunConfig, upstream: dict[str, Manifest]) -> str:
-    return stage_key(stage, config, {s: upstream[s].key for s in UPSTREAM[stage] if s in upstream})
+    return stage_key(stage, config, {s: upstream[s].key for s in required_upstream(stage, config) if s in upstream})
 
 
 def stage_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
@@ -67,8 +67,12 @@ def _run_ids() -> tuple[str, str, str]:
     return owner, str(run.id), stamp
 
 
-def dispatch(stage: str, config: RunConfig, upstream: dict[str, Manifest]) -> Manifest:
-    """Run `python -m eagleflow.stages.<stage>` on the host; return the manifest it wrote last."""
+def dispatch(stage: str, config: RunConfig, upstream: dict[str, Manifest],
+             on_failure: Callable[[Host, str, StageFailed], None] | None = None) -> Manifest:
+    """Run `python -m eagleflow.stages.<stage>` on the host; return the manifest it wrote last.
+
+    `on_failure(host, stage_dir, error)` runs before a failed stage's error is raised (to attach logs).
+    """
     logger = get_run_logger()
     owner, attempt, stamp = _run_ids()
     key = _key(stage, config, upstream)
@@ -84,8 +88,13 @@ def dispatch(stage: str, config: RunConfig, upstream: dict[str, Manifest]) -> Ma
         request = StageRequest(stage=stage, key=key, dir=d, config=config, upstream=upstream)
         host.write_text(f"{d}/request.json", request.model_dump_json(indent=2))
         logger.info("running %s %s on %s (log: %s/stage.log)", stage, key, host.name, d)
-        host.run_job(d, [config.host.python, "-m", f"eagleflow.stages.{stage}", f"{d}/request.json"],
-                     log=logger.info, owner=owner, attempt=attempt)
+        try:
+            host.run_job(d, [config.host.python, "-m", f"eagleflow.stages.{stage}", f"{d}/request.json"],
+                         log=logger.info, owner=owner, attempt=attempt)
+        except StageFailed as exc:
+            if on_failure is not None:
+                on_failure(host, d, exc)
+            raise
         return Manifest.model_validate_json(host.read_text(manifest_path))
 
 

@@ -23,6 +23,14 @@ def promote(config: RunConfig, report: dict, min_speedup: float, min_acceptance_
         reasons.append(f"speedup {report['speedup']:.2f} < {min_speedup}")
     if al < min_acceptance_length:
         reasons.append(f"mean acceptance length {al:.2f} < {min_acceptance_length}")
+    verdict = report.get("verdict") or {}
+    if verdict.get("integration_suspect"):
+        reasons.append("the benchmark found the engine integration suspect (serving acceptance far below the "
+                       "offline estimate): fix the engine side before promoting")
+    same_run = report.get("current")  # production's drafter, measured in this very benchmark
+    if same_run and report["drafter"]["output_tok_s"] < same_run["output_tok_s"]:
+        reasons.append(f"{report['drafter']['output_tok_s']:.1f} output tok/s < the current drafter's "
+                       f"{same_run['output_tok_s']:.1f} in the same benchmark")
     if current and al < current["mean_acceptance_length"]:
         reasons.append(f"mean acceptance length {al:.2f} < the promoted drafter's {current['mean_acceptance_length']:.2f}")
     if reasons:

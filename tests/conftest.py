@@ -19,3 +19,39 @@ def free_port() -> int:
 @pytest.fixture
 def demo_yaml() -> Path:
     return ROOT / "configs" / "demo.yaml"
+
+
+def prod_service_config(tmp: Path, port: int, python: str, **extra) -> dict:
+    """production: a command-defined service around a real vLLM CPU server of the demo target (no
+    drafter), started and stopped by tests/prodservice.py, as an operator's scripts would."""
+    import sys
+
+    pidfile, log = tmp / "prod.pid", tmp / "prod.log"
+    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(ROOT / "demo" / "target"),
+            "--served-model-name", "prod", "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16",
+            "--max-model-len", "1024", "--enforce-eager"]
+    script = str(ROOT / "tests" / "prodservice.py")
+    return {"kind": "command",
+            "start_command": [sys.executable, script, "start", "--pidfile", str(pidfile), "--log", str(log),
+                              "--port", str(port), "--env", "VLLM_CPU_KVCACHE_SPACE=1", "--", *argv],
+            "stop_command": [sys.executable, script, "stop", "--pidfile", str(pidfile)],
+            "health_url": f"http://127.0.0.1:{port}/health", **extra}
+
+
+def processes_with_env(var: str, value: str) -> list[int]:
+    """Live processes whose environment holds var=value (what a benchmark leaves behind, if anything)."""
+    import os
+
+    needle = f"{var}={value}".encode()
+    out = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            if needle in Path(f"/proc/{p}/environ").read_bytes().split(b"\0"):
+                stat = Path(f"/proc/{p}/stat").read_text()
+                if stat.rsplit(") ", 1)[1][0] != "Z":
+                    out.append(int(p))
+        except (FileNotFoundError, PermissionError, ProcessLookupError):
+            continue
+    return out

@@ -105,6 +105,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 # Element-wise chains fused into one kernel each way on CUDA (eager, each op is a pass over memory).
 _rms_norm_fused = torch.compile(rms_norm, dynamic=True)
+# One compiled norm serves every RMSNorm: fp32 and bf16 inputs, with and without grad (training and
+# validation), size-1 batches. Each is a dynamo variant of the same code; at the default limit (8)
+# the later ones silently ran eager and most of a GPU run's first epoch went to recompiling. The
+# limit is dynamo's, process-wide; raising it only lets already-needed variants compile.
+torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
 
 class RMSNorm(nn.Module):

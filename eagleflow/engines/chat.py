@@ -1,4 +1,9 @@
-"""An async client for an OpenAI-compatible chat API: many requests, bounded concurrency."""
+"""An async client for an OpenAI-compatible chat API: many requests, bounded concurrency.
+
+Answers are read whole, not streamed: the benchmark takes TTFT and inter-token latency from the
+engine's own histograms, and a Python client parsing one event per token on a busy host falls
+behind the engine (the engine then coalesces output, and the client's clock measures itself).
+"""
 
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ class ChatResult:
     finish_reason: str | None = None
     error: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    latency_s: float | None = None  # request sent -> whole answer read, on the client
 
 
 def parse_choice(index: int, body: dict[str, Any]) -> ChatResult:
@@ -48,7 +54,7 @@ def parse_choice(index: int, body: dict[str, Any]) -> ChatResult:
 
 async def _chat_all(base_url: str, model: str, conversations: list[list[dict[str, Any]]], *,
                     max_tokens: int, temperature: float, concurrency: int, timeout_s: float,
-                    extra: dict[str, Any] | None) -> list[ChatResult]:
+                    extra: dict[str, Any] | None, seed: int | None) -> list[ChatResult]:
     sem = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
@@ -56,27 +62,33 @@ async def _chat_all(base_url: str, model: str, conversations: list[list[dict[str
         async def one(i: int, messages: list[dict[str, Any]]) -> ChatResult:
             payload = {"model": model, "messages": messages, "max_tokens": max_tokens,
                        "temperature": temperature, **(extra or {})}
+            if seed is not None:
+                payload["seed"] = seed + i  # sampled runs repeat: the same seed per prompt in every variant
             async with sem:
+                start = time.perf_counter()
                 try:
                     r = await client.post("/v1/chat/completions", json=payload)
                 except httpx.HTTPError as exc:
                     return ChatResult(i, error=f"request to {base_url} failed: {type(exc).__name__}: {exc}")
+                latency = time.perf_counter() - start
             if r.status_code != 200:
                 return ChatResult(i, error=f"HTTP {r.status_code} from {base_url}: {r.text[:300]}")
             try:
                 body = r.json()
             except ValueError:
                 return ChatResult(i, error=f"non-JSON answer from {base_url}: {r.text[:200]}")
-            return parse_choice(i, body)
+            result = parse_choice(i, body)
+            result.latency_s = latency
+            return result
 
         return await asyncio.gather(*(one(i, m) for i, m in enumerate(conversations)))
 
 
 def chat_all(base_url: str, model: str, conversations: list[list[dict[str, Any]]], *, max_tokens: int,
              temperature: float, concurrency: int, timeout_s: float = 600.0,
-             extra: dict[str, Any] | None = None) -> tuple[list[ChatResult], float]:
+             extra: dict[str, Any] | None = None, seed: int | None = None) -> tuple[list[ChatResult], float]:
     """Send every conversation; return the results in order and the wall time in seconds."""
     start = time.perf_counter()
     results = asyncio.run(_chat_all(base_url, model, conversations, max_tokens=max_tokens, temperature=temperature,
-                                    concurrency=concurrency, timeout_s=timeout_s, extra=extra))
+                                    concurrency=concurrency, timeout_s=timeout_s, extra=extra, seed=seed))
     return results, time.perf_counter() - start

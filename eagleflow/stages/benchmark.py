@@ -1,110 +1,315 @@
-"""benchmark: the engine without and with the new drafter, on the same held-out chat prompts.
+"""benchmark: no speculation, production's current drafter and the new drafter, on the real engine.
 
-Each variant runs in its own engine (this stage's own process group, ended afterwards), gets a few
-warm-up requests, then the measured window: every held-out prompt at the same temperature and a
-fixed number of output tokens (`ignore_eos`, so both variants produce the same amount). Acceptance
-comes from the deltas of the engine's own /metrics counters over the measured window.
+    python -m eagleflow.stages.benchmark <stage_dir>/request.json
 
-With `benchmark.side_by_side` both engines load at once and the measured window alternates rounds
-of requests between them (A B, B A, ...): on a noisy machine the ratio is then measured under the
-same conditions. Otherwise the variants run one after the other, each alone on the host.
+1. Preflight (a subprocess in this host environment, seconds, before any weights load): the engine
+   imports, the target supports EAGLE-3 in this engine version, each drafter fits the target and
+   the engine's conventions, GPU memory and disk. A failed check ends the stage, naming cause and fix.
+2. Production is stopped for the measurement and restored however the stage ends (a guardian
+   process on the host watches the stage and, through the host lease, the pipeline that started it;
+   see eagleflow.service).
+3. Each variant runs in its own engine (this stage's own process group; the launch watchdog
+   reports load progress and fails within seconds on a dead or failing engine). After warm-up,
+   every setting (temperature x concurrency) sends the same held-out chat prompts with a fixed
+   number of output tokens (`ignore_eos`), sampled settings seeded per prompt. Throughput is output
+   tokens over the window's wall time; TTFT, inter-token latency and acceptance come from the
+   engine's own histograms and counters around each window.
+4. The verdict: speedups, and whether serving acceptance matches the drafter's offline estimate
+   (eagleflow.verdict). `report.md` (the table) is written beside the manifest.
+
+With `benchmark.side_by_side` all engines load at once and each window alternates request rounds
+between them (A B, B A, ...), so a noisy machine's drift hits every variant alike.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import statistics
+import subprocess
 import sys
+import time
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
+import httpx
+
+from eagleflow.config import RunConfig
+from eagleflow.engines.base import EngineServer, make_server, speculative
 from eagleflow.engines.chat import ChatResult, chat_all
-from eagleflow.engines.vllm import VllmServer, acceptance_from_deltas
-from eagleflow.manifest import Manifest
-from eagleflow.prompts import Messages
+from eagleflow.manifest import Manifest, read_manifest
+from eagleflow.prompts import Messages, PromptError, load_prompts, split_indices
+from eagleflow.service import production_stopped
 from eagleflow.stages.common import StageError, StageRequest, stage_main
-from eagleflow.stages.generate import holdout_conversations, served_name, target_launch
+from eagleflow.stages.generate import served_name, target_launch
+from eagleflow.verdict import judge, render_markdown
 
 log = logging.getLogger("eagleflow.benchmark")
+
+SEED = 1234  # sampled settings: request i of every variant uses seed SEED + i
 
 
 @dataclasses.dataclass
 class Variant:
-    """One engine configuration under test and what was measured on it."""
+    """One engine configuration under test."""
 
     name: str
-    speculative: dict[str, Any] | None
-    server: VllmServer | None = None
-    tokens: int = 0
-    seconds: float = 0.0
-    requests: int = 0
-    metrics_before: dict[str, float] = dataclasses.field(default_factory=dict)
-    metrics_after: dict[str, float] = dataclasses.field(default_factory=dict)
+    drafter: str | None
+    offline_al: float | None = None
+    server: EngineServer | None = None
 
-    def record(self, results: list[ChatResult], seconds: float) -> None:
-        errors = [r.error for r in results if r.error]
-        if errors:
-            raise StageError(f"{self.name}: {len(errors)} of {len(results)} benchmark requests failed; first: {errors[0]}")
-        self.tokens += sum(r.completion_tokens for r in results)
+
+@dataclasses.dataclass
+class Window:
+    """One measured window: a variant at one temperature and concurrency."""
+
+    variant: str
+    temperature: float
+    concurrency: int
+    results: list[ChatResult] = dataclasses.field(default_factory=list)
+    seconds: float = 0.0
+    before: dict[str, float] = dataclasses.field(default_factory=dict)
+    after: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def add(self, results: list[ChatResult], seconds: float) -> None:
+        self.results += results
         self.seconds += seconds
-        self.requests += len(results)
+
+    def row(self, server: EngineServer, k: int) -> dict[str, Any]:
+        tokens = sum(r.completion_tokens for r in self.results)
+        latency = sorted(r.latency_s for r in self.results if r.latency_s is not None)
+        row: dict[str, Any] = {
+            "variant": self.variant, "temperature": self.temperature, "concurrency": self.concurrency,
+            "output_tok_s": tokens / self.seconds, "output_tokens": tokens, "seconds": self.seconds,
+            "requests": len(self.results),
+            # Latencies from the engine's own histograms; the client's round trip beside them.
+            **server.latency(self.before, self.after),
+            "client_latency_ms_p50": 1000 * statistics.median(latency) if latency else None,
+        }
+        if self.variant != "baseline":
+            row.update(server.acceptance(self.before, self.after, k))
+        return row
+
+
+# -- inputs ----------------------------------------------------------------------------------------
+
+
+def holdout_prompts(cfg: RunConfig) -> list[Messages]:
+    """The held-out prompts of the run config: the same seeded split the generate stage holds out,
+    so a benchmark of a given drafter needs no generate stage."""
+    g, b = cfg.generate, cfg.benchmark
+    try:
+        prompts = load_prompts(g.prompts_path)
+        _, holdout = split_indices(len(prompts), g.num_samples, g.holdout, g.seed)
+    except PromptError as exc:
+        raise StageError(str(exc)) from None
+    return [prompts[i] for i in holdout[: b.num_prompts]]
+
+
+def resolve_drafter(path: str, field: str) -> str:
+    """A drafter directory, or an export manifest.json naming one."""
+    p = Path(path)
+    if p.is_file() and p.name == "manifest.json":
+        m = read_manifest(p)
+        if m.stage != "export" or "vllm" not in m.outputs:
+            raise StageError(f"{field}: {p} is a {m.stage} manifest without outputs['vllm']; pass an export "
+                             "stage's manifest.json or a drafter directory")
+        return m.path(m.outputs["vllm"])
+    if not (p / "config.json").is_file():
+        raise StageError(f"{field}: {p} is neither a drafter directory (no config.json there) nor an export "
+                         "manifest.json; point it at the directory the engine should load")
+    return str(p)
+
+
+def offline_estimate(drafter_dir: str) -> float | None:
+    """The simulated acceptance length eagleflow's trainer measured for a drafter it exported, if any."""
+    try:
+        conf = json.loads((Path(drafter_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    val = (conf.get("eagleflow") or {}).get("validation") or {}
+    al = val.get("acceptance_length")
+    return float(al) if isinstance(al, (int, float)) else None
+
+
+def current_drafter(cfg: RunConfig) -> str | None:
+    """benchmark.current_drafter, else the drafter the nightly retrain promoted for this run name."""
+    if cfg.benchmark.current_drafter:
+        return resolve_drafter(cfg.benchmark.current_drafter, "benchmark.current_drafter")
+    record = Path(cfg.host.work_root) / "promoted" / f"{cfg.name}.json"
+    if record.is_file():
+        path = json.loads(record.read_text()).get("drafter_dir")
+        if path and Path(path, "config.json").is_file():
+            log.info("current drafter: the promoted one, %s (from %s)", path, record)
+            return path
+    return None
+
+
+def variants_for(request: StageRequest) -> list[Variant]:
+    cfg = request.config
+    if cfg.benchmark.drafter:
+        new = resolve_drafter(cfg.benchmark.drafter, "benchmark.drafter")
+    else:
+        export = request.upstream.get("export")
+        if export is None:
+            raise StageError("the benchmark needs a drafter: the export stage's manifest, or benchmark.drafter")
+        new = export.path(export.outputs["vllm"])
+    out = [Variant("baseline", None)]
+    cur = current_drafter(cfg)
+    if cur and Path(cur).resolve() != Path(new).resolve():
+        out.append(Variant("current", cur, offline_estimate(cur)))
+    out.append(Variant("drafter", new, offline_estimate(new)))
+    return out
+
+
+# -- preflight -------------------------------------------------------------------------------------
+
+
+def preflight(request: StageRequest, variants: list[Variant], skip_gpu: bool) -> list[dict[str, Any]]:
+    """Run the preflight in this host environment; fail the stage on an error finding.
+
+    `skip_gpu`: production still holds the GPUs now; their memory is checked once it has stopped.
+    """
+    cfg = request.config
+    out = request.path / "preflight.json"
+    argv = [sys.executable, "-m", "eagleflow.engines.preflight", "--engine-json", cfg.engine.model_dump_json(),
+            "--target", cfg.target.model_path, "--disk-path", cfg.host.work_root, "--json", str(out)]
+    if skip_gpu:
+        argv.append("--skip-gpu")
+    for v in variants:
+        if v.drafter:
+            argv += ["--drafter", f"{v.name}={v.drafter}"]
+    # The ids the new drafter was trained on are the run's; a public current drafter's are unknown.
+    argv += ["--expected-aux", "drafter=" + ",".join(str(i) for i in cfg.target.aux_layer_ids)]
+    start = time.monotonic()
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    seconds = time.monotonic() - start
+    for line in proc.stdout.splitlines():
+        log.info("preflight: %s", line)
+    if proc.returncode not in (0, 1) or not out.exists():
+        raise StageError(f"the preflight itself failed (exit {proc.returncode}) in {sys.executable}:\n"
+                         f"{(proc.stderr or proc.stdout)[-3000:]}")
+    data = json.loads(out.read_text())
+    findings = data["findings"] if isinstance(data, dict) else data
+    errors = [f for f in findings if f["level"] == "error"]
+    log.info("preflight: %d checks in %.1f s, %d error(s)", len(findings), seconds, len(errors))
+    fail_on(errors, "preflight failed before any weights were loaded")
+    return findings
+
+
+def fail_on(errors: list[dict[str, Any]], what: str) -> None:
+    if errors:
+        raise StageError(f"{what}:\n" + "\n".join(f"- [{f['check']}] {f['message']}" for f in errors))
+
+
+def gpus_free(cfg: RunConfig) -> list[dict[str, Any]]:
+    """The GPU part of the preflight, once production has let go of the GPUs."""
+    from eagleflow.engines.preflight import check_gpus
+
+    need = cfg.engine.min_free_gpu_fraction or (cfg.engine.gpu_memory_utilization or 0.0)
+    findings = [dataclasses.asdict(f) for f in check_gpus(need)]
+    for f in findings:
+        log.info("preflight (production stopped): %s %s: %s", f["level"].upper(), f["check"], f["message"])
+    fail_on([f for f in findings if f["level"] == "error"], "GPU memory is not free after stopping production")
+    return findings
+
+
+# -- measurement -----------------------------------------------------------------------------------
 
 
 def run(request: StageRequest) -> Manifest:
     cfg = request.config
     b = cfg.benchmark
-    prompts = holdout_conversations(request.upstream["generate"])[: b.num_prompts]
+    prompts = holdout_prompts(cfg)
     if len(prompts) < b.num_prompts:
-        raise StageError(f"only {len(prompts)} held-out prompts survived generation; lower benchmark.num_prompts")
-    export = request.upstream["export"]
-    drafter_dir = export.path(export.outputs["vllm"])
-    variants = [
-        Variant("baseline", None),
-        Variant("drafter", {"method": "eagle3", "model": drafter_dir, "num_speculative_tokens": b.num_speculative_tokens}),
-    ]
+        raise StageError(f"only {len(prompts)} held-out prompts; lower benchmark.num_prompts or raise generate.holdout")
+    variants = variants_for(request)
+    has_production = cfg.production.kind != "none"
+    findings = preflight(request, variants, skip_gpu=has_production) if cfg.engine.preflight else []
 
-    def send(v: Variant, convs: list[Messages]) -> tuple[list[ChatResult], float]:
+    settings = [(t, c) for t in b.temperatures for c in b.concurrencies]
+    windows = {(v.name, t, c): Window(v.name, t, c) for v in variants for t, c in settings}
+    rows: dict[tuple[str, float, int], dict[str, Any]] = {}
+
+    def send(v: Variant, convs: list[Messages], t: float, c: int) -> tuple[list[ChatResult], float]:
         assert v.server is not None
-        return chat_all(v.server.base_url, served_name(cfg), convs, max_tokens=b.max_tokens, temperature=b.temperature,
-                        concurrency=b.concurrency, timeout_s=cfg.engine.request_timeout_s, extra={"ignore_eos": True})
+        results, seconds = chat_all(v.server.base_url, served_name(cfg), convs, max_tokens=b.max_tokens,
+                                    temperature=t, concurrency=c, timeout_s=cfg.engine.request_timeout_s,
+                                    extra={"ignore_eos": True}, seed=SEED if t > 0 else None)
+        errors = [r.error for r in results if r.error]
+        if errors:
+            raise StageError(f"{v.name} (temperature {t:g}, concurrency {c}): {len(errors)} of {len(results)} "
+                             f"benchmark requests failed; first: {errors[0]}\n{v.server.post_mortem()}")
+        return results, seconds
 
-    rounds = [prompts[i:i + b.concurrency] for i in range(0, len(prompts), b.concurrency)]
+    def snapshot(v: Variant) -> dict[str, float]:
+        assert v.server is not None
+        try:
+            return v.server.snapshot()
+        except httpx.HTTPError as exc:
+            raise StageError(f"{v.name}: the engine's metrics did not answer ({type(exc).__name__}: {exc})\n"
+                             f"{v.server.post_mortem()}") from None
+
     groups = [variants] if b.side_by_side else [[v] for v in variants]
-    for group in groups:
-        with ExitStack() as stack:
-            for i, v in enumerate(group):
-                launch = target_launch(cfg, v.speculative)
-                launch.port += i  # side by side: the second engine listens on engine.port + 1
-                v.server = VllmServer(launch, request.path / f"engine-{v.name}.log")
-                stack.callback(v.server.stop)  # whatever happens, end what this stage started
-                v.server.start()  # side by side: both load at once
-            for v in group:
-                v.server.wait_healthy()
-                if b.warmup_requests:
-                    send(v, prompts[: b.warmup_requests])
-                v.metrics_before = v.server.metrics()
-            for r, convs in enumerate(rounds):
-                for v in group if r % 2 == 0 else group[::-1]:
-                    v.record(*send(v, convs))
-            for v in group:
-                v.metrics_after = v.server.metrics()
-    return request.manifest(
-        outputs={"drafter_dir": drafter_dir, "num_prompts": len(prompts)},
-        metrics=_metrics(variants, b.num_speculative_tokens) | {"settings": b.model_dump(mode="json")},
-    )
+    with production_stopped(cfg.production, request.path, work_root=cfg.host.work_root, log=log.info) as hold:
+        if cfg.engine.preflight and has_production:
+            findings += gpus_free(cfg)
+        for group in groups:
+            with ExitStack() as stack:
+                for i, v in enumerate(group):
+                    launch = target_launch(cfg, speculative(v.drafter, b.num_speculative_tokens) if v.drafter else None)
+                    launch.port += i  # side by side: engine.port, +1, +2
+                    v.server = make_server(launch, request.path / f"engine-{v.name}.log", env=hold.engine_env(),
+                                           name=v.name)
+                    stack.callback(v.server.stop)  # whatever happens, end what this stage started
+                    v.server.start()  # side by side: all load at once
+                for v in group:
+                    assert v.server is not None
+                    v.server.wait_healthy()
+                    if b.warmup_requests:
+                        send(v, prompts[: b.warmup_requests], 0.0, 1)
+                for t, c in settings:
+                    rounds = [prompts[i:i + c] for i in range(0, len(prompts), c)]
+                    for v in group:
+                        windows[(v.name, t, c)].before = snapshot(v)
+                    for r, convs in enumerate(rounds):
+                        for v in group if r % 2 == 0 else group[::-1]:
+                            windows[(v.name, t, c)].add(*send(v, convs, t, c))
+                    for v in group:
+                        w = windows[(v.name, t, c)]
+                        w.after = snapshot(v)
+                        rows[(v.name, t, c)] = w.row(v.server, b.num_speculative_tokens)
+                    log.info("measured temperature %g, concurrency %d: %s", t, c, ", ".join(
+                        f"{v.name} {rows[(v.name, t, c)]['output_tok_s']:.1f} tok/s" for v in group))
+    production = hold.result
+
+    table = [rows[(v.name, t, c)] for v in variants for t, c in settings]
+    verdict = judge(table, {v.name: v.offline_al for v in variants if v.drafter}, suspect_ratio=b.suspect_ratio)
+    log.info("verdict: %s", verdict["summary"])
+    for f in verdict["findings"]:
+        log.info("  %s", f)
+    report = render_markdown(f"Benchmark {cfg.name}: {cfg.target.served_model_name or cfg.target.model_path}",
+                             table, verdict, b.num_speculative_tokens, production=production)
+    (request.path / "report.md").write_text(report)
+
+    head_t, head_c = settings[0]
+    headline = {v.name: rows[(v.name, head_t, head_c)] for v in variants}
+    metrics: dict[str, Any] = {
+        **headline,  # baseline / current / drafter at the first setting: what report and promotion read
+        "speedup": headline["drafter"]["output_tok_s"] / headline["baseline"]["output_tok_s"],
+        "windows": table, "verdict": verdict, "production": production,
+        "offline": {v.name: v.offline_al for v in variants if v.drafter},
+        "drafters": {v.name: v.drafter for v in variants if v.drafter},
+        "preflight": findings, "settings": b.model_dump(mode="json"),
+    }
+    return request.manifest(outputs={"drafter_dir": headline_drafter(variants), "num_prompts": len(prompts),
+                                     "report_md": "report.md"}, metrics=metrics)
 
 
-def _metrics(variants: list[Variant], k: int) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for v in variants:
-        m: dict[str, Any] = {"output_tok_s": v.tokens / v.seconds, "output_tokens": v.tokens,
-                             "seconds": v.seconds, "requests": v.requests}
-        if v.speculative:
-            m.update(acceptance_from_deltas(v.metrics_before, v.metrics_after, k))
-        log.info("%s: %s", v.name, {key: (round(x, 4) if isinstance(x, float) else x) for key, x in m.items()})
-        out[v.name] = m
-    out["speedup"] = out["drafter"]["output_tok_s"] / out["baseline"]["output_tok_s"]
-    return out
+def headline_drafter(variants: list[Variant]) -> str:
+    return next(v.drafter for v in variants if v.name == "drafter" and v.drafter)
 
 
 if __name__ == "__main__":

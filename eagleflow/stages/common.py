@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field
 
 from eagleflow.config import RunConfig
 from eagleflow.manifest import Manifest, write_manifest
+from eagleflow.service import ProductionError
 
 log = logging.getLogger("eagleflow")
 
@@ -91,7 +92,7 @@ def stage_main(stage: str, fn: StageFn, argv: list[str] | None = None) -> int:
         write_manifest(manifest)
         log.info("%s done in %.1f s: %s/manifest.json", stage, manifest.seconds, manifest.dir)
         return 0
-    except StageError as exc:
+    except (StageError, ProductionError) as exc:
         print(f"error: {exc}", flush=True)
         return 1
     except Exception as exc:  # noqa: BLE001 - the last line must carry the cause for the control side

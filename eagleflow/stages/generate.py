@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from eagleflow.config import RunConfig
 from eagleflow.engines.chat import ChatResult, chat_all
-from eagleflow.engines.vllm import LaunchSpec, VllmServer
+from eagleflow.engines.base import LaunchSpec, make_server
 from eagleflow.manifest import Manifest, sha256_file
 from eagleflow.prompts import Messages, PromptError, load_prompts, split_indices
 from eagleflow.stages.common import StageError, StageRequest, stage_main
@@ -111,7 +111,7 @@ def run(request: StageRequest) -> Manifest:
     first_error: str | None = None
     if todo:
         chat_tok = ChatTokenizer(cfg.target.model_path, cfg.target.thinking_start, cfg.target.thinking_end)
-        with VllmServer(target_launch(cfg), request.path / "engine.log") as server:
+        with make_server(target_launch(cfg), request.path / "engine.log", name="target") as server:
             for i in todo:
                 convs = [prompts[p] for _, p, _ in shards[i]]
                 results, seconds = chat_all(

@@ -78,12 +78,19 @@ def test_first_run_trains_a_drafter_that_vllm_accepts(first_run):
     assert d["mean_acceptance_length"] >= 1.8, d
     assert 0 < d["acceptance_rate"] <= 1
     assert r["speedup"] == pytest.approx(d["output_tok_s"] / r["baseline"]["output_tok_s"])
+    # Every variant x temperature x concurrency, and a verdict that trusts the engine: a drafter trained
+    # here serves at about its offline estimate.
+    assert {(w["variant"], w["temperature"], w["concurrency"]) for w in r["windows"]} == {
+        (v, t, c) for v in ("baseline", "drafter") for t in (0.0, 0.7) for c in (1, 4)}
+    assert not r["verdict"]["integration_suspect"] and "agrees with the offline estimate" in r["verdict"]["summary"]
 
 
 def test_report_artifact_is_on_the_server(first_run, prefect_server):
     api = prefect_server["PREFECT_API_URL"]
     arts = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["eagleflow-e2e"]}}}).json()
-    assert arts and "mean acceptance length" in arts[0]["data"]
+    assert arts and "mean acceptance length" in arts[0]["data"] and "**Verdict:**" in arts[0]["data"]
+    bench = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["eagleflow-e2e-benchmark"]}}}).json()
+    assert bench and "| drafter | 0.7 | 4 |" in bench[0]["data"]
 
 
 def test_second_run_takes_every_stage_before_the_benchmark_from_cache(first_run, prefect_server, config_path):
@@ -157,8 +164,9 @@ print("PROMOTED", gate(sys.argv[1], json.loads(sys.argv[2])))
 def test_promotion_gate_keeps_the_better_drafter(first_run, prefect_server, config_path, workdir):
     env = {**os.environ, **prefect_server}
 
-    def gate(al: float, speedup: float) -> bool:
-        report = {**first_run, "speedup": speedup, "drafter": {**first_run["drafter"], "mean_acceptance_length": al}}
+    def gate(al: float, speedup: float, **extra) -> bool:
+        report = {**first_run, "speedup": speedup, "drafter": {**first_run["drafter"], "mean_acceptance_length": al},
+                  **extra}
         proc = subprocess.run([sys.executable, "-c", PROMOTE_SCRIPT, str(config_path), json.dumps(report)],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -168,4 +176,7 @@ def test_promotion_gate_keeps_the_better_drafter(first_run, prefect_server, conf
     assert gate(3.0, 1.2) and json.loads(record.read_text())["mean_acceptance_length"] == 3.0
     assert not gate(2.5, 1.3)  # worse than the promoted drafter
     assert not gate(3.5, 0.9)  # slower than no speculation
+    assert not gate(3.6, 1.3, verdict={"integration_suspect": True})  # the engine, not the drafter, is in doubt
+    faster = {**first_run["drafter"], "output_tok_s": first_run["drafter"]["output_tok_s"] * 2}
+    assert not gate(3.6, 1.3, current=faster)  # production's drafter served faster in the same benchmark
     assert gate(3.2, 1.1) and json.loads(record.read_text())["mean_acceptance_length"] == 3.2

@@ -243,7 +243,8 @@ def test_a_lease_lost_with_its_link_is_taken_back(sshd, relay, root):
         deadline = time.monotonic() + 30
         while True:
             holder = jobs.lease_holder(root)
-            if holder and holder["pid"] != first["pid"]:
+            # Between a new holder's flock and its owner record the holder reads as {"owner": "unknown"}.
+            if holder and holder.get("pid") not in (None, first["pid"]):
                 break
             assert time.monotonic() < deadline, f"the lease was not taken back: {said}"
             time.sleep(0.2)

@@ -57,7 +57,7 @@ def test_engine_that_dies_while_loading_reports_the_root_cause(tmp_path):
         run_stage("generate", {"target.model_path": str(bad), "generate.num_samples": 4, "generate.holdout": 2,
                                "benchmark.num_prompts": 2}, tmp_path)
     msg = str(err.value)
-    assert "the engine exited" in msg and "NoSuchModelForCausalLM" in msg
+    assert "engine target exited with code" in msg and "NoSuchModelForCausalLM" in msg
 
 
 def test_unreachable_server_names_the_address():

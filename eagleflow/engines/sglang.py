@@ -1,0 +1,104 @@
+"""SGLang: the launch command (EAGLE3 flags), /health, and acceptance from its own reports.
+
+SGLang is not installed on the CPU machines this project is tested on, so this adapter is covered
+by tests of its command line and of its parsers on SGLang's documented outputs, not by a live server.
+What it relies on:
+- `python -m sglang.launch_server` with `--speculative-algorithm EAGLE3`,
+  `--speculative-draft-model-path`, `--speculative-num-steps k`, `--speculative-eagle-topk 1` and
+  `--speculative-num-draft-tokens k+1` (a chain of k drafts, as vLLM's EAGLE-3 drafts);
+- the scheduler's decode log lines "Decode batch. ... accept len: 3.12, ..." (one per logging
+  interval of decode steps), averaged over the measured window;
+- `/get_server_info` (`/server_info` in newer releases): `internal_states[0].avg_spec_accept_length`,
+  used when the window logged no decode line;
+- `/metrics` (with `--enable-metrics`): the `sglang:time_to_first_token_seconds`,
+  `sglang:inter_token_latency_seconds`, ... histograms, named as vLLM's.
+SGLang reports no per-position acceptance; the benchmark says so instead of inventing it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httpx
+
+from eagleflow.engines.base import EngineServer, LaunchSpec, parse_metrics
+from eagleflow.stages.common import StageError
+
+_ACCEPT_LEN = re.compile(r"accept len: ([\d.]+)")
+
+
+class SglangServer(EngineServer):
+    metric_prefix = "sglang:"  # its Prometheus histograms, exported with --enable-metrics
+
+    @classmethod
+    def argv_for(cls, spec: LaunchSpec) -> list[str]:
+        e = spec.engine
+        argv = [
+            spec.python, "-m", "sglang.launch_server",
+            "--model-path", spec.model,
+            "--served-model-name", spec.served_model_name,
+            "--host", e.host, "--port", str(spec.port),
+            "--dtype", spec.dtype,
+            "--context-length", str(e.max_model_len),
+            "--tp-size", str(e.tensor_parallel_size),
+            "--enable-metrics",
+        ]
+        if e.enforce_eager:
+            argv.append("--disable-cuda-graph")
+        if e.trust_remote_code:
+            argv.append("--trust-remote-code")
+        if e.gpu_memory_utilization is not None:
+            argv += ["--mem-fraction-static", str(e.gpu_memory_utilization)]
+        if e.reasoning_parser:
+            argv += ["--reasoning-parser", e.reasoning_parser]
+        if e.tool_call_parser:
+            argv += ["--tool-call-parser", e.tool_call_parser]
+        if spec.speculative:
+            s = spec.speculative
+            if s.get("method") != "eagle3":
+                raise ValueError(f"SGLang adapter: only method 'eagle3' is supported, got {s.get('method')!r}")
+            k = int(s["num_speculative_tokens"])
+            argv += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(s["model"]),
+                     "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
+                     "--speculative-num-draft-tokens", str(k + 1)]
+        return argv + list(e.extra_args)
+
+    def server_info(self) -> dict[str, Any]:
+        for path in ("/get_server_info", "/server_info"):
+            r = httpx.get(f"{self.base_url}{path}", timeout=10.0)
+            if r.status_code == 200:
+                return r.json()
+        raise StageError(f"SGLang at {self.base_url} answers neither /get_server_info nor /server_info")
+
+    def snapshot(self) -> dict[str, float]:
+        # The log offset marks the window; the server's own average is the fallback.
+        info = self.server_info()
+        states = info.get("internal_states") or [{}]
+        avg = states[0].get("avg_spec_accept_length")
+        return {**parse_metrics(httpx.get(f"{self.base_url}/metrics", timeout=10.0).text),
+                "log_offset": float(self.log_path.stat().st_size),
+                "avg_spec_accept_length": float(avg) if avg is not None else float("nan")}
+
+    def acceptance(self, before: dict[str, float], after: dict[str, float], k: int) -> dict[str, Any]:
+        with open(self.log_path, "rb") as f:
+            f.seek(int(before["log_offset"]))
+            window = f.read(int(after["log_offset"] - before["log_offset"])).decode("utf-8", errors="replace")
+        return acceptance_from_log(window, after.get("avg_spec_accept_length"), k)
+
+
+def acceptance_from_log(window_text: str, fallback_avg: float | None, k: int) -> dict[str, Any]:
+    """Mean acceptance length over the window's decode log lines (SGLang counts the bonus token,
+    as vLLM's 1 + accepted/drafts does); acceptance rate = (AL - 1) / k."""
+    values = [float(m.group(1)) for m in _ACCEPT_LEN.finditer(window_text)]
+    if values:
+        al, source = sum(values) / len(values), f"mean of {len(values)} decode log lines"
+    elif fallback_avg is not None and fallback_avg == fallback_avg:  # not NaN
+        al, source = float(fallback_avg), "server_info avg_spec_accept_length"
+    else:
+        raise StageError(
+            "SGLang reported no acceptance during the benchmark (no 'accept len' decode line, no "
+            "avg_spec_accept_length): the drafter was not used; check the engine log for the EAGLE3 flags"
+        )
+    return {"mean_acceptance_length": al, "acceptance_rate": (al - 1.0) / k, "per_position_acceptance": None,
+            "source": source}

@@ -1,0 +1,169 @@
+"""The benchmark's verdict: how much faster, and whether to trust the engine's acceptance figures.
+
+The story this exists for: a drafter that scored well offline served at 15% acceptance; it looked
+like a bad drafter but was the engine integration (the public drafter served equally badly). So
+serving acceptance is compared with the drafter's offline estimate (the simulated acceptance
+length the trainer measured on held-out data), in accepted drafts per step (AL - 1), at
+temperature 0 where the offline figure applies; a drafter far below its estimate makes the engine
+suspect, and a second drafter that scores the same low figure is the evidence.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Window = dict[str, Any]
+
+
+def _windows(windows: list[Window], variant: str) -> list[Window]:
+    return [w for w in windows if w["variant"] == variant]
+
+
+def _at(windows: list[Window], variant: str, temperature: float, concurrency: int) -> Window | None:
+    return next((w for w in windows if w["variant"] == variant and w["temperature"] == temperature
+                 and w["concurrency"] == concurrency), None)
+
+
+def _served_al(windows: list[Window], variant: str, temperature: float) -> float | None:
+    """Mean acceptance length of `variant` over its windows at `temperature` (all concurrencies)."""
+    vals = [w["mean_acceptance_length"] for w in _windows(windows, variant)
+            if w["temperature"] == temperature and w.get("mean_acceptance_length") is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def speedups(windows: list[Window]) -> list[dict[str, Any]]:
+    """Per setting: each drafter's throughput over no speculation and the new drafter's over the current one."""
+    out = []
+    settings = sorted({(w["temperature"], w["concurrency"]) for w in windows})
+    for t, c in settings:
+        base, cur, new = (_at(windows, v, t, c) for v in ("baseline", "current", "drafter"))
+        row: dict[str, Any] = {"temperature": t, "concurrency": c}
+        if base and new:
+            row["drafter_vs_baseline"] = new["output_tok_s"] / base["output_tok_s"]
+        if base and cur:
+            row["current_vs_baseline"] = cur["output_tok_s"] / base["output_tok_s"]
+        if cur and new:
+            row["drafter_vs_current"] = new["output_tok_s"] / cur["output_tok_s"]
+        out.append(row)
+    return out
+
+
+def judge(windows: list[Window], offline: dict[str, float | None], *, suspect_ratio: float) -> dict[str, Any]:
+    """The verdict over every measured window.
+
+    offline: the offline acceptance-length estimate of each drafter variant ('drafter', 'current'),
+    None when unknown (a public drafter without one).
+    """
+    rows = speedups(windows)
+    head = rows[0] if rows else {}
+    t0 = min(w["temperature"] for w in windows)
+    findings: list[str] = []
+    suspect: dict[str, bool] = {}
+    served: dict[str, float | None] = {}
+    for v in ("drafter", "current"):
+        if not _windows(windows, v):
+            continue
+        served[v] = _served_al(windows, v, t0)
+        est = offline.get(v)
+        if served[v] is None or est is None or est <= 1.0:
+            continue
+        ratio = (served[v] - 1.0) / (est - 1.0)
+        suspect[v] = ratio < suspect_ratio
+        findings.append(
+            f"{v}: served acceptance length {served[v]:.2f} at temperature {t0:g} against its offline estimate "
+            f"{est:.2f}: {served[v] - 1:.2f} vs {est - 1:.2f} accepted drafts per step ({ratio:.0%})"
+            + (f", below the {suspect_ratio:.0%} that benchmark.suspect_ratio allows" if suspect[v] else "")
+        )
+
+    integration_suspect = False
+    new_low = suspect.get("drafter", False)
+    if new_low:
+        cur_al = served.get("current")
+        new_al = served["drafter"]
+        assert new_al is not None
+        same = cur_al is not None and abs(cur_al - new_al) <= max(0.25 * (new_al - 1.0), 0.1)
+        if suspect.get("current") or same:
+            integration_suspect = True
+            evidence = (f"the current drafter scores the same ({cur_al:.2f} vs {new_al:.2f})" if same
+                        else "the current drafter is far below its own offline estimate too")
+            findings.append(
+                "ENGINE INTEGRATION SUSPECT, not the drafter: " + evidence + ". Two drafters failing alike on "
+                "this engine point at how the engine feeds them: the aux layer ids convention (vLLM: input of "
+                "layer k; SpecForge/SGLang: output of layer k-1), the target model class's EAGLE-3 support in "
+                "this engine version, d2t handling, or the chat template / reasoning parser of the requests."
+            )
+        elif cur_al is not None and cur_al > new_al:
+            findings.append(
+                f"the new drafter serves far below its offline estimate while the current drafter serves better "
+                f"({cur_al:.2f} vs {new_al:.2f}) on the same engine: suspect the new drafter's export (aux layer "
+                "ids and their convention, d2t/t2d, norm_before_residual) rather than the engine."
+            )
+        else:
+            integration_suspect = True
+            findings.append(
+                "ENGINE INTEGRATION SUSPECT: serving acceptance is far below the offline estimate and there is no "
+                "second drafter to tell the engine from the drafter (set benchmark.current_drafter to the public "
+                "drafter to get that evidence). Check the aux layer ids convention and the engine's EAGLE-3 support "
+                "for this target before retraining."
+            )
+
+    parts = []
+    if "drafter_vs_baseline" in head:
+        parts.append(f"the new drafter serves {head['drafter_vs_baseline']:.2f}x the output tokens/s of no speculation")
+    if "drafter_vs_current" in head:
+        parts.append(f"{head['drafter_vs_current']:.2f}x the current drafter's")
+    setting = f"(temperature {head.get('temperature', 0):g}, concurrency {head.get('concurrency', 1)})"
+    summary = ", ".join(parts) + f" {setting}" if parts else "no drafter was measured"
+    slower = [r for r in rows if r.get("drafter_vs_baseline", 1.0) < 1.0]
+    if slower:
+        findings.append("slower than no speculation at: " + ", ".join(
+            f"temperature {r['temperature']:g} / concurrency {r['concurrency']} ({r['drafter_vs_baseline']:.2f}x)"
+            for r in slower))
+    if integration_suspect:
+        summary += "; the engine integration is suspect (see findings)"
+    elif any(suspect.values()):
+        summary += "; acceptance is below the offline estimate (see findings)"
+    elif "drafter" in suspect:
+        summary += "; serving acceptance agrees with the offline estimate"
+    return {"summary": summary, "integration_suspect": integration_suspect, "findings": findings,
+            "speedups": rows, "headline": head}
+
+
+# What a reader of the report wants to know about production (the full record is in the manifest).
+PRODUCTION_KEYS = ("summary", "ok", "was_running", "started", "healthy_after_s", "by", "orphaned", "ended_engines",
+                   "error")
+
+
+def _f(x: Any, fmt: str) -> str:
+    return "" if x is None else format(x, fmt)
+
+
+def render_markdown(title: str, windows: list[Window], verdict: dict[str, Any], k: int,
+                    production: dict[str, Any] | None = None, notes: list[str] | None = None) -> str:
+    """The benchmark's table and verdict, for a Prefect artifact and the stage dir."""
+    lines = [f"# {title}", "", f"**Verdict:** {verdict['summary']}", ""]
+    for f in verdict["findings"]:
+        lines.append(f"- {f}")
+    lines += ["", "| variant | temp | conc | output tok/s | vs none | TTFT ms | ITL ms | TPOT ms | AL | "
+              "accept rate | per position |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    base = {(w["temperature"], w["concurrency"]): w for w in _windows(windows, "baseline")}
+    for w in windows:
+        b = base.get((w["temperature"], w["concurrency"]))
+        ratio = w["output_tok_s"] / b["output_tok_s"] if b else None
+        pos = w.get("per_position_acceptance")
+        lines.append(
+            f"| {w['variant']} | {w['temperature']:g} | {w['concurrency']} | {w['output_tok_s']:.1f} | "
+            f"{_f(ratio, '.2f')}x | {_f(w.get('ttft_ms'), '.0f')} | {_f(w.get('itl_ms'), '.1f')} | "
+            f"{_f(w.get('tpot_ms'), '.1f')} | {_f(w.get('mean_acceptance_length'), '.2f')} | "
+            f"{_f(w.get('acceptance_rate'), '.1%')} | {' / '.join(f'{p:.2f}' for p in pos) if pos else ''} |"
+        )
+    lines += ["", f"{k} speculative tokens per step; AL = 1 + accepted drafts per verification step. TTFT, ITL "
+              "(inter-token latency) and TPOT (time per output token) are means from the engine's own histograms, "
+              "acceptance from its counters, over the measured window (warm-up excluded)."]
+    if production:
+        lines += ["", "## Production", ""]
+        lines += [f"- {key}: {production[key]}" for key in PRODUCTION_KEYS if key in production]
+    for n in notes or []:
+        lines += ["", n]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,44 @@
+"""A drafter for the demo target, exported by the project's own code (host environment).
+
+    .hostenv/bin/python tests/make_drafter.py OUT_DIR [--seed N]
+
+The weights are freshly initialised, not trained: the serving tests need an engine that loads and
+runs an EAGLE-3 drafter beside the target (speed and faults), not a good one. Its config carries
+no offline estimate, like a public drafter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from eagleflow.drafter.config import TrainConfig  # noqa: E402
+from eagleflow.drafter.formats import arch_for_target, export_vllm, read_target_head, save_checkpoint  # noqa: E402
+from eagleflow.drafter.model import Eagle3Drafter  # noqa: E402
+from eagleflow.drafter.vocab import DraftVocab  # noqa: E402
+
+
+def make_drafter(out_dir: Path, seed: int = 0, draft_vocab_size: int = 256) -> Path:
+    torch.manual_seed(seed)
+    target = read_target_head(ROOT / "demo" / "target")
+    arch = arch_for_target(target, TrainConfig(), draft_vocab_size)
+    model = Eagle3Drafter(arch, target.embed_tokens)
+    vocab = DraftVocab(torch.arange(draft_vocab_size), target.vocab_size)
+    with tempfile.TemporaryDirectory() as tmp:
+        save_checkpoint(Path(tmp) / "ckpt", model, vocab, {"aux_layer_ids": [1, 2, 3], "epoch": 0})
+        return export_vllm(Path(tmp) / "ckpt", out_dir, [1, 2, 3])
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("out_dir", type=Path)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    print(make_drafter(args.out_dir, args.seed))
