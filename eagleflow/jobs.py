@@ -47,13 +47,15 @@ VANISHED = 4  # exit status of `follow`: the job died without an exit status (SI
 STATE_DIR = ".eagleflow"
 
 
-def _write_atomic(path: Path, data: dict[str, Any]) -> None:
+def write_json_atomic(path: Path, data: dict[str, Any], indent: int | None = None) -> None:
+    """Temp name, then rename: a reader sees the old record or the new one, never half of one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data))
+    tmp.write_text(json.dumps(data, indent=indent))
     os.replace(tmp, path)
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON record, or None when it is missing or being replaced."""
     try:
         return json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
@@ -100,7 +102,7 @@ class Job:
         self.log_path = self.dir / "stage.log"
 
     def spec(self) -> dict[str, Any] | None:
-        return _read_json(self.spec_path)
+        return read_json(self.spec_path)
 
     def running(self) -> bool:
         return _held(self.lock_path)
@@ -112,7 +114,7 @@ class Job:
             return None
 
     def exit(self) -> dict[str, Any] | None:
-        return _read_json(self.exit_path)
+        return read_json(self.exit_path)
 
     def status(self) -> dict[str, Any]:
         spec = self.spec() or {}
@@ -145,7 +147,7 @@ def running_jobs(root: str | Path) -> list[dict[str, Any]]:
     """Jobs under root whose supervisor is alive; stale entries (a SIGKILLed supervisor) are dropped."""
     found = []
     for entry in sorted((_state_dir(root) / "jobs").glob("*.json")):
-        info = _read_json(entry)
+        info = read_json(entry)
         if not info:
             continue
         job = Job(info["job_dir"])
@@ -161,7 +163,7 @@ def lease_holder(root: str | Path) -> dict[str, Any] | None:
     d = _state_dir(root)
     if not _held(d / "host.lock"):
         return None
-    return _read_json(d / "host.owner.json") or {"owner": "unknown"}
+    return read_json(d / "host.owner.json") or {"owner": "unknown"}
 
 
 def conflicts(root: str | Path, owner: str) -> dict[str, Any] | None:
@@ -190,7 +192,7 @@ class Lease:
             except OSError as exc:
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                     raise
-            holder = _read_json(self.owner_path) or {"owner": "unknown"}
+            holder = read_json(self.owner_path) or {"owner": "unknown"}
             # The same flow run re-leasing after a dropped connection: its old holder goes as soon as
             # sshd notices the connection is gone.
             if holder.get("owner") == owner and time.monotonic() < deadline:
@@ -203,11 +205,11 @@ class Lease:
             os.close(self.fd)
             raise HostBusyError({"job": other})
         self.info = {"owner": owner, "what": what, "pid": os.getpid(), "since": time.time()}
-        _write_atomic(self.owner_path, self.info)
+        write_json_atomic(self.owner_path, self.info)
 
     def release(self) -> None:
         if self.fd >= 0:
-            if (_read_json(self.owner_path) or {}).get("pid") == self.info["pid"]:
+            if (read_json(self.owner_path) or {}).get("pid") == self.info["pid"]:
                 self.owner_path.unlink(missing_ok=True)
             os.close(self.fd)
             self.fd = -1
@@ -254,7 +256,7 @@ def start(job_dir: str | Path, spec: dict[str, Any]) -> dict[str, Any]:
             return {"state": "busy", "detail": clash, "message": describe_busy(clash)}
         for p in (job.exit_path, job.pid_path):
             p.unlink(missing_ok=True)
-        _write_atomic(job.spec_path, spec)
+        write_json_atomic(job.spec_path, spec)
         if status["state"] in ("exited", "vanished"):
             with open(job.log_path, "a") as f:
                 f.write(f"--- eagleflow: starting again ({status['state']} before) ---\n")
@@ -282,7 +284,7 @@ def supervise(job_dir: str | Path) -> int:
     fcntl.flock(lock_fd, fcntl.LOCK_EX)  # held until we exit, whatever ends us
     job.pid_path.write_text(str(os.getpid()))
     entry = _registry_entry(spec["root"], job.dir)
-    _write_atomic(entry, {"job_dir": str(job.dir), "owner": spec.get("owner"), "pid": os.getpid()})
+    write_json_atomic(entry, {"job_dir": str(job.dir), "owner": spec.get("owner"), "pid": os.getpid()})
 
     # A signal to the group reaches the stage itself; the supervisor stays to record how it ended.
     # (A Python handler, not SIG_IGN: handlers are reset in the child at exec, SIG_IGN would be inherited.)
@@ -300,7 +302,7 @@ def supervise(job_dir: str | Path) -> int:
                 break
             except InterruptedError:
                 continue
-    _write_atomic(job.exit_path, {"returncode": rc, "ended": time.time()})
+    write_json_atomic(job.exit_path, {"returncode": rc, "ended": time.time()})
     entry.unlink(missing_ok=True)
     return 0
 
@@ -378,7 +380,7 @@ def stop(job_dir: str | Path, grace_s: float = 8.0) -> dict[str, Any]:
         if not job.running():
             break
     if not job.exit_path.exists():
-        _write_atomic(job.exit_path, {"returncode": -signal.SIGKILL, "ended": time.time(), "stopped": True})
+        write_json_atomic(job.exit_path, {"returncode": -signal.SIGKILL, "ended": time.time(), "stopped": True})
     return {**job.status(), "stopped": True}
 
 

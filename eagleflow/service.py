@@ -119,16 +119,10 @@ def _settings_dict(cfg: ServiceSettings) -> dict[str, Any]:
 
 
 def _write_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    jobs.write_json_atomic(path, data, indent=1)
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
+_read_json = jobs.read_json
 
 
 def _tail(path: Path, lines: int = 30) -> str:

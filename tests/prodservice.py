@@ -15,7 +15,6 @@ benchmark stage. Standard library only, except `block`, which uses eagleflow.ser
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import socket

@@ -7,9 +7,7 @@ from typing import Any
 
 import httpx
 
-from eagleflow.engines.base import (  # noqa: F401 - LaunchSpec, parse_metrics, port_is_free re-exported
-    EngineServer, LaunchSpec, parse_metrics, port_is_free, root_cause_excerpt,
-)
+from eagleflow.engines.base import EngineServer, LaunchSpec, parse_metrics
 from eagleflow.stages.common import StageError
 
 # Counters whose deltas give acceptance (vLLM v1 spec-decode metrics).

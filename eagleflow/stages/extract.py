@@ -9,7 +9,6 @@ hook on the final norm's input captures it. Nothing here assumes Llama: any deco
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 import pytest
@@ -47,3 +49,36 @@ def prefect_server(tmp_path_factory) -> dict[str, str]:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     log.close()
+
+
+def api(prefect_server: dict, method: str, path: str, **kw) -> httpx.Response:
+    """One call to the test's Prefect server API; raises on an error status."""
+    r = httpx.request(method, prefect_server["PREFECT_API_URL"] + path, timeout=30, **kw)
+    r.raise_for_status()
+    return r
+
+
+@contextlib.contextmanager
+def deployed_worker(prefect_server: dict, config: Path, pool: str, log_path: Path) -> Iterator[dict[str, dict]]:
+    """The project's deployments registered for `config` on `pool`, and a process worker running them
+    (as from the UI); yields the deployments by name. The worker is our own process group, ended after."""
+    from tests.conftest import ROOT
+
+    env = {**os.environ, **prefect_server}
+    deploy = subprocess.run([sys.executable, "-m", "deployments.deploy", "--config", str(config), "--pool", pool],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert deploy.returncode == 0, deploy.stderr[-3000:]
+    log = open(log_path, "w")
+    worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process"],
+                              cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deps = {d["name"]: d for d in api(prefect_server, "POST", "/deployments/filter", json={}).json()}
+        yield {"deployments": deps, "worker": worker}
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        try:
+            worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait()
+        log.close()

@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, free_port, processes_with_env, prod_service_config
+from tests.e2e.conftest import api, deployed_worker
 
 pytestmark = pytest.mark.e2e
 HOSTENV_PY = str(ROOT / ".hostenv" / "bin" / "python")
@@ -131,12 +132,6 @@ def run_flow(config: Path, prefect_server: dict) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-def api(prefect_server: dict, method: str, path: str, **kw) -> httpx.Response:
-    r = httpx.request(method, prefect_server["PREFECT_API_URL"] + path, timeout=30, **kw)
-    r.raise_for_status()
-    return r
-
-
 def test_engine_crash_mid_run_fails_the_flow_and_production_comes_back(prefect_server, workdir, drafter, production):
     config = write_config(workdir, "crash", drafter, production)
     flow = run_flow(config, prefect_server)
@@ -161,23 +156,13 @@ def test_engine_crash_mid_run_fails_the_flow_and_production_comes_back(prefect_s
 
 def test_cancelling_the_flow_run_gives_production_back(prefect_server, workdir, drafter, production):
     config = write_config(workdir, "cancel", drafter, production)
-    env = {**os.environ, **prefect_server}
-    pool = "eagleflow-bench-cancel"
-    deploy = subprocess.run([sys.executable, "-m", "deployments.deploy", "--config", str(config), "--pool", pool],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert deploy.returncode == 0, deploy.stderr[-3000:]
-    worker_log = open(workdir / "worker.log", "w")
-    worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process"],
-                              cwd=ROOT, env=env, stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        (dep,) = [x for x in api(prefect_server, "POST", "/deployments/filter", json={}).json()
-                  if x["name"] == "eagleflow-benchmark"]
+    with deployed_worker(prefect_server, config, "eagleflow-bench-cancel", workdir / "worker.log") as w:
+        dep = w["deployments"]["eagleflow-benchmark"]
         run = api(prefect_server, "POST", f"/deployments/{dep['id']}/create_flow_run",
                   json={"parameters": {"params": {"config_path": str(config), "overrides": {},
                                                   "drafter": str(drafter)}}}).json()
         d = wait_serving(config)
         assert not healthy(production["health_url"])
-        start = time.monotonic()
         api(prefect_server, "POST", f"/flow_runs/{run['id']}/set_state",
             json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True})
         back = wait_until(lambda: healthy(production["health_url"]), RESTORE_LIMIT_S, "production healthy")
@@ -185,14 +170,6 @@ def test_cancelling_the_flow_run_gives_production_back(prefect_server, workdir, 
         wait_until(lambda: api(prefect_server, "GET", f"/flow_runs/{run['id']}").json()["state"]["type"] == "CANCELLED",
                    60, "the flow run Cancelled")
         assert assert_nothing_left(d)["by"] == "guardian"
-    finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        try:
-            worker.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait()
-        worker_log.close()
 
 
 def test_an_engine_dying_while_loading_fails_the_task_with_its_root_cause(prefect_server, workdir, drafter):

@@ -16,12 +16,12 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
 from eagleflow import jobs
 from tests.conftest import ROOT, free_port
+from tests.e2e.conftest import api, deployed_worker
 from tests.e2e.test_ssh import alive, group_alive
 from tests.sshd import Relay, start_sshd
 
@@ -122,27 +122,12 @@ def test_a_wrong_key_fails_the_flow_once_without_retries(prefect_server, sshd, w
     assert relay.accepted == 1
 
 
-def api(prefect_server: dict, method: str, path: str, **kw) -> httpx.Response:
-    r = httpx.request(method, prefect_server["PREFECT_API_URL"] + path, timeout=30, **kw)
-    r.raise_for_status()
-    return r
-
-
 def test_cancelling_the_flow_run_ends_the_remote_job_within_10_s(prefect_server, sshd, workdir):
     """A deployment run by a process worker, cancelled from the API (as from the UI) while generate's
     engine is serving: the job's process group and the engine are gone within 10 s."""
     config = write_config(workdir, sshd, sshd.port, "cancel", generate={"num_samples": 1100, "shard_size": 1100})
-    env = {**os.environ, **prefect_server}
-    pool = "eagleflow-cancel-test"
-    deploy = subprocess.run([sys.executable, "-m", "deployments.deploy", "--config", str(config), "--pool", pool],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert deploy.returncode == 0, deploy.stderr[-3000:]
-    worker_log = open(workdir / "worker.log", "w")
-    worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process"],
-                              cwd=ROOT, env=env, stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        (dep,) = [d for d in api(prefect_server, "POST", "/deployments/filter", json={}).json()
-                  if d["name"] == "eagleflow-pipeline"]
+    with deployed_worker(prefect_server, config, "eagleflow-cancel-test", workdir / "worker.log") as w:
+        dep = w["deployments"]["eagleflow-pipeline"]
         run = api(prefect_server, "POST", f"/deployments/{dep['id']}/create_flow_run",
                   json={"parameters": {"params": {"config_path": str(config), "overrides": {}}}}).json()
         deadline = time.monotonic() + 600
@@ -150,7 +135,8 @@ def test_cancelling_the_flow_run_ends_the_remote_job_within_10_s(prefect_server,
             dirs = stage_dirs(config, "generate")
             if dirs and (dirs[0] / "engine.pid").exists() and "healthy" in (dirs[0] / "stage.log").read_text():
                 break
-            assert worker.poll() is None and time.monotonic() < deadline, (workdir / "worker.log").read_text()[-3000:]
+            assert w["worker"].poll() is None and time.monotonic() < deadline, \
+                (workdir / "worker.log").read_text()[-3000:]
             time.sleep(0.2)
         job = jobs.Job(dirs[0])
         pgid, engine_pid = job.pid(), int((dirs[0] / "engine.pid").read_text())
@@ -169,14 +155,6 @@ def test_cancelling_the_flow_run_ends_the_remote_job_within_10_s(prefect_server,
             assert time.monotonic() < deadline, "the flow run never reached Cancelled"
             time.sleep(0.5)
         assert jobs.running_jobs(Path(yaml.safe_load(config.read_text())["host"]["work_root"])) == []
-    finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        try:
-            worker.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait()
-        worker_log.close()
 
 
 TIMEOUT_FLOW = """

@@ -1,7 +1,8 @@
 import pytest
 
 from eagleflow.engines.chat import parse_choice
-from eagleflow.engines.vllm import LaunchSpec, acceptance_from_deltas, parse_metrics, root_cause_excerpt
+from eagleflow.engines.base import LaunchSpec, parse_metrics, root_cause_excerpt
+from eagleflow.engines.vllm import acceptance_from_deltas
 from eagleflow.config import EngineConfig
 from eagleflow.stages.common import StageError
 
