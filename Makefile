@@ -17,7 +17,7 @@ demo: envs
 	$(VENV)/bin/python -m flows.pipeline configs/demo.yaml
 
 test: envs sshd
-	$(HOSTENV)/bin/python -m pytest -q tests/unit tests/integration
+	$(HOSTENV)/bin/python -m pytest -q tests/unit tests/integration tests/benchmarks
 	$(VENV)/bin/python -m pytest -q tests/e2e
 
 envs: controlenv hostenv

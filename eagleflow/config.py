@@ -116,7 +116,8 @@ class EngineConfig(_Strict):
     reasoning_parser: str | None = Field(None, description="--reasoning-parser, e.g. deepseek_r1 or kimi_k2.")
     tool_call_parser: str | None = Field(None, description="--tool-call-parser, e.g. kimi_k2.")
     enforce_eager: bool = Field(
-        False, description="vLLM --enforce-eager / SGLang --disable-cuda-graph (CPU: 42 s to healthy instead of 130 s)."
+        False, description="vLLM --enforce-eager / SGLang --disable-cuda-graph: no graph capture, a faster start (on CPU "
+        "much faster; figures in docs/benchmarks.md)."
     )
     trust_remote_code: bool = Field(False, description="--trust-remote-code.")
     extra_args: list[str] = Field(default_factory=list, description="More engine arguments, passed as given.")
@@ -211,7 +212,7 @@ class BenchmarkConfig(_Strict):
         False,
         description="Run all variants' engines at once (on engine.port, +1, +2) and alternate request rounds "
         "between them, so drift of a noisy machine hits all alike. Only where each engine has its own cores or GPUs: "
-        "on a 2-core CPU host the idle engine's threads slow the busy one by ~40%.",
+        "on a small CPU host the idle engine's threads slow the busy one (docs/benchmarks.md).",
     )
 
     @field_validator("temperatures")

@@ -1,4 +1,5 @@
-"""Detached jobs on the host: the host-side half of the SSH host. Standard library only.
+"""Detached jobs on the host: the host-side half of the SSH host. Standard library only
+(and eagleflow's own standard-library helpers: files, locks, procs).
 
 A stage on a GPU host runs for hours; the SSH connection that started it must be free to drop. So
 the stage runs under a small supervisor in a session of its own, and everything the controller
@@ -37,57 +38,17 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+
+from eagleflow.files import read_json, write_json_atomic, write_text_atomic
+from eagleflow.locks import exclusive, is_held
+from eagleflow.procs import terminate
 
 BUSY = 3  # exit status: the host is leased, or a job of another run is running
 VANISHED = 4  # exit status of `follow`: the job died without an exit status (SIGKILL, reboot)
 
 STATE_DIR = ".eagleflow"
-
-
-def write_json_atomic(path: Path, data: dict[str, Any], indent: int | None = None) -> None:
-    """Temp name, then rename: a reader sees the old record or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=indent))
-    os.replace(tmp, path)
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON record, or None when it is missing or being replaced."""
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
-
-def _held(lock_path: Path) -> bool:
-    """Whether some process holds an flock on lock_path (we take and drop it if nobody does)."""
-    try:
-        fd = os.open(lock_path, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            return True
-        raise
-    finally:
-        os.close(fd)  # closing drops our flock if we got it
-    return False
-
-
-@contextmanager
-def _flock(path: Path) -> Iterator[None]:
-    """A short critical section (start), serialised across processes."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 class Job:
@@ -105,7 +66,7 @@ class Job:
         return read_json(self.spec_path)
 
     def running(self) -> bool:
-        return _held(self.lock_path)
+        return is_held(self.lock_path)
 
     def pid(self) -> int | None:
         try:
@@ -161,7 +122,7 @@ def running_jobs(root: str | Path) -> list[dict[str, Any]]:
 def lease_holder(root: str | Path) -> dict[str, Any] | None:
     """Who holds the host lease, or None when it is free."""
     d = _state_dir(root)
-    if not _held(d / "host.lock"):
+    if not is_held(d / "host.lock"):
         return None
     return read_json(d / "host.owner.json") or {"owner": "unknown"}
 
@@ -245,7 +206,7 @@ def start(job_dir: str | Path, spec: dict[str, Any]) -> dict[str, Any]:
     """
     job = Job(job_dir)
     job.dir.mkdir(parents=True, exist_ok=True)
-    with _flock(job.dir / "start.lock"):
+    with exclusive(job.dir / "start.lock"):
         status = job.status()
         if status["state"] == "running":
             return status
@@ -282,9 +243,11 @@ def supervise(job_dir: str | Path) -> int:
     assert spec is not None, f"{job.spec_path} missing"
     lock_fd = os.open(job.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     fcntl.flock(lock_fd, fcntl.LOCK_EX)  # held until we exit, whatever ends us
-    job.pid_path.write_text(str(os.getpid()))
+    # Registry entry first, job.pid last (atomically): `start` returns once job.pid is there, and by then
+    # a cancellation (stop_owner) or another run's lease must already see this job.
     entry = _registry_entry(spec["root"], job.dir)
     write_json_atomic(entry, {"job_dir": str(job.dir), "owner": spec.get("owner"), "pid": os.getpid()})
+    write_text_atomic(job.pid_path, str(os.getpid()))
 
     # A signal to the group reaches the stage itself; the supervisor stays to record how it ended.
     # (A Python handler, not SIG_IGN: handlers are reset in the child at exec, SIG_IGN would be inherited.)
@@ -369,16 +332,12 @@ def stop(job_dir: str | Path, grace_s: float = 8.0) -> dict[str, Any]:
     pid = job.pid()
     if pid is None or not job.running():
         return {**job.status(), "stopped": False}
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
+
+    def send(sig: signal.Signals) -> None:
+        if job.running():  # the lock still held: the pid is still the supervisor's group
             os.killpg(pid, sig)
-        except ProcessLookupError:
-            break
-        deadline = time.monotonic() + wait_s
-        while job.running() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if not job.running():
-            break
+
+    terminate(send, job.running, grace_s, kill_wait_s=5.0)
     if not job.exit_path.exists():
         write_json_atomic(job.exit_path, {"returncode": -signal.SIGKILL, "ended": time.time(), "stopped": True})
     return {**job.status(), "stopped": True}

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -19,13 +17,14 @@ from pydantic import BaseModel, Field
 
 from eagleflow import __version__
 from eagleflow.config import RunConfig
+from eagleflow.files import write_json_atomic
 
 # Bump a stage's version when its outputs change meaning: its key and every downstream key change.
 STAGE_VERSIONS: dict[str, str] = {
     "check": "1",
     "generate": "1",
     "extract": "1",
-    "train": "1",
+    "train": "2",  # 2: bounded by steps, not the clock; typed metrics (epochs[].train / .validation)
     "export": "1",
     "benchmark": "2",
 }
@@ -44,7 +43,8 @@ UPSTREAM: dict[str, tuple[str, ...]] = {
 # run to more ranks, raising a timeout or logging more often reuses the finished stage.
 _ENGINE_RUNTIME = ("host", "port", "startup_timeout_s", "stall_timeout_s", "request_timeout_s", "fatal_patterns",
                    "preflight", "min_free_disk_gib", "min_free_gpu_fraction")
-_TRAIN_RUNTIME = ("nproc", "grad_accum_steps", "num_threads", "log_every_steps", "checkpoint_every_steps")
+_TRAIN_RUNTIME = ("nproc", "grad_accum_steps", "num_threads", "log_every_steps", "checkpoint_every_steps",
+                  "time_limit_s")  # a cap that fails; raised, the same stage dir resumes
 
 
 def required_upstream(stage: str, config: RunConfig) -> tuple[str, ...]:
@@ -106,22 +106,6 @@ class Manifest(BaseModel):
 
     def path(self, rel: str) -> str:
         return f"{self.dir}/{rel}"
-
-
-def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write JSON to a temp file in the same directory, fsync, rename: readers see all or nothing."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_manifest(manifest: Manifest) -> Path:

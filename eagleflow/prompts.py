@@ -60,3 +60,12 @@ def split_indices(n_available: int, num_samples: int, holdout: int, seed: int) -
     random.Random(seed).shuffle(order)
     chosen = order[:num_samples]
     return chosen[holdout:], chosen[:holdout]
+
+
+def holdout_prompts(path: str | Path, num_samples: int, holdout: int, seed: int, n: int | None = None) -> list[Messages]:
+    """The held-out prompts in sample order (the generate stage's holdout split, the benchmark's prompts):
+    the first `n` of them, all when n is None. Needs no generate output: the split is a function of
+    the file, num_samples, holdout and seed."""
+    prompts = load_prompts(path)
+    _, held = split_indices(len(prompts), num_samples, holdout, seed)
+    return [prompts[i] for i in held[:n]]

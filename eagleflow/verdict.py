@@ -12,51 +12,48 @@ from __future__ import annotations
 
 from typing import Any
 
-Window = dict[str, Any]
+from eagleflow.outputs import Measurement, ProductionResult, SpeedupRow, Verdict
 
 
-def _windows(windows: list[Window], variant: str) -> list[Window]:
-    return [w for w in windows if w["variant"] == variant]
+def _windows(windows: list[Measurement], variant: str) -> list[Measurement]:
+    return [w for w in windows if w.variant == variant]
 
 
-def _at(windows: list[Window], variant: str, temperature: float, concurrency: int) -> Window | None:
-    return next((w for w in windows if w["variant"] == variant and w["temperature"] == temperature
-                 and w["concurrency"] == concurrency), None)
+def _at(windows: list[Measurement], variant: str, temperature: float, concurrency: int) -> Measurement | None:
+    return next((w for w in windows if w.variant == variant and w.temperature == temperature
+                 and w.concurrency == concurrency), None)
 
 
-def _served_al(windows: list[Window], variant: str, temperature: float) -> float | None:
+def _served_al(windows: list[Measurement], variant: str, temperature: float) -> float | None:
     """Mean acceptance length of `variant` over its windows at `temperature` (all concurrencies)."""
-    vals = [w["mean_acceptance_length"] for w in _windows(windows, variant)
-            if w["temperature"] == temperature and w.get("mean_acceptance_length") is not None]
+    vals = [w.mean_acceptance_length for w in _windows(windows, variant)
+            if w.temperature == temperature and w.mean_acceptance_length is not None]
     return sum(vals) / len(vals) if vals else None
 
 
-def speedups(windows: list[Window]) -> list[dict[str, Any]]:
+def speedups(windows: list[Measurement]) -> list[SpeedupRow]:
     """Per setting: each drafter's throughput over no speculation and the new drafter's over the current one."""
     out = []
-    settings = sorted({(w["temperature"], w["concurrency"]) for w in windows})
-    for t, c in settings:
+    for t, c in sorted({(w.temperature, w.concurrency) for w in windows}):
         base, cur, new = (_at(windows, v, t, c) for v in ("baseline", "current", "drafter"))
-        row: dict[str, Any] = {"temperature": t, "concurrency": c}
-        if base and new:
-            row["drafter_vs_baseline"] = new["output_tok_s"] / base["output_tok_s"]
-        if base and cur:
-            row["current_vs_baseline"] = cur["output_tok_s"] / base["output_tok_s"]
-        if cur and new:
-            row["drafter_vs_current"] = new["output_tok_s"] / cur["output_tok_s"]
-        out.append(row)
+        out.append(SpeedupRow(
+            temperature=t, concurrency=c,
+            drafter_vs_baseline=new.output_tok_s / base.output_tok_s if base and new else None,
+            current_vs_baseline=cur.output_tok_s / base.output_tok_s if base and cur else None,
+            drafter_vs_current=new.output_tok_s / cur.output_tok_s if cur and new else None,
+        ))
     return out
 
 
-def judge(windows: list[Window], offline: dict[str, float | None], *, suspect_ratio: float) -> dict[str, Any]:
+def judge(windows: list[Measurement], offline: dict[str, float | None], *, suspect_ratio: float) -> Verdict:
     """The verdict over every measured window.
 
     offline: the offline acceptance-length estimate of each drafter variant ('drafter', 'current'),
     None when unknown (a public drafter without one).
     """
     rows = speedups(windows)
-    head = rows[0] if rows else {}
-    t0 = min(w["temperature"] for w in windows)
+    head = rows[0] if rows else None
+    t0 = min(w.temperature for w in windows)
     findings: list[str] = []
     suspect: dict[str, bool] = {}
     served: dict[str, float | None] = {}
@@ -108,16 +105,16 @@ def judge(windows: list[Window], offline: dict[str, float | None], *, suspect_ra
             )
 
     parts = []
-    if "drafter_vs_baseline" in head:
-        parts.append(f"the new drafter serves {head['drafter_vs_baseline']:.2f}x the output tokens/s of no speculation")
-    if "drafter_vs_current" in head:
-        parts.append(f"{head['drafter_vs_current']:.2f}x the current drafter's")
-    setting = f"(temperature {head.get('temperature', 0):g}, concurrency {head.get('concurrency', 1)})"
+    if head and head.drafter_vs_baseline is not None:
+        parts.append(f"the new drafter serves {head.drafter_vs_baseline:.2f}x the output tokens/s of no speculation")
+    if head and head.drafter_vs_current is not None:
+        parts.append(f"{head.drafter_vs_current:.2f}x the current drafter's")
+    setting = f"(temperature {head.temperature if head else 0:g}, concurrency {head.concurrency if head else 1})"
     summary = ", ".join(parts) + f" {setting}" if parts else "no drafter was measured"
-    slower = [r for r in rows if r.get("drafter_vs_baseline", 1.0) < 1.0]
+    slower = [r for r in rows if r.drafter_vs_baseline is not None and r.drafter_vs_baseline < 1.0]
     if slower:
         findings.append("slower than no speculation at: " + ", ".join(
-            f"temperature {r['temperature']:g} / concurrency {r['concurrency']} ({r['drafter_vs_baseline']:.2f}x)"
+            f"temperature {r.temperature:g} / concurrency {r.concurrency} ({r.drafter_vs_baseline:.2f}x)"
             for r in slower))
     if integration_suspect:
         summary += "; the engine integration is suspect (see findings)"
@@ -125,8 +122,8 @@ def judge(windows: list[Window], offline: dict[str, float | None], *, suspect_ra
         summary += "; acceptance is below the offline estimate (see findings)"
     elif "drafter" in suspect:
         summary += "; serving acceptance agrees with the offline estimate"
-    return {"summary": summary, "integration_suspect": integration_suspect, "findings": findings,
-            "speedups": rows, "headline": head}
+    return Verdict(summary=summary, integration_suspect=integration_suspect, findings=findings, speedups=rows,
+                   headline=head)
 
 
 # What a reader of the report wants to know about production (the full record is in the manifest).
@@ -138,32 +135,33 @@ def _f(x: Any, fmt: str) -> str:
     return "" if x is None else format(x, fmt)
 
 
-def render_markdown(title: str, windows: list[Window], verdict: dict[str, Any], k: int,
-                    production: dict[str, Any] | None = None, notes: list[str] | None = None) -> str:
+def render_markdown(title: str, windows: list[Measurement], verdict: Verdict, k: int,
+                    production: ProductionResult | None = None, notes: list[str] | None = None) -> str:
     """The benchmark's table and verdict, for a Prefect artifact and the stage dir."""
-    lines = [f"# {title}", "", f"**Verdict:** {verdict['summary']}", ""]
-    for f in verdict["findings"]:
+    lines = [f"# {title}", "", f"**Verdict:** {verdict.summary}", ""]
+    for f in verdict.findings:
         lines.append(f"- {f}")
     lines += ["", "| variant | temp | conc | output tok/s | vs none | TTFT ms | ITL ms | TPOT ms | AL | "
               "accept rate | per position |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    base = {(w["temperature"], w["concurrency"]): w for w in _windows(windows, "baseline")}
+    base = {(w.temperature, w.concurrency): w for w in _windows(windows, "baseline")}
     for w in windows:
-        b = base.get((w["temperature"], w["concurrency"]))
-        ratio = w["output_tok_s"] / b["output_tok_s"] if b else None
-        pos = w.get("per_position_acceptance")
+        b = base.get((w.temperature, w.concurrency))
+        ratio = w.output_tok_s / b.output_tok_s if b else None
+        pos = w.per_position_acceptance
         lines.append(
-            f"| {w['variant']} | {w['temperature']:g} | {w['concurrency']} | {w['output_tok_s']:.1f} | "
-            f"{_f(ratio, '.2f')}x | {_f(w.get('ttft_ms'), '.0f')} | {_f(w.get('itl_ms'), '.1f')} | "
-            f"{_f(w.get('tpot_ms'), '.1f')} | {_f(w.get('mean_acceptance_length'), '.2f')} | "
-            f"{_f(w.get('acceptance_rate'), '.1%')} | {' / '.join(f'{p:.2f}' for p in pos) if pos else ''} |"
+            f"| {w.variant} | {w.temperature:g} | {w.concurrency} | {w.output_tok_s:.1f} | "
+            f"{_f(ratio, '.2f')}x | {_f(w.ttft_ms, '.0f')} | {_f(w.itl_ms, '.1f')} | "
+            f"{_f(w.tpot_ms, '.1f')} | {_f(w.mean_acceptance_length, '.2f')} | "
+            f"{_f(w.acceptance_rate, '.1%')} | {' / '.join(f'{p:.2f}' for p in pos) if pos else ''} |"
         )
     lines += ["", f"{k} speculative tokens per step; AL = 1 + accepted drafts per verification step. TTFT, ITL "
               "(inter-token latency) and TPOT (time per output token) are means from the engine's own histograms, "
               "acceptance from its counters, over the measured window (warm-up excluded)."]
     if production:
         lines += ["", "## Production", ""]
-        lines += [f"- {key}: {production[key]}" for key in PRODUCTION_KEYS if key in production]
+        shown = production.model_dump(include=set(PRODUCTION_KEYS), exclude_none=True)
+        lines += [f"- {key}: {shown[key]}" for key in PRODUCTION_KEYS if key in shown]
     for n in notes or []:
         lines += ["", n]
     return "\n".join(lines) + "\n"

@@ -17,12 +17,13 @@ from pydantic import Field
 
 from eagleflow.config import load_config
 from eagleflow.manifest import Manifest
-from flows.hold import hold_host, stop_jobs_of_run
+from eagleflow.report import Report
+from flows.host_slot import host_slot, stop_jobs_of_run
 from flows.params import RunParams, main_cli
-from flows.pipeline import publish_report
 from tasks.benchmark import benchmark
 from tasks.check import check
 from tasks.dispatch import StageRun, finished_upstream, run_cached
+from tasks.report import publish_report
 
 
 class BenchmarkParams(RunParams):
@@ -33,18 +34,18 @@ class BenchmarkParams(RunParams):
 
 
 @flow(name="benchmark", log_prints=True, on_cancellation=[stop_jobs_of_run], on_crashed=[stop_jobs_of_run])
-def benchmark_only(params: BenchmarkParams = BenchmarkParams()) -> dict:
+def benchmark_only(params: BenchmarkParams = BenchmarkParams()) -> Report:
     overrides = {**params.overrides, **({"benchmark.drafter": params.drafter} if params.drafter else {})}
     config = load_config(params.config_path, overrides)
-    with hold_host(config, f"benchmark {config.name}"):
-        check(config)
+    with host_slot(config, f"benchmark {config.name}") as host:
+        check(host, config)
         runs: dict[str, StageRun] = {}
         upstream: dict[str, Manifest] = {}
         if not config.benchmark.drafter:
-            done = finished_upstream(config, ("generate", "extract", "train", "export"))
+            done = finished_upstream(host, config, ("generate", "extract", "train", "export"))
             runs = {s: StageRun(m, cached=True, seconds=0.0) for s, m in done.items()}
             upstream = {"export": done["export"]}
-        runs["benchmark"] = run_cached(benchmark, config, upstream)
+        runs["benchmark"] = run_cached(benchmark, host, config, upstream)
     return publish_report(config, runs)
 
 

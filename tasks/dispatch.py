@@ -1,5 +1,8 @@
 """The one dispatch path every stage task shares: key, host, request, run, manifest.
 
+Every task gets the flow run's one `Host` (flows.host_slot), so an SSH host is connected once per
+run; the same object re-connects by itself after a dropped link.
+
 Prefect caches manifests, never data. The cache key is the stage key (stage settings, upstream keys,
 code version); a cache hit is honoured only while the manifest still exists on the host: otherwise
 the task runs with `refresh_cache`, which overwrites the stale record.
@@ -18,13 +21,14 @@ from typing import Any, Callable
 
 from prefect import Task, get_run_logger
 from prefect.client.schemas.objects import TaskRun
-from prefect.context import FlowRunContext, TaskRunContext
+from prefect.context import TaskRunContext
 from prefect.states import State
 
 from eagleflow.config import RunConfig
-from eagleflow.hosts import Host, StageFailed, is_transient, make_host
+from eagleflow.hosts import Host, StageFailed, is_transient
 from eagleflow.manifest import Manifest, required_upstream, stage_dir, stage_key
-from eagleflow.stages.common import StageRequest
+from eagleflow.request import StageRequest
+from tasks.naming import flow_run_owner
 
 
 def _key(stage: str, config: RunConfig, upstream: dict[str, Manifest]) -> str:
@@ -57,8 +61,7 @@ ALWAYS_RUN = ("check", "benchmark")
 def _run_ids() -> tuple[str, str, str]:
     """(owner, attempt, stamp): the flow run that owns the job, the task run (the same across its
     retries), and a UTC stamp fixed at the task run's creation, so a retry finds the same dir."""
-    flow_ctx, task_ctx = FlowRunContext.get(), TaskRunContext.get()
-    owner = str(flow_ctx.flow_run.id) if flow_ctx and flow_ctx.flow_run else f"cli-{uuid.uuid4().hex}"
+    owner, task_ctx = flow_run_owner(), TaskRunContext.get()
     if task_ctx is None:
         return owner, uuid.uuid4().hex, time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     run = task_ctx.task_run
@@ -67,11 +70,11 @@ def _run_ids() -> tuple[str, str, str]:
     return owner, str(run.id), stamp
 
 
-def dispatch(stage: str, config: RunConfig, upstream: dict[str, Manifest],
-             on_failure: Callable[[Host, str, StageFailed], None] | None = None) -> Manifest:
+def dispatch(stage: str, host: Host, config: RunConfig, upstream: dict[str, Manifest],
+             on_failure: Callable[[str, StageFailed], None] | None = None) -> Manifest:
     """Run `python -m eagleflow.stages.<stage>` on the host; return the manifest it wrote last.
 
-    `on_failure(host, stage_dir, error)` runs before a failed stage's error is raised (to attach logs).
+    `on_failure(stage_dir, error)` runs before a failed stage's error is raised (to attach logs).
     """
     logger = get_run_logger()
     owner, attempt, stamp = _run_ids()
@@ -80,22 +83,23 @@ def dispatch(stage: str, config: RunConfig, upstream: dict[str, Manifest],
         key = f"{key}-{stamp}-{attempt.replace('-', '')[-8:]}"  # UUIDv7: the random end
     d = stage_dir(config, stage, key)
     manifest_path = f"{d}/manifest.json"
-    with make_host(config.host) as host:
-        if host.exists(manifest_path):
-            logger.info("%s %s is already complete on %s: %s", stage, key, host.name, manifest_path)
-            return Manifest.model_validate_json(host.read_text(manifest_path))
-        # Atomic (temp + rename): a stage already running read its request when it started.
-        request = StageRequest(stage=stage, key=key, dir=d, config=config, upstream=upstream)
-        host.write_text(f"{d}/request.json", request.model_dump_json(indent=2))
-        logger.info("running %s %s on %s (log: %s/stage.log)", stage, key, host.name, d)
-        try:
-            host.run_job(d, [config.host.python, "-m", f"eagleflow.stages.{stage}", f"{d}/request.json"],
-                         log=logger.info, owner=owner, attempt=attempt)
-        except StageFailed as exc:
-            if on_failure is not None:
-                on_failure(host, d, exc)
-            raise
+    # Prefect's cache record can be gone (a new server, a wiped PREFECT_HOME) while the host still has
+    # the finished stage: it is finished, never redone.
+    if host.exists(manifest_path):
+        logger.info("%s %s is already complete on %s: %s", stage, key, host.name, manifest_path)
         return Manifest.model_validate_json(host.read_text(manifest_path))
+    # Atomic (temp + rename): a stage already running read its request when it started.
+    request = StageRequest(stage=stage, key=key, dir=d, config=config, upstream=upstream)
+    host.write_text(f"{d}/request.json", request.model_dump_json(indent=2))
+    logger.info("running %s %s on %s (log: %s/stage.log)", stage, key, host.name, d)
+    try:
+        host.run_job(d, [config.host.python, "-m", f"eagleflow.stages.{stage}", f"{d}/request.json"],
+                     log=logger.info, owner=owner, attempt=attempt)
+    except StageFailed as exc:
+        if on_failure is not None:
+            on_failure(d, exc)
+        raise
+    return Manifest.model_validate_json(host.read_text(manifest_path))
 
 
 @dataclass
@@ -107,31 +111,28 @@ class StageRun:
     seconds: float
 
 
-def run_cached(task: Task, config: RunConfig, upstream: dict[str, Manifest] | None = None) -> StageRun:
+def run_cached(task: Task, host: Host, config: RunConfig, upstream: dict[str, Manifest] | None = None) -> StageRun:
     """Call a stage task, honouring a cache hit only if its manifest still exists on the host."""
     upstream = upstream or {}
     stage = task.name
-    key = _key(stage, config, upstream)
-    with make_host(config.host) as host:
-        present = host.exists(f"{stage_dir(config, stage, key)}/manifest.json")
+    present = host.exists(f"{stage_dir(config, stage, _key(stage, config, upstream))}/manifest.json")
     start = time.monotonic()
     state = task.with_options(refresh_cache=not present, retries=config.host.stage_retries)(
-        config, upstream, return_state=True)
+        host, config, upstream, return_state=True)
     manifest = state.result()  # raises the task's exception when it failed
     return StageRun(manifest, cached=state.name == "Cached", seconds=time.monotonic() - start)
 
 
-def finished_upstream(config: RunConfig, stages: tuple[str, ...]) -> dict[str, Manifest]:
+def finished_upstream(host: Host, config: RunConfig, stages: tuple[str, ...]) -> dict[str, Manifest]:
     """The manifests of `stages` (in pipeline order) for this config, read from the host, or a clear error."""
     found: dict[str, Manifest] = {}
-    with make_host(config.host) as host:
-        for stage in stages:
-            key = _key(stage, config, found)
-            path = f"{stage_dir(config, stage, key)}/manifest.json"
-            if not host.exists(path):
-                raise FileNotFoundError(
-                    f"no finished {stage} stage for run config {config.name!r} on {host.name} ({path}); "
-                    "run the full pipeline first (deployment 'eagleflow-pipeline' or make demo)"
-                )
-            found[stage] = Manifest.model_validate_json(host.read_text(path))
+    for stage in stages:
+        key = _key(stage, config, found)
+        path = f"{stage_dir(config, stage, key)}/manifest.json"
+        if not host.exists(path):
+            raise FileNotFoundError(
+                f"no finished {stage} stage for run config {config.name!r} on {host.name} ({path}); "
+                "run the full pipeline first (deployment 'eagleflow-pipeline' or make demo)"
+            )
+        found[stage] = Manifest.model_validate_json(host.read_text(path))
     return found

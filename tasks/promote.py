@@ -1,43 +1,31 @@
-"""The promotion gate of the nightly retrain: a new drafter replaces the promoted one only if it is better."""
+"""The promotion gate of the nightly retrain as a Prefect task: read the promoted record, decide, write.
+
+The rule itself is `eagleflow.promotion.decide` (pure, unit-tested); this task only moves the record.
+"""
 
 from __future__ import annotations
 
-import json
-
 from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
 from eagleflow.config import RunConfig
-from eagleflow.hosts import make_host
+from eagleflow.hosts import Host
+from eagleflow.promotion import PromotionGate, PromotionRecord, decide, promotion_record_path
+from eagleflow.report import Report
 
 
-@task(name="promote")
-def promote(config: RunConfig, report: dict, min_speedup: float, min_acceptance_length: float) -> bool:
+@task(name="promote", cache_policy=NO_CACHE)
+def promote(host: Host, config: RunConfig, report: Report, gate: PromotionGate) -> bool:
     """Write `<work_root>/promoted/<run name>.json` when the gate passes; return whether it did."""
     logger = get_run_logger()
-    host = make_host(config.host)
-    record_path = f"{config.host.work_root.rstrip('/')}/promoted/{config.name}.json"
-    current = json.loads(host.read_text(record_path)) if host.exists(record_path) else None
-    al = report["drafter"]["mean_acceptance_length"]
-    reasons = []
-    if report["speedup"] < min_speedup:
-        reasons.append(f"speedup {report['speedup']:.2f} < {min_speedup}")
-    if al < min_acceptance_length:
-        reasons.append(f"mean acceptance length {al:.2f} < {min_acceptance_length}")
-    verdict = report.get("verdict") or {}
-    if verdict.get("integration_suspect"):
-        reasons.append("the benchmark found the engine integration suspect (serving acceptance far below the "
-                       "offline estimate): fix the engine side before promoting")
-    same_run = report.get("current")  # production's drafter, measured in this very benchmark
-    if same_run and report["drafter"]["output_tok_s"] < same_run["output_tok_s"]:
-        reasons.append(f"{report['drafter']['output_tok_s']:.1f} output tok/s < the current drafter's "
-                       f"{same_run['output_tok_s']:.1f} in the same benchmark")
-    if current and al < current["mean_acceptance_length"]:
-        reasons.append(f"mean acceptance length {al:.2f} < the promoted drafter's {current['mean_acceptance_length']:.2f}")
-    if reasons:
-        logger.warning("not promoted: %s", "; ".join(reasons))
+    path = promotion_record_path(config.host.work_root, config.name)
+    promoted = PromotionRecord.model_validate_json(host.read_text(path)) if host.exists(path) else None
+    decision = decide(report, promoted, gate)
+    if not decision.promote:
+        logger.warning("not promoted: %s", "; ".join(decision.reasons))
         return False
-    record = {"drafter_dir": report["drafter_dir"], "mean_acceptance_length": al, "speedup": report["speedup"],
-              "report": report.get("path"), "run": report["run"], "created": report["created"]}
-    host.write_text(record_path, json.dumps(record, indent=2))
-    logger.info("promoted %s (AL %.2f, %.2fx) -> %s", report["drafter_dir"], al, report["speedup"], record_path)
+    assert decision.record is not None
+    host.write_text(path, decision.record.model_dump_json(indent=2))
+    logger.info("promoted %s (AL %.2f, %.2fx) -> %s", decision.record.drafter_dir,
+                decision.record.mean_acceptance_length, decision.record.speedup, path)
     return True

@@ -1,5 +1,5 @@
 """The tests' "production": an operator's start/stop scripts around a real server, plus a stand-in
-benchmark stage. Standard library only, except `block`, which uses eagleflow.service.
+benchmark stage. Standard library only, except `block`, which uses eagleflow.production.
 
     python tests/prodservice.py start --pidfile P --log L --port N [--env K=V ...] -- ARGV...
         launch ARGV in a session of its own, write its pid to P, return at once
@@ -86,19 +86,19 @@ def stop(pidfile: Path) -> int:
 
 def block(state_dir: str, work_root: str, config: str) -> int:
     from eagleflow.config import ProductionConfig
-    from eagleflow.service import production_stopped
+    from eagleflow.production import production_stopped
 
     # Like stage_main: SIGTERM unwinds the stack, so production_stopped sees a cancellation.
     signal.signal(signal.SIGTERM, lambda s, f: sys.exit(128 + s))
     cfg = ProductionConfig.model_validate_json(config)
-    with production_stopped(cfg, state_dir, work_root=work_root, log=lambda m: print(m, flush=True)) as hold:
+    with production_stopped(cfg, state_dir, work_root=work_root, log=lambda m: print(m, flush=True)) as downtime:
         # The engine stand-in: its own session, the token in its environment, no death signal, so
         # only the guardian can end it once this process is gone.
         engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
-                                  env={**os.environ, **hold.engine_env()}, start_new_session=True,
+                                  env={**os.environ, **downtime.engine_env()}, start_new_session=True,
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        hold.pid_file("standin").write_text(str(engine.pid))
-        print(f"in-block {hold.token} {engine.pid}", flush=True)
+        downtime.pid_file("standin").write_text(str(engine.pid))
+        print(f"in-block {downtime.token} {engine.pid}", flush=True)
         time.sleep(600)
     return 0
 

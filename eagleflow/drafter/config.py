@@ -26,7 +26,7 @@ class TrainConfig(BaseModel):
         description="Padded tokens per optimizer step, summed over all ranks and accumulation micro-batches "
         "(sequences of similar length are batched together; a longer sequence is a batch of its own). Each rank's "
         "micro-batch holds about batch_tokens / (nproc * grad_accum_steps), so nproc and grad_accum_steps change "
-        "memory, not the optimization. Demo target on 2 CPU cores: 2048 with learning_rate 2e-3.",
+        "memory, not the optimization.",
     )
     grad_accum_steps: int = Field(
         1, ge=1, le=1024,
@@ -42,12 +42,25 @@ class TrainConfig(BaseModel):
         "position, RNG) every this many optimizer steps, so a killed run resumes mid-epoch; only the newest is kept "
         "and the epoch checkpoint supersedes it. 0: per-epoch checkpoints only.",
     )
-    time_budget_s: float | None = Field(
-        None, gt=0, le=30 * 24 * 3600,
-        description="Stop after this many seconds of optimizer steps (validation not counted). When it binds, the "
-        "cosine follows wall time so it still ends at min_lr, and the last epoch is partial (and not bit-reproducible).",
+    max_steps: int | None = Field(
+        None, ge=1, le=100_000_000,
+        description="Stop after this many optimizer steps (the cosine then ends at min_lr there); None: after "
+        "`epochs`. Training is bounded by steps and epochs, never by the clock, so the same config trains the same "
+        "drafter on a busy machine and on an idle one.",
     )
-
+    time_limit_s: float | None = Field(
+        None, gt=0, le=30 * 24 * 3600,
+        description="Safety cap on seconds of optimizer steps (validation not counted), never a bound: when it is "
+        "reached the stage writes a step checkpoint and fails, naming it. It is a runtime setting (not in the stage "
+        "key): raise it and rerun, and training resumes from that checkpoint to the drafter an uninterrupted run "
+        "gives. None: no cap.",
+    )
+    on_time_limit: Literal["fail", "stop"] = Field(
+        "fail",
+        description="'fail' (default): the cap above fails the stage. 'stop': training ends at the cap instead and "
+        "the cosine follows the clock so it still ends at min_lr: a race against time for equal-time comparisons, "
+        "whose drafter depends on the machine's speed; the manifest says bounded_by 'time'.",
+    )
     # --- the EAGLE-3 objective -------------------------------------------------------------------
     ttt_steps: int = Field(
         3, ge=1, le=16,
@@ -109,6 +122,17 @@ class TrainConfig(BaseModel):
         "speculators layout (detected from the keys and config.json); its draft vocabulary (d2t/t2d) is kept so its "
         "lm_head rows stay aligned.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: object) -> object:
+        if isinstance(data, dict) and "time_budget_s" in data:
+            raise ValueError(
+                "train.time_budget_s is gone: a wall-clock budget trained a different drafter on a busy machine. "
+                "Bound training with epochs or max_steps; time_limit_s is a safety cap that fails loudly "
+                "(on_time_limit: stop keeps a race against the clock, marked as such)"
+            )
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":

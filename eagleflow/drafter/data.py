@@ -19,11 +19,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from eagleflow.drafter.errors import DataError
+
 SPLITS = ("train", "holdout")
-
-
-class DataError(ValueError):
-    """Extracted data that cannot be trained on; the message names the file."""
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,9 @@
 """An engine server this stage starts, watches while it loads, measures, and ends (only its own group).
 
 Host-side code: runs in the host environment, next to the engine. `VllmServer` and `SglangServer`
-fill in the launch command and the metrics; the launch, the watchdog and the teardown are shared.
-
-The watchdog follows the engine log while waiting for readiness: checkpoint-shard progress and the
-load milestones go to the stage log (and so into Prefect); the death of the engine, or a fatal line
-while it still lives (a dead worker behind a live API server), fails the launch within seconds with
-the root cause: the first traceback's exception line, which is the worker's or EngineCore's own,
-not the API server's "Engine core initialization failed" wrapper around it.
+(eagleflow.engines.vllm, .sglang) fill in the launch command and the metrics; the launch, the
+watchdog (eagleflow.engines.watchdog) and the teardown are shared here. `eagleflow.engines.make_server`
+picks the implementation for `engine.kind`.
 """
 
 from __future__ import annotations
@@ -15,172 +11,27 @@ from __future__ import annotations
 import abc
 import logging
 import os
-import re
 import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
-from eagleflow.config import EngineConfig
-from eagleflow.hosts.local import end_process_group
-from eagleflow.stages.common import StageError
+from eagleflow.engines.launch import LaunchSpec
+from eagleflow.engines.metrics import latency_from_deltas
+from eagleflow.engines.watchdog import FATAL_SETTLE_S, LaunchWatch, LogFollower, root_cause_excerpt, root_cause_line
+from eagleflow.procs import end_process_group
+from eagleflow.request import StageError
 
 log = logging.getLogger("eagleflow.engine")
 
-
-@dataclass
-class LaunchSpec:
-    """One engine launch: the target, optionally with a drafter.
-
-    `speculative` is engine-neutral: {"method": "eagle3", "model": <drafter dir>,
-    "num_speculative_tokens": k}; each engine turns it into its own flags.
-    """
-
-    python: str
-    model: str
-    served_model_name: str
-    dtype: str
-    engine: EngineConfig
-    port: int
-    speculative: dict[str, Any] | None = None
-
-    def argv(self) -> list[str]:
-        return server_class(self.engine.kind).argv_for(self)
-
-
-# -- the launch watchdog ---------------------------------------------------------------------------
-
-# Load milestones worth a line in Prefect (vLLM and SGLang wording).
-PROGRESS_PATTERNS = [
-    re.compile(r"Loading (?:safetensors )?checkpoint shards:\s*(\d+)% Completed \| (\d+)/(\d+)"),
-    re.compile(r"Loading weights took [\d.]+ ?s"),
-    re.compile(r"Model loading took [\d.]+ ?GiB"),
-    re.compile(r"Initializing a V\d LLM engine \(v[\w.+-]+\)"),
-    re.compile(r"init engine.{0,80}?took [\d.]+ ?s(?:econds)?"),
-    re.compile(r"Graph capturing finished in [\d.]+ ?s(?:ecs)?"),
-    re.compile(r"Load weight end\..*"),
-    re.compile(r"(?:Application startup complete|The server is fired up and ready to roll!)"),
-]
-
-# A line that means the launch has failed even if the API server process still lives.
-FATAL_PATTERNS = [
-    re.compile(r"Engine core initialization failed"),
-    re.compile(r"EngineCore failed to start"),
-    re.compile(r"Worker(?:Proc|_TP\d+)?.*(?:died|exited unexpectedly|failed to start)", re.IGNORECASE),
-    re.compile(r"(?:torch\.)?OutOfMemoryError|CUDA out of memory"),
-    re.compile(r"NCCL error|ncclInternalError|ncclUnhandledCudaError"),
-    re.compile(r"Scheduler hit an exception|Received sigquit from a child process"),  # SGLang
-    re.compile(r"Fatal Python error|Segmentation fault|core dumped"),
-]
-
-# How long a fatal line is given for the rest of its traceback to reach the log before we act.
-FATAL_SETTLE_S = 2.0
 # SIGTERM grace for an engine whose launch failed, before SIGKILL.
 FAILED_GRACE_S = 3.0
 # After a failed request: how long to wait for the engine to exit before saying it still runs.
 POST_MORTEM_WAIT_S = 3.0
-
-# vLLM prefixes every line of a child process ("(EngineCore pid=12) ", "(Worker_TP0 pid=34) ") and
-# its logger adds "ERROR 11-29 19:27:58 [core.py:1510] "; both are stripped to find the exception.
-_PREFIX = re.compile(
-    r"^(?:\([\w.-]+ pid=\d+\)\s*)?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d [\d:]+ \[[^\]]*\]\s*)?"
-)
-_EXC_LINE = re.compile(r"^(?:[a-z_][\w]*\.)*(?:[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure))\b(?::.*)?$")
-
-
-def _clip(line: str, max_chars: int) -> str:
-    return line if len(line) <= max_chars else line[:max_chars] + " ..."
-
-
-def root_cause_excerpt(log_text: str, max_lines: int = 25, max_chars: int = 400) -> str:
-    """The first traceback of the engine log, else its last lines.
-
-    The first traceback is the worker's / EngineCore's own; later ones are the API server's wrappers
-    re-raising it ("Engine core initialization failed"). Its end holds the exception and message.
-    """
-    lines = [_clip(line, max_chars) for line in log_text.replace("\r", "\n").splitlines()]
-    starts = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line]
-    if not starts:
-        return "\n".join(lines[-max_lines:])
-    end = starts[1] if len(starts) > 1 else len(lines)
-    block = lines[starts[0]:end]
-    if len(block) > max_lines:
-        block = [block[0], "  ..."] + block[-(max_lines - 2):]
-    return "\n".join(block)
-
-
-def root_cause_line(log_text: str) -> str | None:
-    """The exception line that ends the engine's first traceback ('KeyError: ...'), without the
-    process prefix; None when the log has no traceback."""
-    lines = log_text.replace("\r", "\n").splitlines()
-    starts = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line]
-    if not starts:
-        return None
-    end = starts[1] if len(starts) > 1 else len(lines)
-    for line in lines[starts[0] + 1:end]:
-        bare = _PREFIX.sub("", line).strip()
-        if _EXC_LINE.match(bare):
-            return _clip(bare, 400)
-    return None
-
-
-@dataclass
-class LogFollower:
-    """Reads what an engine log gained since the last call; yields whole lines (tqdm's \\r too)."""
-
-    path: Path
-    offset: int = 0
-    partial: str = ""
-    last_growth: float = field(default_factory=time.monotonic)
-
-    def new_lines(self) -> list[str]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return []
-        if not data:
-            return []
-        self.offset += len(data)
-        self.last_growth = time.monotonic()
-        text = self.partial + data.decode("utf-8", errors="replace")
-        parts = re.split(r"[\r\n]", text)
-        self.partial = parts.pop()
-        return [p for p in parts if p.strip()]
-
-
-class LaunchWatch:
-    """What the watchdog saw: reports progress once per milestone, remembers the first fatal line."""
-
-    def __init__(self, extra_fatal: list[str]):
-        self.fatal = FATAL_PATTERNS + [re.compile(p) for p in extra_fatal]
-        self.seen: set[str] = set()
-        self.fatal_line: str | None = None
-        self.fatal_at: float | None = None
-
-    def feed(self, line: str, name: str) -> None:
-        for pat in PROGRESS_PATTERNS:
-            m = pat.search(line)
-            if m:
-                text = m.group(0).strip()
-                if text not in self.seen:
-                    self.seen.add(text)
-                    log.info("engine %s loading: %s", name, text)
-                break
-        if self.fatal_line is None and any(p.search(line) for p in self.fatal):
-            self.fatal_line = _clip(_PREFIX.sub("", line).strip(), 400)
-            self.fatal_at = time.monotonic()
-            log.warning("engine %s: fatal line in its log: %s", name, self.fatal_line)
-
-
-# -- the server ------------------------------------------------------------------------------------
 
 
 def _die_with_parent() -> None:
@@ -349,63 +200,3 @@ class EngineServer(abc.ABC):
             end_process_group(self.proc, grace_s=grace_s)
             self.proc = None
             self.pid_path.unlink(missing_ok=True)
-
-
-# -- /metrics ---------------------------------------------------------------------------------------
-
-# The engines' latency histograms (seconds), as `<prefix><name>`; vLLM and SGLang share these names.
-LATENCY_HISTOGRAMS = {
-    "ttft_ms": "time_to_first_token_seconds",
-    "itl_ms": "inter_token_latency_seconds",
-    "tpot_ms": "request_time_per_output_token_seconds",
-    "e2e_ms": "e2e_request_latency_seconds",
-}
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Counters (`name`, without `_total`; `name{position=i}` for per-position ones) and histogram
-    `name_sum` / `name_count` of a Prometheus text page, each summed over its other labels."""
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name.endswith("_total"):
-                name = sample.name[: -len("_total")]
-                if "position" in sample.labels:
-                    name = f"{name}{{position={sample.labels['position']}}}"
-            elif family.type == "histogram" and sample.name.endswith(("_sum", "_count")):
-                name = sample.name
-            else:
-                continue
-            out[name] = out.get(name, 0.0) + float(sample.value)
-    return out
-
-
-def latency_from_deltas(before: dict[str, float], after: dict[str, float], prefix: str) -> dict[str, float | None]:
-    """Mean of each latency histogram over the window (delta sum / delta count), in ms."""
-    out: dict[str, float | None] = {}
-    for key, hist in LATENCY_HISTOGRAMS.items():
-        n = after.get(f"{prefix}{hist}_count", 0.0) - before.get(f"{prefix}{hist}_count", 0.0)
-        total = after.get(f"{prefix}{hist}_sum", 0.0) - before.get(f"{prefix}{hist}_sum", 0.0)
-        out[key] = 1000.0 * total / n if n > 0 else None
-    return out
-
-
-def server_class(kind: str) -> type[EngineServer]:
-    if kind == "vllm":
-        from eagleflow.engines.vllm import VllmServer
-
-        return VllmServer
-    if kind == "sglang":
-        from eagleflow.engines.sglang import SglangServer
-
-        return SglangServer
-    raise ValueError(f"unknown engine.kind {kind!r}; expected 'vllm' or 'sglang'")
-
-
-def make_server(spec: LaunchSpec, log_path: Path, env: dict[str, str] | None = None,
-                name: str | None = None) -> EngineServer:
-    return server_class(spec.engine.kind)(spec, log_path, env=env, name=name)
-
-
-def speculative(drafter_dir: str, k: int) -> dict[str, Any]:
-    return {"method": "eagle3", "model": drafter_dir, "num_speculative_tokens": k}

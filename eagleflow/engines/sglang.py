@@ -22,8 +22,10 @@ from typing import Any
 
 import httpx
 
-from eagleflow.engines.base import EngineServer, LaunchSpec, parse_metrics
-from eagleflow.stages.common import StageError
+from eagleflow.engines.base import EngineServer
+from eagleflow.engines.launch import LaunchSpec
+from eagleflow.engines.metrics import parse_metrics
+from eagleflow.request import StageError
 
 _ACCEPT_LEN = re.compile(r"accept len: ([\d.]+)")
 

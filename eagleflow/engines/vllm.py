@@ -7,8 +7,10 @@ from typing import Any
 
 import httpx
 
-from eagleflow.engines.base import EngineServer, LaunchSpec, parse_metrics
-from eagleflow.stages.common import StageError
+from eagleflow.engines.base import EngineServer
+from eagleflow.engines.launch import LaunchSpec
+from eagleflow.engines.metrics import parse_metrics
+from eagleflow.request import StageError
 
 # Counters whose deltas give acceptance (vLLM v1 spec-decode metrics).
 SPEC_DRAFTS = "vllm:spec_decode_num_drafts"

@@ -102,6 +102,21 @@ class Host(abc.ABC):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def label(self) -> str:
+        """How messages name the host (an SSH host adds user, address and port)."""
+        return self.name
+
+    @abc.abstractmethod
+    def exec(self, argv: list[str], *, timeout: float = 120) -> tuple[int, str, str]:
+        """Run a short command on the host with host.env (no shell, no stdin) from the login's home
+        directory; return (status, stdout, stderr). A missing executable is status 127, as a shell
+        reports it. HostError when it does not finish within `timeout`."""
+
+    @abc.abstractmethod
+    def put_file(self, local: str, remote: str) -> None:
+        """Copy a file of this machine to `remote` on the host (temporary name, then rename)."""
+
     @abc.abstractmethod
     def exists(self, path: str) -> bool: ...
 

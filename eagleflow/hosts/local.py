@@ -4,31 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 from pathlib import Path
 from typing import Iterator
 
 from eagleflow import jobs
+from eagleflow.files import copy_file_atomic, write_text_atomic
 from eagleflow.hosts.base import Host, HostBusy, HostError, LogFn, StageFailed, TailBuffer
-
-
-def end_process_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """SIGTERM the group we started, then SIGKILL what is left after `grace_s`. Only our own group."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+from eagleflow.procs import end_process_group
 
 
 class LocalHost(Host):
@@ -90,6 +73,25 @@ class LocalHost(Host):
         if rc != 0:
             raise StageFailed(self.name, argv, rc, tail.list(), log_path)
 
+    @property
+    def label(self) -> str:
+        return f"{self.name} (this machine)"
+
+    def exec(self, argv: list[str], *, timeout: float = 120) -> tuple[int, str, str]:
+        # From the home directory, as an SSH login starts: never a checkout, whose eagleflow would
+        # shadow the one installed in the host environment.
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=os.path.expanduser("~"),
+                                  env={**os.environ, **self.env}, stdin=subprocess.DEVNULL)
+        except (FileNotFoundError, PermissionError) as exc:
+            return 127, "", str(exc)
+        except subprocess.TimeoutExpired:
+            raise HostError(f"{argv[:4]} on {self.label} did not finish within {timeout:.0f} s") from None
+        return proc.returncode, proc.stdout, proc.stderr
+
+    def put_file(self, local: str, remote: str) -> None:
+        copy_file_atomic(local, remote)
+
     def exists(self, path: str) -> bool:
         return Path(path).exists()
 
@@ -97,8 +99,4 @@ class LocalHost(Host):
         return Path(path).read_text()
 
     def write_text(self, path: str, text: str) -> None:
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, p)
+        write_text_atomic(path, text)

@@ -24,7 +24,7 @@ import socket
 import stat
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import paramiko
 
@@ -170,8 +170,9 @@ class SshHost(Host):
     # -- commands ---------------------------------------------------------------------------------
 
     def exec(self, argv: list[str], *, timeout: float = 120) -> tuple[int, str, str]:
-        """Run a short command on the host (quoted for its shell); return (status, stdout, stderr)."""
-        command = shlex.join(argv)
+        """Run a short command on the host with host.env (quoted for its shell); return (status, stdout, stderr)."""
+        env = [f"{k}={v}" for k, v in self.config.env.items()]
+        command = shlex.join(["env", *env, *argv] if env else argv)
         try:
             _, out, err = self._conn().exec_command(command, timeout=timeout)
             stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
@@ -407,26 +408,27 @@ class SshHost(Host):
 
     def write_bytes(self, path: str, data: bytes) -> None:
         """Write atomically: a temporary name in the same directory, then rename over the target."""
+
+        def write(sftp: paramiko.SFTPClient, tmp: str) -> None:
+            with sftp.open(tmp, "w") as f:
+                f.write(data)
+
+        self._upload(path, write, f"writing {path}")
+
+    def put_file(self, local: str, remote: str) -> None:
+        """Copy a local file to the host (temporary name, then rename)."""
+        self._upload(remote, lambda sftp, tmp: sftp.put(local, tmp), f"copying {local} to {remote}")
+
+    def _upload(self, path: str, write: Callable[[paramiko.SFTPClient, str], object], what: str) -> None:
+        """`write(sftp, tmp)` fills a temporary name beside `path`; then it is renamed over `path`."""
         tmp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.{os.getpid()}.tmp")
         try:
             sftp = self._sftp_client()
             self._makedirs(sftp, posixpath.dirname(path))
-            with sftp.open(tmp, "w") as f:
-                f.write(data)
+            write(sftp, tmp)
             sftp.posix_rename(tmp, path)
         except _TRANSPORT_ERRORS as exc:
-            raise self._fail(f"writing {path}", exc) from None
-
-    def put_file(self, local: str, remote: str) -> None:
-        """Copy a local file to the host (temporary name, then rename)."""
-        tmp = posixpath.join(posixpath.dirname(remote), f".{posixpath.basename(remote)}.{os.getpid()}.tmp")
-        try:
-            sftp = self._sftp_client()
-            self._makedirs(sftp, posixpath.dirname(remote))
-            sftp.put(local, tmp)
-            sftp.posix_rename(tmp, remote)
-        except _TRANSPORT_ERRORS as exc:
-            raise self._fail(f"copying {local} to {remote}", exc) from None
+            raise self._fail(what, exc) from None
 
     def tail(self, path: str, lines: int = 40) -> list[str]:
         """The last lines of a host file (the stage log, for failure messages)."""

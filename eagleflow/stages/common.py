@@ -1,8 +1,8 @@
 """What every host-side stage shares: reading its request, logging, writing its manifest last.
 
-A stage runs as `python -m eagleflow.stages.<stage> <stage_dir>/request.json`. The request holds the
-validated run config, the stage key and the upstream manifests; the stage writes its outputs under
-its directory and `manifest.json` last. A stage that fails exits non-zero with the cause on its last
+A stage runs as `python -m eagleflow.stages.<stage> <stage_dir>/request.json`. The request
+(`eagleflow.request.StageRequest`) holds the validated run config, the stage key and the upstream
+manifests; the stage writes its outputs under its directory and `manifest.json` last. A stage that fails exits non-zero with the cause on its last
 line and leaves no manifest, so nothing half-written is ever taken as complete.
 """
 
@@ -16,42 +16,13 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
-from pydantic import BaseModel, Field
-
-from eagleflow.config import RunConfig
 from eagleflow.manifest import Manifest, write_manifest
-from eagleflow.service import ProductionError
+from eagleflow.production import ProductionError
+from eagleflow.request import StageError, StageRequest
 
 log = logging.getLogger("eagleflow")
-
-
-class StageError(RuntimeError):
-    """A failure whose message already says what is wrong and what to do; printed without a traceback."""
-
-
-class StageRequest(BaseModel):
-    """Written by the control side into the stage directory before the stage starts."""
-
-    stage: str
-    key: str
-    dir: str
-    config: RunConfig
-    upstream: dict[str, Manifest] = Field(default_factory=dict)
-
-    @property
-    def path(self) -> Path:
-        return Path(self.dir)
-
-    def manifest(self, outputs: dict[str, Any], metrics: dict[str, Any] | None = None,
-                 hashes: dict[str, str] | None = None, seconds: float = 0.0) -> Manifest:
-        return Manifest(
-            stage=self.stage, key=self.key, dir=self.dir,
-            upstream={s: m.key for s, m in self.upstream.items()},
-            outputs=outputs, metrics=metrics or {}, hashes=hashes or {}, seconds=seconds,
-        )
-
 
 StageFn = Callable[[StageRequest], Manifest]
 

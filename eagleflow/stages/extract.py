@@ -19,20 +19,16 @@ import torch
 from safetensors.torch import save_file
 
 from eagleflow.config import RunConfig
-from eagleflow.manifest import Manifest, sha256_file, write_json_atomic
-from eagleflow.stages.common import StageError, StageRequest, stage_main
+from eagleflow.devices import pick_device
+from eagleflow.files import write_json_atomic, writing
+from eagleflow.manifest import Manifest, sha256_file
+from eagleflow.outputs import ExtractMetrics, ExtractOutputs, GenerateOutputs
+from eagleflow.request import StageError, StageRequest
+from eagleflow.stages.common import stage_main
 
 log = logging.getLogger("eagleflow.extract")
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-def pick_device(choice: str) -> torch.device:
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise StageError("extract.device is 'cuda' but torch sees no GPU on this host; use 'auto' or 'cpu'")
-    if choice == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(choice)
 
 
 class HiddenStateCapture:
@@ -114,13 +110,17 @@ def extract_shard(capture: HiddenStateCapture, ids: list[list[int]], masks: list
 def run(request: StageRequest) -> Manifest:
     cfg = request.config
     gen = request.upstream["generate"]
-    device = pick_device(cfg.extract.device)
+    shards = GenerateOutputs.of(gen).shards
+    try:
+        device = pick_device(cfg.extract.device, "extract.device")
+    except ValueError as exc:
+        raise StageError(str(exc)) from None
     data_dir = request.path / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     capture: HiddenStateCapture | None = None
     index: list[dict] = []
     tokens_done, seconds = 0, 0.0
-    for shard_no, rel in enumerate(gen.outputs["shards"]):
+    for shard_no, rel in enumerate(shards):
         table = pq.read_table(gen.path(rel), columns=["split", "input_ids", "loss_mask"])
         cols = {c: table.column(c).to_pylist() for c in ("split", "input_ids", "loss_mask")}
         for split in ("train", "holdout"):
@@ -139,9 +139,8 @@ def run(request: StageRequest) -> Manifest:
             start = time.perf_counter()
             # Right padding under a causal mask: the pad id never reaches a kept position, so any id works.
             tensors = extract_shard(capture, ids, masks, cfg.extract.batch_tokens, pad_id=0)
-            tmp = data_dir / f".{name}.tmp"
-            save_file(tensors, str(tmp), metadata={"split": split})
-            tmp.replace(data_dir / name)
+            with writing(data_dir / name) as tmp:
+                save_file(tensors, str(tmp), metadata={"split": split})
             dt = time.perf_counter() - start
             tokens_done, seconds = tokens_done + n_tok, seconds + dt
             log.info("%s: %d sequences, %d tokens, %.0f tok/s", name, len(ids), n_tok, n_tok / dt)
@@ -157,10 +156,10 @@ def run(request: StageRequest) -> Manifest:
     })
     rels = [e["file"] for e in index]
     return request.manifest(
-        outputs={"index": "data/index.json", "shards": rels, "hidden_size": hidden,
-                 "num_tokens": {s: sum(e["num_tokens"] for e in index if e["split"] == s) for s in ("train", "holdout")}},
+        outputs=ExtractOutputs(index="data/index.json", shards=rels, hidden_size=hidden, num_tokens={
+            s: sum(e["num_tokens"] for e in index if e["split"] == s) for s in ("train", "holdout")}),
         hashes={r: sha256_file(request.path / r) for r in rels},
-        metrics={"tok_s": tokens_done / seconds if seconds else None, "device": str(device)},
+        metrics=ExtractMetrics(tok_s=tokens_done / seconds if seconds else None, device=str(device)),
     )
 
 

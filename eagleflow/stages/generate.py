@@ -16,12 +16,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eagleflow.config import RunConfig
+from eagleflow.engines import make_server
 from eagleflow.engines.chat import ChatResult, chat_all
-from eagleflow.engines.base import LaunchSpec, make_server
+from eagleflow.engines.launch import served_name, target_launch
+from eagleflow.files import writing
 from eagleflow.manifest import Manifest, sha256_file
+from eagleflow.outputs import GenerateMetrics, GenerateOutputs
 from eagleflow.prompts import Messages, PromptError, load_prompts, split_indices
-from eagleflow.stages.common import StageError, StageRequest, stage_main
+from eagleflow.request import StageError, StageRequest
+from eagleflow.stages.common import stage_main
 
 log = logging.getLogger("eagleflow.generate")
 
@@ -34,17 +37,6 @@ SCHEMA = pa.schema([
     ("input_ids", pa.list_(pa.int32())),
     ("loss_mask", pa.list_(pa.int8())),
 ])
-
-
-def served_name(config: RunConfig) -> str:
-    return config.target.served_model_name or config.target.model_path
-
-
-def target_launch(config: RunConfig, speculative: dict[str, Any] | None = None) -> LaunchSpec:
-    return LaunchSpec(
-        python=sys.executable, model=config.target.model_path, served_model_name=served_name(config),
-        dtype=config.target.dtype, engine=config.engine, port=config.engine.port, speculative=speculative,
-    )
 
 
 class ChatTokenizer:
@@ -83,9 +75,8 @@ class ChatTokenizer:
 
 def write_shard(path: Path, rows: list[dict[str, Any]]) -> None:
     """Temp name, then rename: a shard on disk is always complete."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), tmp)
-    tmp.replace(path)
+    with writing(path) as tmp:
+        pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), tmp)
 
 
 def run(request: StageRequest) -> Manifest:
@@ -145,10 +136,10 @@ def run(request: StageRequest) -> Manifest:
                          "both splits need samples")
     rel = [str(p.relative_to(request.path)) for p in shard_paths]
     return request.manifest(
-        outputs={"shards": rel, "num_train": counts["train"], "num_holdout": counts["holdout"], "num_tokens": tokens},
+        outputs=GenerateOutputs(shards=rel, num_train=counts["train"], num_holdout=counts["holdout"], num_tokens=tokens),
         hashes={r: sha256_file(request.path / r) for r in rel},
-        metrics={"failed": stats["failed"], "output_tok_s": stats["completion_tokens"] / max(stats["seconds"], 1e-9)
-                 if stats["seconds"] else None, "completion_tokens": stats["completion_tokens"]},
+        metrics=GenerateMetrics(failed=stats["failed"], completion_tokens=stats["completion_tokens"],
+                                output_tok_s=stats["completion_tokens"] / stats["seconds"] if stats["seconds"] else None),
     )
 
 
@@ -164,17 +155,6 @@ def _rows(shard: list[tuple[int, int, str]], convs: list[Messages], results: lis
                      "reasoning": res.reasoning or "", "content": res.content or "",
                      "input_ids": ids, "loss_mask": mask})
     return rows, errors
-
-
-def holdout_conversations(manifest: Manifest) -> list[Messages]:
-    """The held-out prompts, in sample order (the benchmark's prompts)."""
-    out: list[tuple[int, Messages]] = []
-    for rel in manifest.outputs["shards"]:
-        t = pq.read_table(manifest.path(rel), columns=["sample_id", "split", "messages"])
-        for sid, split, msgs in zip(*(t.column(c).to_pylist() for c in ("sample_id", "split", "messages"))):
-            if split == "holdout":
-                out.append((sid, json.loads(msgs)))
-    return [m for _, m in sorted(out, key=lambda x: x[0])]
 
 
 if __name__ == "__main__":

@@ -23,9 +23,15 @@ import sys
 import traceback
 from collections import deque
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eagleflow.manifest import Manifest, read_manifest, sha256_file
-from eagleflow.stages.common import StageError, StageRequest, setup_logging, stage_main
+from eagleflow.outputs import BestEpoch, EpochMetrics, EvalSummary, ExtractOutputs, TrainMetrics, TrainOutputs
+from eagleflow.request import StageError, StageRequest
+from eagleflow.stages.common import setup_logging, stage_main
+
+if TYPE_CHECKING:
+    from eagleflow.drafter.trainer import TrainResult
 
 log = logging.getLogger("eagleflow.train")
 
@@ -41,19 +47,18 @@ def run(request: StageRequest) -> Manifest:
     return _manifest(request, result, index_aux)
 
 
-def _train(request: StageRequest):
-    from eagleflow.drafter.data import DataError, read_index
-    from eagleflow.drafter.formats import FormatError, read_target_head
-    from eagleflow.drafter.trainer import Trainer, TrainError
+def _train(request: StageRequest) -> tuple["TrainResult", list[int]]:
+    from eagleflow.drafter.data import read_index
+    from eagleflow.drafter.errors import DataError, FormatError, TrainError
+    from eagleflow.drafter.target import read_target_head
+    from eagleflow.drafter.trainer import Trainer
 
     config = request.config
     extract = request.upstream.get("extract")
     if extract is None:
         raise StageError("the train stage needs the extract stage's manifest (request.upstream['extract'])")
-    if "index" not in extract.outputs:
-        raise StageError(f"extract manifest in {extract.dir} has no outputs['index']")
     try:
-        index = read_index(extract.path(extract.outputs["index"]), stage_dir=extract.dir)
+        index = read_index(extract.path(ExtractOutputs.of(extract).index), stage_dir=extract.dir)
         if index.aux_layer_ids != list(config.target.aux_layer_ids):
             raise StageError(
                 f"extracted aux layers {index.aux_layer_ids} differ from target.aux_layer_ids "
@@ -71,31 +76,25 @@ def _train(request: StageRequest):
             dist.destroy_process_group()
 
 
-def _manifest(request: StageRequest, result, aux_layer_ids: list[int]) -> Manifest:
-    best = result.best
-    epochs = [
-        {"epoch": e.epoch, "complete": e.complete, "step": e.step, "lr": e.lr, "tokens_per_s": e.tokens_per_s,
-         "seconds": e.seconds, **{f"train_{k}": v for k, v in e.train.items()},
-         **{f"val_{k}": v for k, v in e.validation.items()}}
-        for e in result.epochs
-    ]
-    metrics = {
-        "best_epoch": best.epoch,
-        "best": {"epoch": best.epoch, **best.validation},
-        "epochs": epochs,
-        "tokens_per_s": round(sum(e.train["tokens"] for e in result.epochs) / max(1e-9, sum(e.seconds for e in result.epochs)), 1),
-        "draft_vocab_size": result.vocab_size,
-        "nproc": request.config.train.nproc,
-    }
-    outputs = {
-        "checkpoints": [e.checkpoint for e in result.epochs],
-        "best": best.checkpoint,
-        "best_epoch": best.epoch,
-        "aux_layer_ids": aux_layer_ids,
-        "arch": result.arch,
-    }
-    from eagleflow.drafter.formats import CHECKPOINT_WEIGHTS
+def _manifest(request: StageRequest, result: "TrainResult", aux_layer_ids: list[int]) -> Manifest:
+    from eagleflow.drafter.checkpoint import CHECKPOINT_WEIGHTS
 
+    best = result.best
+    epochs = [EpochMetrics(epoch=e.epoch, complete=e.complete, step=e.step, lr=e.lr, tokens_per_s=e.tokens_per_s,
+                           seconds=e.seconds, train=EvalSummary(**e.train),
+                           validation=EvalSummary(**e.validation) if e.validation else None)
+              for e in result.epochs]
+    train_tokens = sum(e.train["tokens"] for e in result.epochs)
+    metrics = TrainMetrics(
+        best_epoch=best.epoch,
+        best=BestEpoch(epoch=best.epoch, **(best.validation or best.train)),
+        epochs=epochs,
+        tokens_per_s=round(train_tokens / max(1e-9, sum(e.seconds for e in result.epochs)), 1),
+        steps=result.steps, bounded_by=result.bounded_by,
+        draft_vocab_size=result.vocab_size, nproc=request.config.train.nproc,
+    )
+    outputs = TrainOutputs(checkpoints=[e.checkpoint for e in result.epochs], best=best.checkpoint,
+                           best_epoch=best.epoch, aux_layer_ids=aux_layer_ids, arch=result.arch)
     weights = f"{best.checkpoint}/{CHECKPOINT_WEIGHTS}"
     return request.manifest(outputs=outputs, metrics=metrics, hashes={weights: sha256_file(request.path / weights)})
 

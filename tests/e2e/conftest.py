@@ -1,8 +1,11 @@
-"""A real Prefect server for the end-to-end tests, started here and ended here (our process group only)."""
+"""A real Prefect server for the end-to-end tests, started here and ended here (our process group only),
+and the one pipeline run of the demo config that several modules read (flows, tasks, deployments):
+run once per session, in a work root of its own."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -13,8 +16,9 @@ from typing import Iterator
 
 import httpx
 import pytest
+import yaml
 
-from tests.conftest import free_port
+from tests.conftest import ROOT, free_port
 
 
 @pytest.fixture(scope="session")
@@ -62,8 +66,6 @@ def api(prefect_server: dict, method: str, path: str, **kw) -> httpx.Response:
 def deployed_worker(prefect_server: dict, config: Path, pool: str, log_path: Path) -> Iterator[dict[str, dict]]:
     """The project's deployments registered for `config` on `pool`, and a process worker running them
     (as from the UI); yields the deployments by name. The worker is our own process group, ended after."""
-    from tests.conftest import ROOT
-
     env = {**os.environ, **prefect_server}
     deploy = subprocess.run([sys.executable, "-m", "deployments.deploy", "--config", str(config), "--pool", pool],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -82,3 +84,52 @@ def deployed_worker(prefect_server: dict, config: Path, pool: str, log_path: Pat
             os.killpg(worker.pid, signal.SIGKILL)
             worker.wait()
         log.close()
+
+
+# -- the demo pipeline, run once ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def e2e_workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("e2e")
+
+
+@pytest.fixture(scope="session")
+def e2e_config(e2e_workdir: Path) -> Path:
+    """The demo config, small: 308 training samples, 4 epochs (bounded by epochs, never by the clock)."""
+    data = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
+    data["name"] = "e2e"
+    data["host"].update(work_root=str(e2e_workdir / "runs"), python=str(ROOT / ".hostenv" / "bin" / "python"))
+    data["target"]["model_path"] = str(ROOT / "demo" / "target")
+    data["generate"].update(prompts_path=str(ROOT / "demo" / "prompts.jsonl"), num_samples=320, holdout=12,
+                            shard_size=160)
+    data["engine"]["port"] = free_port()
+    data["train"].update(epochs=4)
+    data["benchmark"].update(num_prompts=6, max_tokens=64, warmup_requests=1)
+    data["report_dir"] = str(e2e_workdir / "reports")
+    path = e2e_workdir / "e2e.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def run_flow(prefect_server: dict, *args: str, module: str = "flows.pipeline") -> subprocess.CompletedProcess:
+    """`python -m <module> ARGS` against the test's Prefect server, to its end."""
+    env = {**os.environ, **prefect_server}
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=1800)
+    print(proc.stdout[-6000:], proc.stderr[-6000:])
+    return proc
+
+
+def last_report(proc: subprocess.CompletedProcess) -> dict:
+    """The report.json the flow printed last (`report: PATH`)."""
+    line = [x for x in proc.stdout.splitlines() if x.startswith("report: ")][-1]
+    return json.loads(Path(line.split("report: ", 1)[1]).read_text())
+
+
+@pytest.fixture(scope="session")
+def first_run(prefect_server, e2e_config) -> dict:
+    """The report of the first pipeline run of e2e_config: every stage computed."""
+    proc = run_flow(prefect_server, str(e2e_config))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    return last_report(proc)

@@ -1,3 +1,6 @@
+"""The run config (eagleflow.config): the shipped examples load, paths resolve, a bad field is named,
+overrides are validated, and a removed setting (train.time_budget_s) says what replaced it."""
+
 from pathlib import Path
 
 import pytest
@@ -66,3 +69,17 @@ def test_overrides_are_validated(tmp_path):
     assert load_config(p, {"benchmark.max_tokens": 7}).benchmark.max_tokens == 7
     with pytest.raises(ConfigError, match="benchmark.max_tokens"):
         load_config(p, {"benchmark.max_tokens": 0})
+
+
+def test_removed_time_budget_names_its_replacement(tmp_path):
+    data = demo_dict()
+    data["train"]["time_budget_s"] = 300
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, data))
+    msg = str(err.value)
+    assert "train" in msg and "time_budget_s is gone" in msg and "epochs or max_steps" in msg
+    with pytest.raises(ConfigError, match="time_budget_s is gone"):
+        load_config(ROOT / "configs" / "demo.yaml", {"train.time_budget_s": 150})
+    # What replaced it: step bounds, and a cap that is only a safety net.
+    cfg = load_config(ROOT / "configs" / "demo.yaml", {"train.max_steps": 50, "train.on_time_limit": "stop"})
+    assert (cfg.train.max_steps, cfg.train.on_time_limit, cfg.train.time_limit_s) == (50, "stop", 3600)

@@ -1,4 +1,5 @@
-"""Host-side job control (eagleflow.jobs) on this machine: start, re-attach rules, stop, registry, lease."""
+"""Host-side job control (eagleflow.jobs) on this machine: start, re-attach rules, stop, registry, lease.
+Real supervisor and stage processes; their process groups are looked at through /proc."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from eagleflow import jobs
+from tests.helpers.procs import group_alive
 
 
 def spec(root: Path, argv: list[str], owner: str = "flow-1", attempt: str = "task-1") -> dict:
@@ -84,15 +86,24 @@ def test_stop_signals_only_a_live_job_of_its_own(tmp_path):
 
 
 def test_stop_owner_ends_the_jobs_of_one_flow_run(tmp_path):
-    mine = jobs.start(tmp_path / "a", spec(tmp_path, ["sleep", "60"], owner="flow-1"))
-    theirs = jobs.start(tmp_path / "b", spec(tmp_path, ["sleep", "60"], owner="flow-1", attempt="t2"))
+    first = jobs.start(tmp_path / "a", spec(tmp_path, ["sleep", "60"], owner="flow-1"))
+    second = jobs.start(tmp_path / "b", spec(tmp_path, ["sleep", "60"], owner="flow-1", attempt="t2"))
     other_root = tmp_path / "other"
     other = jobs.start(other_root / "c", spec(other_root, ["sleep", "60"], owner="flow-2"))
+    assert all(group_alive(j["pid"]) for j in (first, second, other))
     result = jobs.stop_owner(tmp_path, "flow-1", grace_s=2)
     assert sorted(result["stopped"]) == sorted([str(tmp_path / "a"), str(tmp_path / "b")])
-    assert jobs.Job(other_root / "c").running()
+    # Each stopped job's whole process group (supervisor and stage) is gone, and its stage ended by the
+    # SIGTERM (the supervisor outlives it to record that); the other flow run's job was not touched.
+    for job in (first, second):
+        assert not group_alive(job["pid"]), f"job group {job['pid']} outlived stop_owner"
+        status = jobs.Job(job["job_dir"]).status()
+        assert (status["state"], status["returncode"]) == ("exited", -signal.SIGTERM), status
+    assert jobs.running_jobs(tmp_path) == []
+    assert jobs.Job(other_root / "c").running() and group_alive(other["pid"])
+    assert [j["owner"] for j in jobs.running_jobs(other_root)] == ["flow-2"]
     jobs.stop(other_root / "c", grace_s=2)
-    assert mine["pid"] != theirs["pid"] != other["pid"]
+    assert not group_alive(other["pid"])
 
 
 def test_follow_streams_until_the_job_ends(tmp_path):

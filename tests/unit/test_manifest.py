@@ -1,12 +1,11 @@
-import json
-from pathlib import Path
+"""Stage keys and manifests (eagleflow.manifest): a setting changes the key of exactly the stages that
+depend on it, runtime settings change none, and a manifest round-trips through its file."""
 
 import pytest
 
 from eagleflow.config import load_config
-from eagleflow.manifest import Manifest, read_manifest, stage_key, write_json_atomic, write_manifest
-
-ROOT = Path(__file__).resolve().parents[2]
+from eagleflow.manifest import Manifest, read_manifest, stage_key, write_manifest
+from tests.conftest import ROOT
 
 
 def keys(cfg):
@@ -29,6 +28,18 @@ def test_train_settings_change_train_and_downstream():
     base = keys(load_config(ROOT / "configs" / "demo.yaml"))
     other = keys(load_config(ROOT / "configs" / "demo.yaml", {"train.learning_rate": 0.0005}))
     assert {s for s in base if base[s] != other[s]} == {"train", "export", "benchmark"}
+    bounded = keys(load_config(ROOT / "configs" / "demo.yaml", {"train.max_steps": 100}))
+    assert {s for s in base if base[s] != bounded[s]} == {"train", "export", "benchmark"}  # a bound is a setting
+
+
+@pytest.mark.parametrize("override", [
+    {"train.time_limit_s": 7200},  # a safety cap: raised, the same stage dir resumes
+    {"train.nproc": 2, "train.grad_accum_steps": 4},
+    {"train.num_threads": 1, "train.log_every_steps": 7, "train.checkpoint_every_steps": 9},
+])
+def test_train_runtime_settings_do_not_change_keys(override):
+    base = keys(load_config(ROOT / "configs" / "demo.yaml"))
+    assert keys(load_config(ROOT / "configs" / "demo.yaml", override)) == base
 
 
 def test_engine_port_does_not_change_data_keys():
@@ -42,18 +53,9 @@ def test_missing_upstream_key_is_an_error():
         stage_key("extract", load_config(ROOT / "configs" / "demo.yaml"), {})
 
 
-def test_manifest_roundtrip_and_atomic_write(tmp_path):
+def test_manifest_roundtrip(tmp_path):
     m = Manifest(stage="train", key="abc", dir=str(tmp_path / "train" / "abc"), metrics={"loss": 1.5})
     path = write_manifest(m)
+    assert path == tmp_path / "train" / "abc" / "manifest.json"
     assert read_manifest(path) == m
-
-    class Boom:
-        pass
-
-    target = tmp_path / "x.json"
-    write_json_atomic(target, {"ok": 1})
-    with pytest.raises(TypeError):
-        write_json_atomic(target, {"bad": Boom()})
-    # The failed write left the earlier complete file and no temp file behind.
-    assert json.loads(target.read_text()) == {"ok": 1}
-    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+    assert [p.name for p in path.parent.iterdir()] == ["manifest.json"]  # written atomically: no temp file left

@@ -1,63 +1,60 @@
-"""The benchmark's verdict on measured windows: speedups, and the engine-integration suspicion."""
+"""The benchmark's verdict on measured windows (eagleflow.verdict): speedups, the engine-integration
+suspicion, and the markdown table. Windows are eagleflow.outputs.Measurement records."""
 
 from __future__ import annotations
 
+from eagleflow.outputs import ProductionResult
 from eagleflow.verdict import judge, render_markdown
-
-
-def window(variant, tok_s, al=None, t=0.0, c=1, pos=None):
-    w = {"variant": variant, "temperature": t, "concurrency": c, "output_tok_s": tok_s, "ttft_ms": 50.0,
-         "tpot_ms": 10.0, "itl_ms": 20.0}
-    if al is not None:
-        w.update(mean_acceptance_length=al, acceptance_rate=(al - 1) / 3, per_position_acceptance=pos or [0.5] * 3)
-    return w
+from tests.helpers.records import window
 
 
 def test_a_good_drafter_matching_its_offline_estimate():
     ws = [window("baseline", 100), window("current", 120, 2.4), window("drafter", 140, 3.3),
           window("baseline", 300, c=4), window("current", 330, 2.4, c=4), window("drafter", 360, 3.2, c=4)]
     v = judge(ws, {"drafter": 3.4, "current": None}, suspect_ratio=0.6)
-    assert not v["integration_suspect"]
-    assert v["headline"]["drafter_vs_baseline"] == 1.4 and abs(v["headline"]["drafter_vs_current"] - 140 / 120) < 1e-9
-    assert "agrees with the offline estimate" in v["summary"] and "1.40x" in v["summary"]
-    assert [r["concurrency"] for r in v["speedups"]] == [1, 4]
+    assert not v.integration_suspect
+    assert v.headline.drafter_vs_baseline == 1.4 and abs(v.headline.drafter_vs_current - 140 / 120) < 1e-9
+    assert "agrees with the offline estimate" in v.summary and "1.40x" in v.summary
+    assert [r.concurrency for r in v.speedups] == [1, 4]
 
 
 def test_the_story_two_drafters_at_15_percent_is_the_engine_not_the_drafter():
     # The new drafter scored AL 3.1 offline; on the engine both it and the public drafter reach ~1.45.
     ws = [window("baseline", 82.5), window("current", 55, 1.44), window("drafter", 54, 1.45)]
     v = judge(ws, {"drafter": 3.1, "current": None}, suspect_ratio=0.6)
-    assert v["integration_suspect"]
-    text = " ".join(v["findings"])
+    assert v.integration_suspect
+    text = " ".join(v.findings)
     assert "ENGINE INTEGRATION SUSPECT" in text and "scores the same (1.44 vs 1.45)" in text
-    assert "slower than no speculation" in text and "engine integration is suspect" in v["summary"]
+    assert "slower than no speculation" in text and "engine integration is suspect" in v.summary
 
 
 def test_only_the_new_drafter_low_points_at_its_export():
     ws = [window("baseline", 100), window("current", 130, 2.6), window("drafter", 90, 1.3)]
     v = judge(ws, {"drafter": 3.2, "current": None}, suspect_ratio=0.6)
-    assert not v["integration_suspect"]
-    assert any("suspect the new drafter's export" in f for f in v["findings"])
+    assert not v.integration_suspect
+    assert any("suspect the new drafter's export" in f for f in v.findings)
 
 
 def test_low_without_a_second_drafter_is_suspect_and_says_how_to_get_evidence():
     ws = [window("baseline", 100), window("drafter", 95, 1.2)]
     v = judge(ws, {"drafter": 3.0}, suspect_ratio=0.6)
-    assert v["integration_suspect"] and any("benchmark.current_drafter" in f for f in v["findings"])
+    assert v.integration_suspect and any("benchmark.current_drafter" in f for f in v.findings)
 
 
 def test_no_offline_estimate_no_suspicion_and_sampled_windows_are_not_compared():
     ws = [window("baseline", 100), window("drafter", 150, 2.9), window("baseline", 90, t=0.7),
           window("drafter", 100, 1.1, t=0.7)]
     v = judge(ws, {"drafter": None}, suspect_ratio=0.6)
-    assert not v["integration_suspect"] and v["findings"] == []
+    assert not v.integration_suspect and v.findings == []
     v = judge(ws, {"drafter": 3.0}, suspect_ratio=0.6)
-    assert not v["integration_suspect"]  # temperature 0 only: 1.9 / 2.0 accepted per step
+    assert not v.integration_suspect  # temperature 0 only: 1.9 / 2.0 accepted per step
 
 
 def test_markdown_table_has_every_window_and_the_verdict():
     ws = [window("baseline", 100), window("drafter", 140, 3.3, pos=[0.9, 0.8, 0.6])]
     v = judge(ws, {"drafter": 3.4}, suspect_ratio=0.6)
-    md = render_markdown("Benchmark demo", ws, v, 3, production={"ok": True, "token": "x"})
+    # The guardian's record holds more than the report shows (its token, for one): not printed.
+    production = ProductionResult.model_validate({"ok": True, "token": "x"})
+    md = render_markdown("Benchmark demo", ws, v, 3, production=production)
     assert "| drafter | 0 | 1 | 140.0 | 1.40x |" in md and "0.90 / 0.80 / 0.60" in md
     assert md.count("\n| baseline") == 1 and "**Verdict:**" in md and "- ok: True" in md and "- token:" not in md

@@ -1,0 +1,15 @@
+"""What the drafter package raises; each message names the file or field and what to do."""
+
+from __future__ import annotations
+
+
+class FormatError(ValueError):
+    """A checkpoint or target directory that cannot be used; the message names the file."""
+
+
+class DataError(ValueError):
+    """Extracted data that cannot be trained on; the message names the file."""
+
+
+class TrainError(RuntimeError):
+    """Training cannot proceed; the message says why and what to change."""

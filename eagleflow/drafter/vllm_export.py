@@ -1,0 +1,127 @@
+"""A trainer checkpoint -> the drafter directory vLLM loads as EAGLE-3.
+
+vLLM layout (`LlamaForCausalLMEagle3`, vllm/model_executor/models/llama_eagle3.py, vLLM 0.32):
+checkpoint names are the module names below `model.` (the loader prefixes `model.` to every name
+without `lm_head`, maps `q/k/v_proj` -> `qkv_proj` and `gate/up_proj` -> `gate_up_proj`):
+
+    fc.weight                                   [H, 3*H_target]
+    input_norm.weight                           [3*H_target]     only with norm_before_fc
+    layers.0.input_layernorm.weight             [H]              normalises the token embedding
+    layers.0.hidden_norm.weight                 [H]              normalises the fed hidden state
+    layers.0.self_attn.{q,k,v}_proj.weight      [heads*hd, 2*H]
+    layers.0.self_attn.o_proj.weight            [H, heads*hd]
+    layers.0.post_attention_layernorm.weight    [H]
+    layers.0.mlp.{gate,up}_proj.weight          [I, H];  layers.0.mlp.down_proj.weight [H, I]
+    norm.weight                                 [H]
+    lm_head.weight                              [draft_vocab_size, H]
+    d2t                                         int64 [draft_vocab_size]: target_id = draft_id + d2t[draft_id]
+    t2d                                         bool [vocab_size] (vLLM skips it; SGLang reads it)
+                                                both only when the draft vocabulary is smaller than
+                                                the target's: vLLM allocates draft_id_to_target_id
+                                                only then, and an unexpected d2t fails its loader
+
+No `embed_tokens`: vLLM then shares the target's embedding. The config.json is a Llama config with
+`architectures: ["LlamaForCausalLMEagle3"]`, `num_hidden_layers: 1`, `vocab_size` = the target's,
+`draft_vocab_size`, `target_hidden_size`, `eagle_aux_hidden_state_layer_ids` (vLLM convention: the
+input to decoder layer k; read by the target's model runner to pick the states), `norm_before_fc`,
+`norm_before_residual`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from eagleflow.drafter.checkpoint import load_checkpoint, vocab_tensors
+from eagleflow.drafter.errors import FormatError
+from eagleflow.drafter.model import DrafterArch
+from eagleflow.drafter.vocab import DraftVocab
+from eagleflow.files import fresh_temp_dir, replace_dir
+
+VLLM_ARCHITECTURE = "LlamaForCausalLMEagle3"
+
+
+def vllm_weight_names(arch: DrafterArch, vocab: DraftVocab) -> list[str]:
+    names = ["fc.weight", "norm.weight", "lm_head.weight"]
+    if arch.norm_before_fc:
+        names.append("input_norm.weight")
+    layer = "layers.0."
+    names += [layer + n + ".weight" for n in ("input_layernorm", "hidden_norm", "post_attention_layernorm")]
+    names += [f"{layer}self_attn.{p}.weight" for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    names += [f"{layer}mlp.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")]
+    if not vocab.is_full:
+        names += ["d2t", "t2d"]
+    return sorted(names)
+
+
+def vllm_config(arch: DrafterArch, aux_layer_ids: list[int], dtype: str = "bfloat16",
+                extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """config.json of the drafter as vLLM 0.32 reads it (a LlamaConfig plus the EAGLE-3 keys)."""
+    if len(aux_layer_ids) != arch.num_aux_hidden_states:
+        raise FormatError(
+            f"{len(aux_layer_ids)} aux layer ids {aux_layer_ids} for a drafter trained on "
+            f"{arch.num_aux_hidden_states} target states"
+        )
+    return {
+        "architectures": [VLLM_ARCHITECTURE],
+        "model_type": "llama",
+        "hidden_size": arch.hidden_size,
+        "intermediate_size": arch.intermediate_size,
+        "num_hidden_layers": 1,
+        "num_attention_heads": arch.num_attention_heads,
+        "num_key_value_heads": arch.num_key_value_heads,
+        "head_dim": arch.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": arch.rms_norm_eps,
+        "rope_theta": arch.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": arch.rope_theta},
+        "max_position_embeddings": arch.max_position_embeddings,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "vocab_size": arch.vocab_size,
+        "draft_vocab_size": arch.draft_vocab_size,
+        "target_hidden_size": arch.target_hidden_size,
+        "num_aux_hidden_states": arch.num_aux_hidden_states,
+        "eagle_aux_hidden_state_layer_ids": list(aux_layer_ids),
+        "norm_before_fc": arch.norm_before_fc,
+        "norm_before_residual": arch.norm_before_residual,
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": list(aux_layer_ids),
+            "use_aux_hidden_state": True,
+            "norm_before_fc": arch.norm_before_fc,
+        },
+        "torch_dtype": dtype,
+        "dtype": dtype,
+        **({"eagleflow": extra} if extra else {}),
+    }
+
+
+def export_vllm(checkpoint: str | Path, out_dir: str | Path, aux_layer_ids: list[int],
+                dtype: str = "bfloat16") -> Path:
+    """Write `out_dir/` (config.json + model.safetensors) from a trainer checkpoint; temp dir, then rename."""
+    arch, weights, vocab, meta = load_checkpoint(checkpoint)
+    trained_on = meta.get("aux_layer_ids")
+    if trained_on is not None and list(trained_on) != list(aux_layer_ids):
+        raise FormatError(
+            f"the drafter in {checkpoint} was trained on aux layers {trained_on} but the export asks for "
+            f"{aux_layer_ids}: serving it with other layers collapses acceptance; retrain or fix target.aux_layer_ids"
+        )
+    torch_dtype = getattr(torch, dtype)
+    tensors = {n: w.to(torch_dtype).contiguous() for n, w in weights.items()}
+    tensors.update(vocab_tensors(vocab))
+    expected = vllm_weight_names(arch, vocab)
+    if sorted(tensors) != expected:
+        raise FormatError(f"checkpoint {checkpoint} has tensors {sorted(tensors)}, expected {expected}")
+    final = Path(out_dir)
+    tmp = fresh_temp_dir(final)
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    extra = {"checkpoint": str(checkpoint), "epoch": meta.get("epoch"), "provenance": meta.get("provenance"),
+             "validation": meta.get("validation")}
+    (tmp / "config.json").write_text(json.dumps(vllm_config(arch, aux_layer_ids, dtype, extra), indent=2))
+    replace_dir(tmp, final)
+    return final

@@ -1,0 +1,82 @@
+"""Every check for one target and its drafters, in this Python (the host environment)."""
+
+from __future__ import annotations
+
+import sys
+
+from eagleflow.config import EngineConfig
+from eagleflow.engines.preflight.configs import drafter_fields, is_multimodal_config, read_config, safetensors_shapes, text_config
+from eagleflow.engines.preflight.dimensions import check_dimensions, fc_num_states
+from eagleflow.engines.preflight.findings import Finding
+from eagleflow.engines.preflight.layer_ids import check_aux_layer_ids
+from eagleflow.engines.preflight.resources import check_disk, check_gpus
+from eagleflow.engines.preflight.sglang import sglang_checks
+from eagleflow.engines.preflight.vllm import VllmInstall, default_aux_ids, drafter_arch, multimodal_checks, target_checks
+
+
+def run_preflight(engine: EngineConfig, target_path: str, drafters: dict[str, str], *,
+                  expected_aux_layer_ids: dict[str, list[int]] | None = None,
+                  free_disk_path: str | None = None, check_gpu: bool = True) -> list[Finding]:
+    """Every check for one target and its drafters (variant name -> drafter dir), in this python.
+
+    `expected_aux_layer_ids[name]`: the ids (vLLM convention) the drafter `name` was trained on, when known.
+    `check_gpu=False` skips the GPU-memory check (e.g. while production still holds the GPUs).
+    """
+    expected_aux_layer_ids = expected_aux_layer_ids or {}
+    findings: list[Finding] = []
+    target_cfg, problem = read_config(target_path)
+    if problem is not None:
+        findings.append(Finding("target_config", problem.level, problem.message))
+    target_text = text_config(target_cfg) if target_cfg else {}
+    num_layers = target_text.get("num_hidden_layers")
+
+    v: VllmInstall | None = None
+    target_cls = hf_config = None
+    if engine.kind == "vllm":
+        try:
+            v = VllmInstall()
+            findings.append(Finding("engine", "ok", f"vllm {v.version} in {sys.executable}"))
+        except Exception as exc:  # noqa: BLE001
+            findings.append(Finding("engine", "error", f"vllm is not importable in {sys.executable}: "
+                                    f"{type(exc).__name__}: {exc}. Fix: install vLLM in the host environment"))
+        if v is not None and target_cfg is not None:
+            more, target_cls, hf_config = target_checks(v, target_path, target_cfg, engine.trust_remote_code)
+            findings += more
+            if is_multimodal_config(target_cfg):
+                findings += multimodal_checks(v, target_cls, hf_config, f"{target_path}/config.json")
+    else:
+        findings += sglang_checks(target_cfg or {}, target_path)
+
+    default_ids = default_aux_ids(v, target_cls, int(num_layers)) if v is not None and num_layers else None
+    for name, drafter_dir in drafters.items():
+        cfg, problem = read_config(drafter_dir)
+        if problem is not None:
+            findings.append(Finding(f"drafter_config[{name}]", "error", problem.message))
+            continue
+        fields = drafter_fields(cfg)
+        if v is not None:
+            findings.append(drafter_arch(v, name, drafter_dir, cfg))
+        try:
+            shapes = safetensors_shapes(drafter_dir)
+        except Exception as exc:  # noqa: BLE001
+            findings.append(Finding(f"dimensions[{name}]", "error", f"cannot read the safetensors headers in "
+                                    f"{drafter_dir}: {type(exc).__name__}: {exc}"))
+            shapes = {}
+        if not shapes and not any(f.check == f"dimensions[{name}]" for f in findings):
+            findings.append(Finding(f"dimensions[{name}]", "error", f"no *.safetensors in {drafter_dir}"))
+        if target_cfg is not None:
+            findings += check_dimensions(name, target_text, fields, shapes, drafter_dir)
+            if num_layers:
+                findings += check_aux_layer_ids(
+                    name, fields["eagle_aux_hidden_state_layer_ids"], int(num_layers),
+                    default_ids if engine.kind == "vllm" else [2, int(num_layers) // 2, int(num_layers) - 3],
+                    expected_aux_layer_ids.get(name),
+                    fc_num_states(shapes, fields.get("target_hidden_size") or fields.get("hidden_size")),
+                    engine.kind, f"{drafter_dir}/config.json")
+
+    if free_disk_path:
+        findings.append(check_disk(free_disk_path, engine.min_free_disk_gib))
+    if check_gpu:
+        need = engine.min_free_gpu_fraction or (engine.gpu_memory_utilization or 0.0)
+        findings += check_gpus(need)
+    return findings

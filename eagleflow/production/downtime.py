@@ -1,0 +1,233 @@
+"""The stage's side: production stopped for a block of work and given back by the guardian, whatever happens.
+
+    with production_stopped(cfg, stage_dir, work_root=...) as downtime:
+        ... engines, each with downtime.engine_env() ...
+
+The stage takes an flock on `production.hold`, starts the guardian (its own session) and waits for it
+to watch, then stops production. Leaving the block releases the hold; the guardian then restores
+production and writes its result, which the block waits for (not on cancellation: it leaves at once).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from eagleflow.files import read_json, write_json_atomic
+from eagleflow.locks import try_lock
+from eagleflow.procs import wait_until
+from eagleflow.production.ownership import STOP_ENV, TOKEN_ENV
+from eagleflow.production.service import ProductionError, ProductionService, ServiceSettings, _default_logger, \
+    settings_dict
+from eagleflow.production.state import COMMANDS_LOG, GUARDIAN_LOG, HOLD, POLL_S, RECORD, RESULT, WATCHING, \
+    guardian_alive, tail
+
+if TYPE_CHECKING:
+    from eagleflow.config import ProductionConfig
+
+LogFn = Callable[[str], None]
+GUARDIAN_START_S = 30.0  # the guardian must confirm it is watching within this, or nothing is stopped
+RESULT_MARGIN_S = 120.0  # the stage waits restore_timeout_s + this for the guardian's result
+
+
+def _write_record(path: Path, data: dict[str, Any]) -> None:
+    write_json_atomic(path, data, indent=1)
+
+
+@dataclass
+class Downtime:
+    """Production stopped for a block of work: what the block gets inside `production_stopped`."""
+
+    state_dir: Path
+    token: str
+    was_running: bool
+    kind: str = "none"
+    stopped_s: float | None = None
+    result: dict[str, Any] | None = None  # the guardian's result (+ "summary"), once the block has been left
+
+    def engine_env(self) -> dict[str, str]:
+        """Add to every engine's environment: how the guardian (and `owned`) knows it is ours."""
+        return {TOKEN_ENV: self.token}
+
+    def pid_file(self, name: str) -> Path:
+        """Where the pid of engine `name` goes (VllmServer writes it beside engine-<name>.log)."""
+        return self.state_dir / f"engine-{name}.pid"
+
+    def summary(self) -> str:
+        r = self.result or {}
+        if self.kind == "none":
+            return "no production service configured"
+        if not r.get("ok"):
+            return f"production NOT healthy: {r.get('error', 'no result from the guardian')}"
+        if not r.get("was_running"):
+            return "production was not running before the benchmark; it was left stopped"
+        if not r.get("started"):
+            return "production was never stopped; it answers healthy"
+        return f"production restored, healthy after {r['healthy_after_s']:.1f} s"
+
+
+def _wait_previous_guardian(state_dir: Path, timeout_s: float, log: LogFn) -> None:
+    """A cancelled attempt's guardian may still be restoring production: let it finish first."""
+    if not guardian_alive(state_dir):
+        return
+    log(f"a previous benchmark's guardian is still restoring production (see {state_dir / GUARDIAN_LOG}); waiting")
+    if not wait_until(lambda: not guardian_alive(state_dir), timeout_s):
+        raise ProductionError(
+            f"the guardian of a previous benchmark attempt in {state_dir} is still running after {timeout_s:.0f} s; "
+            f"see {state_dir / GUARDIAN_LOG}"
+        )
+
+
+def _inherited_was_running(state_dir: Path) -> bool:
+    """A previous attempt that stopped production and whose restore never finished (its guardian was
+    killed, or the start failed) left production down: that production is still ours to restore."""
+    before = read_json(state_dir / RECORD)
+    if not before or not before.get("was_running"):
+        return False
+    after = read_json(state_dir / RESULT)
+    return not (after and after.get("token") == before.get("token") and after.get("ok"))
+
+
+def _archive_previous(state_dir: Path) -> None:
+    """A retry overwrites production.json and the result: keep the previous attempt's in the guardian log."""
+    prev = {name: read_json(state_dir / name) for name in (RECORD, RESULT)}
+    if any(prev.values()):
+        with open(state_dir / GUARDIAN_LOG, "a") as f:
+            f.write(f"--- previous attempt: {json.dumps(prev)}\n")
+    (state_dir / RESULT).unlink(missing_ok=True)
+
+
+def _start_guardian(state_dir: Path, token: str) -> subprocess.Popen:
+    pkg_root = str(Path(__file__).resolve().parents[1])
+    env = {k: v for k, v in os.environ.items() if k not in (TOKEN_ENV, STOP_ENV)}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
+    with open(state_dir / GUARDIAN_LOG, "ab") as logf:
+        # Its own session: a cancellation ends the stage's process group, never the guardian.
+        proc = subprocess.Popen([sys.executable, "-m", "eagleflow.production.guardian", str(state_dir)],
+                                stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                env=env, cwd="/", start_new_session=True, close_fds=True)
+
+    def watching() -> bool:
+        mark = read_json(state_dir / WATCHING)
+        return bool(mark and mark.get("token") == token and guardian_alive(state_dir))
+
+    deadline = time.monotonic() + GUARDIAN_START_S
+    while not watching():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise ProductionError(
+                f"the production guardian did not start (exit {proc.poll()}); production was not stopped. "
+                f"Its log {state_dir / GUARDIAN_LOG}:\n{tail(state_dir / GUARDIAN_LOG)}"
+            )
+        time.sleep(0.02)
+    return proc  # it outlives us by design; waited for only after its result (no zombie if we live on)
+
+
+def _await_result(state_dir: Path, token: str, timeout_s: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        res = read_json(state_dir / RESULT)
+        if res and res.get("token") == token:
+            return res
+        if not guardian_alive(state_dir):
+            res = read_json(state_dir / RESULT)  # it may have written and exited between our two looks
+            if res and res.get("token") == token:
+                return res
+            return {"ok": False, "token": token, "error": "the guardian exited without a result; "
+                    f"its log:\n{tail(state_dir / GUARDIAN_LOG)}"}
+        if time.monotonic() > deadline:
+            return {"ok": False, "token": token, "error": f"no result from the guardian after {timeout_s:.0f} s; "
+                    f"it may still be restoring production. Its log:\n{tail(state_dir / GUARDIAN_LOG)}"}
+        time.sleep(POLL_S)
+
+
+@contextmanager
+def production_stopped(cfg: "ProductionConfig | ServiceSettings", state_dir: str | Path, *, work_root: str | Path,
+                       log: LogFn | None = None) -> Iterator[Downtime]:
+    """Production stopped for the block, restored afterwards by the guardian whatever happens.
+
+    On a normal exit or an exception, waits for the guardian's result and raises ProductionError when
+    production is not healthy again (chained to the block's own exception, if any). On SystemExit or
+    KeyboardInterrupt (a cancelled stage) leaves at once: the guardian does the work alone.
+    """
+    log = log or _default_logger.info
+    state_dir = Path(state_dir).resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_hex(16)
+    if cfg.kind == "none":
+        hold = Downtime(state_dir, token, was_running=False)
+        yield hold
+        hold.result = {"ok": True, "kind": "none", "was_running": False, "started": False,
+                       "summary": hold.summary()}
+        return
+
+    svc = ProductionService(cfg, log, state_dir / COMMANDS_LOG)
+    _wait_previous_guardian(state_dir, cfg.restore_timeout_s + RESULT_MARGIN_S, log)
+    was_running = svc.running_before()
+    if not was_running and _inherited_was_running(state_dir):
+        log("production is down because a previous attempt of this benchmark stopped it: it will be restored")
+        was_running = True
+    _archive_previous(state_dir)
+    hold = Downtime(state_dir, token, was_running, kind=cfg.kind)
+
+    hold_fd = try_lock(state_dir / HOLD)  # close-on-exec: engines never inherit it
+    if hold_fd is None:
+        raise ProductionError(f"{state_dir / HOLD} is held by another process: a second benchmark in the "
+                              "same directory; only one may run")
+    record = {"config": settings_dict(cfg), "was_running": was_running, "pid": os.getpid(), "pgid": os.getpgid(0),
+              "token": token, "work_root": str(Path(work_root).resolve()), "since": time.time()}
+    guardian: subprocess.Popen | None = None
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        if not released:
+            os.close(hold_fd)  # drops the flock: the guardian's signal to act
+            released = True
+
+    def restored() -> dict[str, Any]:
+        release()
+        hold.result = _await_result(state_dir, token, cfg.restore_timeout_s + RESULT_MARGIN_S)
+        hold.result["summary"] = hold.summary()  # the line the report shows
+        log(hold.result["summary"])
+        try:
+            assert guardian is not None
+            guardian.wait(timeout=10)  # it exits right after writing the result: reap it
+        except subprocess.TimeoutExpired:
+            pass
+        return hold.result
+
+    try:
+        _write_record(state_dir / RECORD, record)
+        guardian = _start_guardian(state_dir, token)
+        log(f"production guardian {guardian.pid} is watching (log: {state_dir / GUARDIAN_LOG})")
+        if was_running:
+            _write_record(state_dir / RECORD, {**record, "stopping": True})
+            hold.stopped_s = svc.stop(token)
+            _write_record(state_dir / RECORD, {**record, "stopping": True, "stopped_s": hold.stopped_s})
+        else:
+            log(f"production was not running ({cfg.health_url} does not answer): it will not be started afterwards")
+        yield hold
+    except (SystemExit, KeyboardInterrupt):
+        release()
+        if guardian is not None:
+            log(f"cancelled: the guardian restores production (log: {state_dir / GUARDIAN_LOG})")
+        raise
+    except BaseException as exc:
+        if guardian is None:  # nothing was stopped: there is nothing to restore
+            raise
+        if not restored().get("ok"):
+            raise ProductionError(f"{hold.summary()}; and before that: {type(exc).__name__}: {exc}") from exc
+        raise
+    else:
+        if not restored().get("ok"):
+            raise ProductionError(hold.summary())
+    finally:
+        release()

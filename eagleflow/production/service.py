@@ -1,0 +1,214 @@
+"""The production service, stopped, started and probed only through the operator's own means.
+
+A systemd unit (`systemctl stop|start|is-active <unit>`) or the configured stop/start argv; health is
+`health_url` answering 200. eagleflow never signals the production processes themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, Callable, Iterator, Protocol
+
+import httpx
+
+from eagleflow.procs import wait_until
+from eagleflow.production.ownership import STOP_ENV, TOKEN_ENV
+
+if TYPE_CHECKING:
+    from eagleflow.config import ProductionConfig
+
+LogFn = Callable[[str], None]
+HEALTH_TIMEOUT_S = 3.0  # one health probe; a loaded server still answers /health well within this
+
+_default_logger = logging.getLogger("eagleflow.production")
+
+
+class ProductionError(RuntimeError):
+    """Production could not be stopped or is not healthy again; the message says why and what to do."""
+
+
+class ServiceSettings(Protocol):
+    """What this module reads of eagleflow.config.ProductionConfig (the guardian rebuilds it from JSON)."""
+
+    kind: str
+    unit: str | None
+    user_unit: bool
+    start_command: list[str]
+    stop_command: list[str]
+    health_url: str | None
+    stop_timeout_s: float
+    restore_timeout_s: float
+    orphan_grace_s: float
+
+
+@dataclass
+class SettingsRecord:
+    kind: str = "none"
+    unit: str | None = None
+    user_unit: bool = False
+    start_command: list[str] = field(default_factory=list)
+    stop_command: list[str] = field(default_factory=list)
+    health_url: str | None = None
+    stop_timeout_s: float = 120.0
+    restore_timeout_s: float = 1800.0
+    orphan_grace_s: float = 20.0
+
+
+def settings_dict(cfg: ServiceSettings) -> dict[str, Any]:
+    return {k: getattr(cfg, k) for k in SettingsRecord.__dataclass_fields__}
+
+
+class ProductionService:
+    """Stop, start and probe production only through the operator's means; commands are argv lists."""
+
+    def __init__(self, cfg: "ProductionConfig | ServiceSettings", log: LogFn | None = None,
+                 output_log: Path | None = None):
+        self.cfg = cfg
+        self.log = log or _default_logger.info
+        self.output_log = output_log
+
+    # What would run (pure; tested without systemd).
+    def _systemctl(self, *args: str) -> list[str]:
+        assert self.cfg.unit, "production.unit is required for kind systemd"
+        return ["systemctl", *(["--user"] if self.cfg.user_unit else []), *args, self.cfg.unit]
+
+    def stop_argv(self) -> list[str]:
+        return self._systemctl("stop") if self.cfg.kind == "systemd" else list(self.cfg.stop_command)
+
+    def start_argv(self) -> list[str]:
+        return self._systemctl("start") if self.cfg.kind == "systemd" else list(self.cfg.start_command)
+
+    def is_active_argv(self) -> list[str]:
+        return self._systemctl("is-active")
+
+    def what(self) -> str:
+        return f"systemd unit {self.cfg.unit}" if self.cfg.kind == "systemd" else "the production service"
+
+    def healthy(self) -> bool:
+        if not self.cfg.health_url:
+            return False
+        try:
+            return httpx.get(self.cfg.health_url, timeout=HEALTH_TIMEOUT_S).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def unit_state(self) -> str | None:
+        """systemd's ActiveState of the unit (active, activating, deactivating, inactive, failed)."""
+        if self.cfg.kind != "systemd":
+            return None
+        try:
+            out = subprocess.run(self.is_active_argv(), capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() or None
+
+    def running_before(self) -> bool:
+        """Running = answering healthy, or (systemd) a unit that is up or coming up: both are restored."""
+        return self.healthy() or self.unit_state() in ("active", "activating", "reloading")
+
+    def _run(self, argv: list[str], timeout_s: float, why: str, mark: dict[str, str] | None = None) -> tuple[int, str]:
+        """Run argv (no shell) in a session of its own, output appended to the commands log.
+
+        Output goes to a file, not a pipe: a start command leaves a daemon behind that inherits its
+        stdout, and reading a pipe would then wait for the daemon to exit.
+        """
+        env = {k: v for k, v in os.environ.items() if k not in (TOKEN_ENV, STOP_ENV)}  # production is never "ours"
+        env.update(mark or {})
+        with self._output() as out:
+            out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {why}: {json.dumps(argv)}\n".encode())
+            out.flush()
+            start = out.tell()
+            try:
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                        env=env, cwd="/", start_new_session=True)
+            except OSError as exc:
+                return 127, f"cannot run {argv[0]}: {exc}"
+            try:
+                rc = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)  # the command we started, in its own session
+                proc.wait()
+                rc = -9
+                out.write(f"--- eagleflow: timed out after {timeout_s:.0f} s, killed\n".encode())
+            out.flush()
+            out.seek(start)
+            text = out.read().decode(errors="replace")
+            out.seek(0, os.SEEK_END)
+            out.write(f"--- exit status {rc}\n".encode())
+        return rc, "\n".join(text.strip().splitlines()[-20:])
+
+    @contextmanager
+    def _output(self) -> Iterator[IO[bytes]]:
+        if self.output_log is None:
+            with tempfile.TemporaryFile() as f:  # anonymous: nothing left on disk
+                yield f
+        else:
+            with open(self.output_log, "a+b") as f:
+                yield f
+
+    def _fix(self, action: str) -> str:
+        if self.cfg.kind == "systemd":
+            user = " --user" if self.cfg.user_unit else ""
+            return (f"check `systemctl{user} status {self.cfg.unit}` and `journalctl{user} -u {self.cfg.unit}`; "
+                    f"the host user must be allowed to {action} the unit (a polkit rule, or production.user_unit)")
+        return f"run production.{action}_command by hand on the host to see why it fails, and fix it"
+
+    def stop(self, token: str | None = None) -> float:
+        """Stop production and wait until it is down; returns seconds taken.
+
+        With a token, the stop command carries EAGLEFLOW_STOPPING=<token>: if the stage dies mid-stop,
+        the guardian waits for that command to finish before it judges whether production is down.
+        """
+        t0 = time.monotonic()
+        argv = self.stop_argv()
+        self.log(f"stopping {self.what()}: {' '.join(argv)}")
+        rc, out = self._run(argv, self.cfg.stop_timeout_s, "stop", {STOP_ENV: token} if token else None)
+        if rc != 0:
+            state = "it still answers healthy: nothing was stopped" if self.healthy() else \
+                "it no longer answers healthy: it will be started again"
+            raise ProductionError(
+                f"stopping production failed: `{' '.join(argv)}` exited with status {rc} ({state}).\n"
+                f"Its output:\n{out or '(none)'}\nFix: {self._fix('stop')}"
+            )
+
+        def down() -> bool:
+            return not self.healthy() and self.unit_state() not in ("active", "activating", "deactivating", "reloading")
+
+        if not wait_until(down, self.cfg.stop_timeout_s - (time.monotonic() - t0)):
+            raise ProductionError(
+                f"production still answers at {self.cfg.health_url} {self.cfg.stop_timeout_s:.0f} s after "
+                f"`{' '.join(argv)}` (exit 0); it would hold the GPUs and port the benchmark needs. "
+                f"Fix: {self._fix('stop')}, or raise production.stop_timeout_s"
+            )
+        took = time.monotonic() - t0
+        self.log(f"production stopped in {took:.1f} s")
+        return took
+
+    def start(self) -> None:
+        argv = self.start_argv()
+        self.log(f"starting {self.what()}: {' '.join(argv)}")
+        rc, out = self._run(argv, self.cfg.restore_timeout_s, "start")
+        if rc != 0:
+            raise ProductionError(
+                f"starting production failed: `{' '.join(argv)}` exited with status {rc}.\n"
+                f"Its output:\n{out or '(none)'}\nFix: {self._fix('start')}"
+            )
+
+    def wait_healthy(self, timeout_s: float) -> float:
+        """Seconds until health answers 200; ProductionError after timeout_s."""
+        t0 = time.monotonic()
+        if not wait_until(self.healthy, timeout_s):
+            raise ProductionError(
+                f"production did not answer healthy at {self.cfg.health_url} within {timeout_s:.0f} s of being "
+                f"started (production.restore_timeout_s). Fix: {self._fix('start')}"
+            )
+        return time.monotonic() - t0

@@ -1,0 +1,69 @@
+"""The nightly retrain's promotion gate: a new drafter replaces the promoted one only if it is better.
+
+Pure: `decide(report, promoted, gate)` says yes or no, with every reason; the Prefect task only reads
+the record on the host, calls it and writes the new record. The promoted record lives at
+`<work_root>/promoted/<run name>.json`; the benchmark stage serves it as production's current
+drafter when `benchmark.current_drafter` is not set.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from eagleflow.report import Report
+
+
+class PromotionGate(BaseModel):
+    """The bar a nightly drafter must clear (besides beating the promoted one)."""
+
+    min_speedup: float = Field(1.0, ge=0, description="Promote only at or above this speedup over no speculation.")
+    min_acceptance_length: float = Field(1.5, ge=1, description="Promote only at or above this mean acceptance length.")
+
+
+class PromotionRecord(BaseModel):
+    """`<work_root>/promoted/<run>.json`: the drafter production should serve, and why it was promoted."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    drafter_dir: str = Field(description="The promoted drafter's directory on the host.")
+    mean_acceptance_length: float = Field(description="Its served AL at the benchmark's first setting.")
+    speedup: float = Field(description="Its speedup over no speculation at the first setting.")
+    report: str | None = Field(None, description="The report.json of the run that promoted it.")
+    run: str
+    created: str
+
+
+class Decision(BaseModel):
+    promote: bool
+    reasons: list[str] = Field(description="Why not (empty when promoted).")
+    record: PromotionRecord | None = Field(None, description="The record to write when promoted.")
+
+
+def promotion_record_path(work_root: str, run_name: str) -> str:
+    return f"{work_root.rstrip('/')}/promoted/{run_name}.json"
+
+
+def decide(report: Report, promoted: PromotionRecord | None, gate: PromotionGate) -> Decision:
+    """Promote the report's drafter iff it clears the gate, the engine side is not suspect, it serves at
+    least as fast as production's current drafter in the same benchmark, and its acceptance is not below
+    the promoted drafter's."""
+    al = report.drafter.mean_acceptance_length or 0.0
+    reasons = []
+    if report.speedup < gate.min_speedup:
+        reasons.append(f"speedup {report.speedup:.2f} < {gate.min_speedup}")
+    if al < gate.min_acceptance_length:
+        reasons.append(f"mean acceptance length {al:.2f} < {gate.min_acceptance_length}")
+    if report.verdict is not None and report.verdict.integration_suspect:
+        reasons.append("the benchmark found the engine integration suspect (serving acceptance far below the "
+                       "offline estimate): fix the engine side before promoting")
+    current = report.current  # production's drafter, measured in this very benchmark
+    if current is not None and report.drafter.output_tok_s < current.output_tok_s:
+        reasons.append(f"{report.drafter.output_tok_s:.1f} output tok/s < the current drafter's "
+                       f"{current.output_tok_s:.1f} in the same benchmark")
+    if promoted is not None and al < promoted.mean_acceptance_length:
+        reasons.append(f"mean acceptance length {al:.2f} < the promoted drafter's {promoted.mean_acceptance_length:.2f}")
+    if reasons or report.drafter_dir is None:
+        return Decision(promote=False, reasons=reasons or ["the report names no drafter directory"])
+    record = PromotionRecord(drafter_dir=report.drafter_dir, mean_acceptance_length=al, speedup=report.speedup,
+                             report=report.path, run=report.run, created=report.created)
+    return Decision(promote=True, reasons=[], record=record)

@@ -1,0 +1,44 @@
+"""The contract between the control side and a host-side stage: the request it reads, the error it raises.
+
+The control side writes `<stage_dir>/request.json` (a `StageRequest`) before the stage starts; the
+stage, `python -m eagleflow.stages.<stage> <stage_dir>/request.json`, writes its outputs under the
+stage directory and `manifest.json` last. Imports neither torch nor production control, so the
+Prefect side reads it cheaply.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from eagleflow.config import RunConfig
+from eagleflow.manifest import Manifest
+
+
+class StageError(RuntimeError):
+    """A failure whose message already says what is wrong and what to do; printed without a traceback."""
+
+
+class StageRequest(BaseModel):
+    """Written by the control side into the stage directory before the stage starts."""
+
+    stage: str = Field(description="The stage to run (generate, extract, train, export, benchmark, check).")
+    key: str = Field(description="The stage key: hash of its settings, upstream keys and code version.")
+    dir: str = Field(description="The stage directory on the host.")
+    config: RunConfig = Field(description="The whole validated run config.")
+    upstream: dict[str, Manifest] = Field(default_factory=dict, description="Upstream stage -> its manifest.")
+
+    @property
+    def path(self) -> Path:
+        return Path(self.dir)
+
+    def manifest(self, outputs: BaseModel | dict, metrics: BaseModel | dict | None = None,
+                 hashes: dict[str, str] | None = None, seconds: float = 0.0) -> Manifest:
+        """The stage's manifest; `outputs` and `metrics` are its typed records (eagleflow.outputs)."""
+        dump = lambda x: x.model_dump(mode="json") if isinstance(x, BaseModel) else dict(x or {})  # noqa: E731
+        return Manifest(
+            stage=self.stage, key=self.key, dir=self.dir,
+            upstream={s: m.key for s, m in self.upstream.items()},
+            outputs=dump(outputs), metrics=dump(metrics), hashes=hashes or {}, seconds=seconds,
+        )

@@ -1,0 +1,69 @@
+"""One pipeline at a time per GPU host, one connection to it per flow run, and no job left behind.
+
+Two locks, because runs come from two places. Runs in Prefect queue on a strict global concurrency
+limit named after the host (`eagleflow-host-<host.name>`, limit 1, created on first use). Anything
+else, a run against another Prefect server or a stage started by hand, meets the lease on the host
+itself (`<work_root>/.eagleflow/host.lock`), which fails fast and says who holds it.
+
+`host_slot` yields the flow run's one `Host`: every task of the run is given it, so an SSH host is
+connected once per flow run, not once per stage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+from prefect import get_run_logger
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+from prefect.concurrency.sync import concurrency
+from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+from eagleflow.config import RunConfig, load_config
+from eagleflow.hosts import Host, make_host
+from tasks.naming import flow_run_owner
+
+
+def limit_name(config: RunConfig) -> str:
+    return f"eagleflow-host-{config.host.name}"
+
+
+def ensure_limit(name: str) -> None:
+    """Create the host's limit (1 slot) unless it exists; an operator may have raised or paused it."""
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            with contextlib.suppress(ObjectAlreadyExists):  # another run created it meanwhile
+                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+
+
+@contextlib.contextmanager
+def host_slot(config: RunConfig, what: str) -> Iterator[Host]:
+    """Queue for the host's concurrency slot, then take the lease on the host; yield the run's host."""
+    logger = get_run_logger()
+    name = limit_name(config)
+    ensure_limit(name)
+    logger.info("waiting for host %s (Prefect global concurrency limit %r)", config.host.name, name)
+    with concurrency(name, occupy=1, strict=True):
+        with make_host(config.host) as host, host.lease(flow_run_owner(), what, log=logger.warning):
+            logger.info("holding host %s for %s", config.host.name, what)
+            yield host
+
+
+def stop_jobs_of_run(flow: Any, flow_run: Any, state: Any) -> None:
+    """on_cancellation / on_crashed hook: end every job this flow run still has on its host.
+
+    The dispatch already ends the job it follows when the flow is interrupted; this is the net for a
+    flow process that was killed outright (the runner calls the hook after killing it).
+    """
+    params = (flow_run.parameters or {}).get("params") or {}
+    try:
+        config = load_config(params.get("config_path", "configs/demo.yaml"), params.get("overrides") or {})
+    except Exception as exc:  # noqa: BLE001 - a hook must not raise; say why nothing was stopped
+        print(f"cannot stop the jobs of flow run {flow_run.id}: its config does not load: {exc}")
+        return
+    with make_host(config.host) as host:
+        stopped = host.stop_owner(str(flow_run.id))
+    print(f"flow run {flow_run.id} ended {state.name}: stopped {len(stopped)} job(s) on {config.host.name}: {stopped}")

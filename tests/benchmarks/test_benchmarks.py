@@ -1,0 +1,71 @@
+"""Each script in benchmarks/ runs once on a tiny budget, so a rename in the library breaks a test here,
+not a result months later. What they measure is not asserted (figures live in docs/benchmarks.md);
+that they run to the end, exit 0 and print their result is.
+
+dispatch.py runs in the control environment (.venv, paramiko) against a real sshd on loopback; the
+others in the host environment; compare_speculators.py --smoke starts real vLLM engines (generate,
+then the benchmark stage's two variants).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, free_port
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.integration
+
+BENCH = ROOT / "benchmarks"
+CONTROL_PY = ROOT / ".venv" / "bin" / "python"
+
+
+def run(argv: list, timeout: float) -> str:
+    proc = subprocess.run([str(a) for a in argv], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+@pytest.mark.skipif(not CONTROL_PY.exists() or not (shutil.which("sshd") or Path("/usr/sbin/sshd").exists()),
+                    reason="needs the control environment (.venv) and an sshd binary")
+def test_dispatch_overhead_runs():
+    out = run([CONTROL_PY, BENCH / "dispatch.py", "--rounds", "1"], timeout=120)
+    assert "dispatch overhead, per task (cold):" in out
+
+
+def test_train_gpu_runs_the_public_train_step_on_cpu():
+    out = run([sys.executable, BENCH / "train_gpu.py", "--tiny", "--device", "cpu", "--trainer", "eagleflow",
+               "--seq-len", "64", "--batch", "2", "--warmup", "1", "--iters", "2"], timeout=300)
+    assert "| eagleflow | 2 x 64 |" in out
+
+
+def test_ddp_runs_the_train_stage_at_one_and_two_ranks(tmp_path):
+    out_json = tmp_path / "ddp.json"
+    run([sys.executable, BENCH / "ddp_gpu.py", "--tiny", "--device", "cpu", "--work", tmp_path / "work",
+         "--runs", "r1a2", "r2a1", "--json-out", out_json], timeout=600)
+    result = json.loads(out_json.read_text())
+    assert set(result["runs"]) == {"r1a2", "r2a1"} and all(r["rc"] == 0 for r in result["runs"].values())
+    assert "dp" in result["pairs"]
+
+
+def test_train_under_load_trains_the_same_drafter(tmp_path):
+    out = run([sys.executable, BENCH / "train_under_load.py", "--synthetic", "--out", tmp_path], timeout=600)
+    assert "final weights identical: True" in out
+    result = json.loads((tmp_path / "under_load.json").read_text())
+    assert result["idle"]["steps"] == result["loaded"]["steps"] > 0
+
+
+def test_compare_speculators_smoke_runs_every_stage_and_serves(tmp_path):
+    out = run([sys.executable, BENCH / "compare_speculators.py", "--smoke", "--out", tmp_path,
+               "--port", str(free_port())], timeout=1500)
+    result = json.loads((tmp_path / "compare.json").read_text())
+    assert set(result["serving"]) == {"baseline", "eagleflow"}
+    assert result["serving"]["eagleflow"]["mean_acceptance_length"] >= 1.0
+    assert "| eagleflow |" in out

@@ -1,0 +1,87 @@
+"""The whole pipeline flow (flows.pipeline) under a real Prefect server, with real vLLM (CPU) and the
+demo target.
+
+Stages crossed: check -> generate (vLLM serves the target, reasoning parser on) -> extract
+(transformers forward) -> train (the drafter this test trains itself) -> export (vLLM layout) ->
+benchmark (vLLM with and without the drafter, acceptance from /metrics) -> report.
+The tests in this module share one work root (the session's `first_run`, tests/e2e/conftest.py) and
+run in order: a first run, a cached rerun, a rerun after a benchmark change and a deleted manifest,
+then failures that must stop before work. The benchmark-only flow, the promotion gate and the
+deployments read the same run: tests/e2e/flows/test_benchmark.py, tests/e2e/tasks/test_promote.py,
+tests/e2e/deployments/test_deploy.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import last_report, run_flow
+
+pytestmark = pytest.mark.e2e
+UPSTREAM = ("generate", "extract", "train", "export")
+
+
+def test_first_run_trains_a_drafter_that_vllm_accepts(first_run):
+    r = first_run
+    assert all(not r["stages"][s]["cached"] for s in (*UPSTREAM, "benchmark"))
+    assert r["baseline"]["output_tok_s"] > 0 and r["drafter"]["output_tok_s"] > 0
+    d = r["drafter"]
+    assert d["num_drafts"] > 0  # vLLM really drafted with the exported drafter
+    assert len(d["per_position_acceptance"]) == 3
+    # An untrained drafter scores 1.0; this one was trained by this test for 4 epochs.
+    assert d["mean_acceptance_length"] >= 1.8, d
+    assert 0 < d["acceptance_rate"] <= 1
+    assert r["speedup"] == pytest.approx(d["output_tok_s"] / r["baseline"]["output_tok_s"])
+    # Every variant x temperature x concurrency, and a verdict that trusts the engine: a drafter trained
+    # here serves at about its offline estimate.
+    assert {(w["variant"], w["temperature"], w["concurrency"]) for w in r["windows"]} == {
+        (v, t, c) for v in ("baseline", "drafter") for t in (0.0, 0.7) for c in (1, 4)}
+    assert not r["verdict"]["integration_suspect"] and "agrees with the offline estimate" in r["verdict"]["summary"]
+
+
+def test_report_artifact_is_on_the_server(first_run, prefect_server):
+    api = prefect_server["PREFECT_API_URL"]
+    arts = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["eagleflow-e2e"]}}}).json()
+    assert arts and "mean acceptance length" in arts[0]["data"] and "**Verdict:**" in arts[0]["data"]
+    bench = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["eagleflow-e2e-benchmark"]}}}).json()
+    assert bench and "| drafter | 0.7 | 4 |" in bench[0]["data"]
+
+
+def test_second_run_takes_every_stage_before_the_benchmark_from_cache(first_run, prefect_server, e2e_config):
+    proc = run_flow(prefect_server, str(e2e_config))
+    assert proc.returncode == 0
+    r = last_report(proc)
+    assert {s: r["stages"][s]["cached"] for s in UPSTREAM} == dict.fromkeys(UPSTREAM, True)
+    assert not r["stages"]["benchmark"]["cached"]
+    assert {s: r["stages"][s]["key"] for s in UPSTREAM} == {s: first_run["stages"][s]["key"] for s in UPSTREAM}
+
+
+def test_benchmark_change_and_a_vanished_manifest(first_run, prefect_server, e2e_config):
+    # The export manifest disappears from the host: its cached record must not be trusted.
+    Path(first_run["stages"]["export"]["manifest"]).unlink()
+    proc = run_flow(prefect_server, str(e2e_config), "--set", "benchmark.max_tokens=32")
+    assert proc.returncode == 0
+    r = last_report(proc)
+    assert {s: r["stages"][s]["cached"] for s in UPSTREAM} == {
+        "generate": True, "extract": True, "train": True, "export": False}
+    assert r["stages"]["export"]["key"] == first_run["stages"]["export"]["key"]
+    assert r["stages"]["benchmark"]["key"] != first_run["stages"]["benchmark"]["key"]
+    assert r["benchmark_settings"]["max_tokens"] == 32
+
+
+def test_bad_config_fails_before_any_work(prefect_server, e2e_config):
+    proc = run_flow(prefect_server, str(e2e_config), "--set", "generate.holdout=100000")
+    assert proc.returncode == 2 and "generate" in proc.stdout and "holdout" in proc.stdout
+
+
+def test_missing_model_path_fails_in_the_check_naming_the_field(prefect_server, e2e_config, e2e_workdir):
+    before = set((e2e_workdir / "runs").glob("*/*"))
+    proc = run_flow(prefect_server, str(e2e_config), "--set", "target.model_path=/nonexistent/target",
+                    "--set", "name=e2e-missing")
+    assert proc.returncode == 1
+    assert "target.model_path" in proc.stdout and "/nonexistent/target" in proc.stdout
+    created = {p for p in set((e2e_workdir / "runs").glob("*/*")) - before if p.parent.name != "check"}
+    assert created == set()  # no stage started

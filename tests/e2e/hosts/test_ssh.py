@@ -1,0 +1,263 @@
+"""The SSH host (eagleflow.hosts.ssh) against a real OpenSSH server on 127.0.0.1, through a relay that
+can cut the link.
+
+Jobs here are small shell or Python commands: what is under test is the host (detached jobs,
+re-attach, stop, lease, errors, a flow run's timeout), not a stage. The full pipeline over SSH is
+tests/e2e/flows/test_pipeline_ssh.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from eagleflow import jobs
+from eagleflow.config import HostConfig
+from eagleflow.hosts import ConnectionLost, HostAuthError, HostBusy, HostKeyError, HostUnreachable, LocalHost, StageFailed
+from eagleflow.hosts.ssh import SshHost
+from tests.conftest import ROOT, free_port
+from tests.helpers.procs import alive, group_alive
+from tests.sshd import Relay, keygen, start_sshd
+
+HOST_PY = str(ROOT / ".hostenv" / "bin" / "python")
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    server = start_sshd(tmp_path_factory.mktemp("sshd"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def relay(sshd):
+    r = Relay(sshd.port)
+    sshd.trust_port(r.port)
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def root(tmp_path) -> Path:
+    return tmp_path / "work"
+
+
+def host_config(sshd, root: Path, port: int | None = None, **kw) -> HostConfig:
+    fields = dict(kind="ssh", name="loopback", address="127.0.0.1", port=port or sshd.port, key_path=str(sshd.user_key),
+                  known_hosts=str(sshd.known_hosts), work_root=str(root), python=HOST_PY)
+    fields.update(kw)
+    return HostConfig(**fields)
+
+
+def test_job_runs_streams_its_log_and_reports_a_failure_with_its_cause(sshd, root):
+    lines: list[str] = []
+    with SshHost(host_config(sshd, root)) as host:
+        host.run_job(str(root / "ok"), [HOST_PY, "-c", "import os; print('hello', os.getpid())"], log=lines.append)
+        assert any(line.startswith("hello ") for line in lines)
+        with pytest.raises(StageFailed) as err:
+            host.run_job(str(root / "bad"), ["sh", "-c", "echo working; echo 'error: the disk is full'; exit 3"],
+                         log=lines.append)
+    assert err.value.returncode == 3
+    assert "the disk is full" in str(err.value).splitlines()[0] and "loopback" in str(err.value)
+    assert (root / "bad" / "job.exit").exists() and not (root / "bad" / "manifest.json").exists()
+
+
+def test_log_lines_arrive_while_the_job_runs(sshd, root):
+    seen: list[tuple[float, str]] = []
+    script = "import time\nfor i in range(3):\n    print('tick', i, flush=True); time.sleep(1)\n"
+    start = time.monotonic()
+    with SshHost(host_config(sshd, root)) as host:
+        host.run_job(str(root / "ticks"), [HOST_PY, "-c", script], log=lambda s: seen.append((time.monotonic() - start, s)))
+    ticks = [t for t, s in seen if s.startswith("tick")]
+    assert len(ticks) == 3
+    assert ticks[0] < ticks[-1] - 1.5  # the first line came ~2 s before the last, not at the end
+
+
+def test_cut_connection_then_retry_reattaches_and_the_job_runs_once(sshd, relay, root):
+    """The link drops mid-job: ConnectionLost (the retryable error), the job goes on; the retry with
+    the same attempt re-attaches and sees it finish. One process ever ran it."""
+    job_dir = root / "long"
+    script = "import os, time\nprint('pid', os.getpid(), flush=True)\nfor i in range(6):\n    print('step', i, flush=True); time.sleep(0.5)\n"
+    argv = [HOST_PY, "-c", script]
+    cfg = host_config(sshd, root, port=relay.port)
+    lines: list[str] = []
+
+    def cut_when_running() -> None:
+        while not any(s.startswith("step 1") for s in lines):
+            time.sleep(0.05)
+        relay.cut()
+
+    threading.Thread(target=cut_when_running, daemon=True).start()
+    with SshHost(cfg) as host, pytest.raises(ConnectionLost):
+        host.run_job(str(job_dir), argv, log=lines.append, owner="flow-1", attempt="task-1")
+    assert jobs.Job(job_dir).running()  # the job outlived the connection
+
+    again: list[str] = []
+    with SshHost(cfg) as host:
+        host.run_job(str(job_dir), argv, log=again.append, owner="flow-1", attempt="task-1")
+    assert any("re-attached" in s for s in again)
+    assert "step 5" in again[-1] or any("step 5" in s for s in again)
+    log = (job_dir / "stage.log").read_text()
+    assert log.count("pid ") == 1 and log.count("step 5") == 1
+    assert jobs.Job(job_dir).status()["returncode"] == 0
+
+
+def test_stop_ends_the_job_group_and_nothing_else(sshd, root):
+    bystander = subprocess.Popen(["sleep", "120"], start_new_session=True)  # ours, outside the job
+    job_dir = root / "stoppable"
+    cfg = host_config(sshd, root)
+    done = threading.Event()
+
+    def run() -> None:
+        with SshHost(cfg) as host, pytest.raises(StageFailed):
+            host.run_job(str(job_dir), ["sh", "-c", "sleep 300 & sleep 300 & wait"], log=lambda s: None)
+        done.set()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 20
+    while not jobs.Job(job_dir).running():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    pgid = jobs.Job(job_dir).pid()
+    assert pgid and group_alive(pgid)
+    start = time.monotonic()
+    with SshHost(cfg) as host:
+        result = host.stop_job(str(job_dir), grace_s=5)
+    assert result["stopped"] and not group_alive(pgid)
+    assert time.monotonic() - start < 10
+    assert alive(bystander.pid)
+    assert done.wait(20)  # the follower saw the end and reported the failure
+    bystander.terminate()
+    bystander.wait()
+
+
+def test_unknown_host_key_is_refused_once_naming_the_key_and_the_fix(sshd, relay, root, tmp_path):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    with pytest.raises(HostKeyError) as err:
+        SshHost(host_config(sshd, root, port=relay.port, known_hosts=str(empty))).connect()
+    msg = str(err.value)
+    assert "unknown ssh-ed25519 host key SHA256:" in msg and str(empty) in msg and "ssh-keyscan" in msg
+    assert relay.accepted == 1  # refused at once, not retried
+
+
+def test_changed_host_key_is_refused(sshd, root, tmp_path):
+    other = tmp_path / "other"
+    keygen(other)
+    kind, key, _ = Path(f"{other}.pub").read_text().split(maxsplit=2)
+    wrong = tmp_path / "known_hosts"
+    wrong.write_text(f"[127.0.0.1]:{sshd.port} {kind} {key}\n")
+    with pytest.raises(HostKeyError, match="CHANGED"):
+        SshHost(host_config(sshd, root, known_hosts=str(wrong))).connect()
+
+
+def test_wrong_key_fails_once_with_an_authentication_error(sshd, relay, root, tmp_path):
+    stranger = tmp_path / "stranger"
+    keygen(stranger)
+    with pytest.raises(HostAuthError) as err:
+        SshHost(host_config(sshd, root, port=relay.port, key_path=str(stranger))).connect()
+    assert "refused authentication" in str(err.value) and str(stranger) in str(err.value)
+    assert relay.accepted == 1  # no retry storm
+    with pytest.raises(HostAuthError, match="host.key_path"):
+        SshHost(host_config(sshd, root, key_path=str(tmp_path / "missing"))).connect()
+
+
+def test_unreachable_host_is_retried_with_backoff_then_named(sshd, root):
+    port = free_port()  # nothing listens there
+    start = time.monotonic()
+    with pytest.raises(HostUnreachable) as err:
+        SshHost(host_config(sshd, root, port=port, connect_attempts=3)).connect()
+    assert 2.5 < time.monotonic() - start < 15  # waited 1 s + 2 s between the three attempts
+    assert f"127.0.0.1:{port}" in str(err.value) and "3 attempts" in str(err.value)
+
+
+def test_the_lease_admits_one_run_whoever_started_it(sshd, root):
+    cfg = host_config(sshd, root)
+    with SshHost(cfg) as a, a.lease("flow-A", "pipeline a"):
+        with SshHost(cfg) as b, pytest.raises(HostBusy, match="flow-A"):
+            with b.lease("flow-B", "pipeline b"):
+                pass
+        # A run outside Prefect on the host itself meets the same lease.
+        with pytest.raises(HostBusy, match="pipeline a"):
+            with LocalHost("loopback", work_root=str(root)).lease("manual", "by hand"):
+                pass
+        # And a job of another run is refused while the lease is held.
+        with SshHost(cfg) as b, pytest.raises(HostBusy):
+            b.run_job(str(root / "intruder"), ["true"], log=lambda s: None, owner="flow-B", attempt="x")
+    with SshHost(cfg) as b, b.lease("flow-B", "pipeline b"):
+        pass  # free again once the holder's channel closed
+
+
+def test_a_dead_controller_frees_the_lease(sshd, root):
+    """The holder on the host lives only as long as the controller's channel."""
+    script = (
+        "import sys, time\nfrom eagleflow.config import HostConfig\nfrom eagleflow.hosts.ssh import SshHost\n"
+        "h = SshHost(HostConfig.model_validate_json(sys.argv[1]))\n"
+        "with h.lease('flow-dead', 'doomed'):\n    print('held', flush=True); time.sleep(300)\n"
+    )
+    cfg = host_config(sshd, root)
+    proc = subprocess.Popen([os.sys.executable, "-c", script, cfg.model_dump_json()], stdout=subprocess.PIPE,
+                            text=True, cwd=ROOT, start_new_session=True)
+    assert proc.stdout.readline().strip() == "held"
+    assert jobs.lease_holder(root)["owner"] == "flow-dead"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 15
+    while jobs.lease_holder(root) is not None:
+        assert time.monotonic() < deadline, "the lease outlived its controller"
+        time.sleep(0.1)
+
+
+def test_a_lease_lost_with_its_link_is_taken_back(sshd, relay, root):
+    said: list[str] = []
+    with SshHost(host_config(sshd, root, port=relay.port)) as host, host.lease("flow-A", "pipeline a", log=said.append):
+        first = jobs.lease_holder(root)
+        relay.cut()
+        deadline = time.monotonic() + 30
+        while True:
+            holder = jobs.lease_holder(root)
+            # Between a new holder's flock and its owner record the holder reads as {"owner": "unknown"}.
+            if holder and holder.get("pid") not in (None, first["pid"]):
+                break
+            assert time.monotonic() < deadline, f"the lease was not taken back: {said}"
+            time.sleep(0.2)
+        assert holder["owner"] == "flow-A"
+        assert any("held again" in s for s in said)
+    deadline = time.monotonic() + 15
+    while jobs.lease_holder(root) is not None:  # released at the end of the block
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+TIMEOUT_FLOW = """
+import json, sys
+from prefect import flow
+from eagleflow.config import HostConfig
+from eagleflow.hosts.ssh import SshHost
+
+@flow(timeout_seconds=3)
+def bounded(cfg: str, job_dir: str) -> None:
+    with SshHost(HostConfig.model_validate_json(cfg)) as host:
+        host.run_job(job_dir, ["sh", "-c", "sleep 120 & sleep 120 & wait"], log=print)
+
+state = bounded(sys.argv[1], sys.argv[2], return_state=True)
+print("STATE", state.type.value)
+"""
+
+
+def test_a_flow_run_timeout_ends_the_remote_job(prefect_server, sshd, root):
+    cfg = host_config(sshd, root)
+    proc = subprocess.run([sys.executable, "-c", TIMEOUT_FLOW, cfg.model_dump_json(), str(root / "job")], cwd=ROOT,
+                          env={**os.environ, **prefect_server}, capture_output=True, text=True, timeout=120)
+    assert "STATE FAILED" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    job = jobs.Job(root / "job")
+    assert job.status()["state"] == "exited" and not job.running()  # stopped on the way out, not left running
+    assert not group_alive(job.pid())

@@ -1,0 +1,1 @@
+"""Helpers the tests share (fixtures' building blocks); no tests here."""

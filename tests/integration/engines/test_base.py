@@ -1,0 +1,85 @@
+"""An engine server (eagleflow.engines.base.EngineServer) lives no longer than the stage that started
+it: a stage that is cancelled (SIGTERM, its `with` block ends the engine) or killed (SIGKILL, the
+engine dies with its parent) takes its engine with it, and nothing else. Real vLLM (CPU), through
+the generate stage."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from eagleflow.config import load_config
+from eagleflow.manifest import stage_dir, stage_key
+from eagleflow.request import StageRequest
+from tests.conftest import ROOT, free_port
+
+pytestmark = pytest.mark.integration
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is gone for our purposes (its parent has not reaped it yet).
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(") ", 1)[1][0] != "Z"
+
+
+def start_generate(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    cfg = load_config(ROOT / "configs" / "demo.yaml", {
+        "host.work_root": str(tmp_path / "runs"), "engine.port": free_port(),
+        "generate.num_samples": 1000, "generate.max_tokens": 512})
+    key = stage_key("generate", cfg, {})
+    d = Path(stage_dir(cfg, "generate", key))
+    d.mkdir(parents=True)
+    (d / "request.json").write_text(StageRequest(stage="generate", key=key, dir=str(d), config=cfg).model_dump_json())
+    proc = subprocess.Popen([sys.executable, "-m", "eagleflow.stages.generate", str(d / "request.json")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, d
+
+
+def wait_for_engine(d: Path, timeout: float = 120) -> int:
+    deadline = time.monotonic() + timeout
+    while not (d / "engine.pid").exists():
+        assert time.monotonic() < deadline, "the engine never started"
+        time.sleep(0.2)
+    time.sleep(3)  # let it spawn its own children
+    return int((d / "engine.pid").read_text())
+
+
+def wait_gone(pid: int, timeout: float = 30) -> bool:
+    deadline = time.monotonic() + timeout
+    while alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_ending_the_stage_ends_its_engine_only(tmp_path, sig):
+    bystander = subprocess.Popen(["sleep", "120"], start_new_session=True)  # not ours to end
+    proc, d = start_generate(tmp_path)
+    engine = None
+    try:
+        engine = wait_for_engine(d)
+        assert alive(engine)
+        os.killpg(proc.pid, sig)  # what a cancelled task does to the stage's group
+        proc.wait(timeout=60)
+        assert wait_gone(engine), f"engine {engine} outlived its stage after {sig.name}"
+        assert bystander.poll() is None
+        assert not (d / "manifest.json").exists()
+    finally:
+        for p in (proc, bystander):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        if engine is not None and alive(engine):  # a failed run: end the engine this test started
+            os.killpg(engine, signal.SIGKILL)

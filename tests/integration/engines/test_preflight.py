@@ -1,0 +1,196 @@
+"""Engine preflight (eagleflow.engines.preflight) against the real vLLM (CPU build) in the host
+environment: each integration failure is reported in seconds, naming its cause, before any weights load.
+
+Fixtures come from what the project ships: the demo target (a 4-layer Llama; aux ids [1, 2, 3]) and
+drafters built and exported with eagleflow.drafter (random weights: preflight reads only config.json
+and safetensors headers). Every case runs the real CLI as a subprocess, the way the benchmark stage does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if importlib.util.find_spec("vllm") is None:
+    pytest.skip("vLLM is not installed in this interpreter (run under .hostenv/bin/python)", allow_module_level=True)
+
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+from eagleflow.drafter.config import TrainConfig  # noqa: E402
+from eagleflow.drafter.checkpoint import save_checkpoint  # noqa: E402
+from eagleflow.drafter.target import arch_for_target, read_target_head  # noqa: E402
+from eagleflow.drafter.vllm_export import export_vllm  # noqa: E402
+from eagleflow.drafter.model import Eagle3Drafter  # noqa: E402
+from eagleflow.drafter.vocab import DraftVocab  # noqa: E402
+from tests.conftest import ROOT  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+DEMO_TARGET = ROOT / "demo" / "target"
+AUX_IDS = [1, 2, 3]  # the demo's target.aux_layer_ids (vLLM convention)
+DRAFT_VOCAB = 1024  # < the target's 2048, so the export carries d2t/t2d
+LIMIT_S = 30.0  # the issue's bound for one preflight
+
+
+def _export(tmp: Path, name: str, hidden_size: int | None = None) -> Path:
+    """A drafter exported by the project's own code for the demo target (or, with `hidden_size`, for a
+    model of another width: the same layer shape, another hidden size)."""
+    target = read_target_head(DEMO_TARGET)
+    arch = arch_for_target(target, TrainConfig(), DRAFT_VOCAB)
+    embed = target.embed_tokens
+    if hidden_size is not None:
+        arch = dataclasses.replace(arch, hidden_size=hidden_size, target_hidden_size=hidden_size)
+        embed = torch.randn(arch.vocab_size, hidden_size)
+    model = Eagle3Drafter(arch, embed)
+    vocab = DraftVocab(torch.arange(0, arch.vocab_size, 2), arch.vocab_size)  # every other id: d2t != 0
+    save_checkpoint(tmp / f"{name}-ckpt", model, vocab, {"aux_layer_ids": AUX_IDS})
+    return export_vllm(tmp / f"{name}-ckpt", tmp / name, AUX_IDS)
+
+
+def _copy_dir(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _edit_config(model_dir: Path, **changes) -> None:
+    path = model_dir / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg.update(changes)
+    path.write_text(json.dumps(cfg, indent=2))
+
+
+def _target_variant(tmp: Path, name: str, config: dict) -> Path:
+    """A target directory whose config.json is `config`; the other (small) files link to the demo's."""
+    out = tmp / name
+    out.mkdir()
+    for f in DEMO_TARGET.iterdir():
+        if f.name != "config.json":
+            (out / f.name).symlink_to(f)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("preflight")
+    clean = _export(tmp, "clean")
+    demo_cfg = json.loads((DEMO_TARGET / "config.json").read_text())
+
+    shifted = _copy_dir(clean, tmp / "shifted")
+    ids = [i - 1 for i in AUX_IDS]  # SpecForge/SGLang "output of layer i"
+    _edit_config(shifted, eagle_aux_hidden_state_layer_ids=ids,
+                 eagle_config={**json.loads((clean / "config.json").read_text())["eagle_config"],
+                               "eagle_aux_hidden_state_layer_ids": ids})
+
+    no_d2t = _copy_dir(clean, tmp / "no_d2t")
+    tensors = load_file(str(no_d2t / "model.safetensors"))
+    del tensors["d2t"], tensors["t2d"]
+    save_file(tensors, str(no_d2t / "model.safetensors"), metadata={"format": "pt"})
+
+    # MixtralForCausalLM: registered in vLLM 0.32 (Llama-shaped config), no SupportsEagle3.
+    mixtral = _target_variant(tmp, "mixtral_target", {**demo_cfg, "architectures": ["MixtralForCausalLM"]})
+
+    # A Kimi-K2.5-shaped multimodal wrapper around the demo's text model. vLLM's EAGLE proposer reads
+    # `media_placeholder_token_id` from this class's config (llm_base_proposer.load_model).
+    text = {**demo_cfg, "architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2"}
+    kimi = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+            "text_config": text, "vision_config": {"model_type": "kimi_k25_vision"}, "image_token_id": 7}
+    kimi_bad = _target_variant(tmp, "kimi_no_placeholder", kimi)
+    kimi_good = _target_variant(tmp, "kimi_ok", {**kimi, "media_placeholder_token_id": 7})
+    return {"clean": clean, "shifted": shifted, "wide": _export(tmp, "wide", hidden_size=384), "no_d2t": no_d2t,
+            "mixtral": mixtral, "kimi_bad": kimi_bad, "kimi_good": kimi_good, "tmp": tmp}
+
+
+def _preflight(case: str, tmp: Path, target: Path, drafter: Path, expected: list[int] | None = AUX_IDS
+               ) -> tuple[int, list[dict], str]:
+    """Run the CLI like the benchmark stage does; returns (exit code, findings, stdout)."""
+    out = tmp / f"{case}.json"
+    argv = [sys.executable, "-m", "eagleflow.engines.preflight", "--engine-json", json.dumps({"kind": "vllm"}),
+            "--target", str(target), "--drafter", f"new={drafter}", "--disk-path", str(tmp), "--json", str(out)]
+    if expected is not None:
+        argv += ["--expected-aux", "new=" + ",".join(map(str, expected))]
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    wall = time.monotonic() - t0
+    print(f"preflight {case}: {wall:.1f} s\n{proc.stdout}")  # shown with -s
+    assert wall < LIMIT_S, f"preflight {case} took {wall:.1f} s"
+    assert out.is_file(), proc.stderr[-2000:]
+    return proc.returncode, json.loads(out.read_text())["findings"], proc.stdout
+
+
+def _errors(findings: list[dict], check_prefix: str) -> list[str]:
+    return [f["message"] for f in findings if f["level"] == "error" and f["check"].startswith(check_prefix)]
+
+
+def test_clean_drafter_passes(built):
+    rc, findings, stdout = _preflight("clean", built["tmp"], DEMO_TARGET, built["clean"])
+    assert rc == 0, stdout
+    assert not [f for f in findings if f["level"] == "error"]
+    checks = {f["check"] for f in findings}
+    assert {"engine", "target_arch", "whitelist", "drafter_arch[new]", "dimensions[new]", "aux_layer_ids[new]",
+            "disk", "gpu"} <= checks
+    whitelist = next(f for f in findings if f["check"] == "whitelist")
+    assert "no EAGLE-3 target model-type whitelist" in whitelist["message"]  # vLLM 0.32
+    assert "CPU build" in next(f for f in findings if f["check"] == "gpu")["message"]
+
+
+def test_target_without_eagle3_interface(built):
+    rc, findings, _ = _preflight("no_eagle3_target", built["tmp"], built["mixtral"], built["clean"])
+    assert rc == 1
+    (msg,) = _errors(findings, "target_arch")
+    assert "MixtralForCausalLM" in msg and "SupportsEagle3" in msg and "config.json" in msg
+
+
+def test_layer_ids_in_the_other_convention(built):
+    rc, findings, _ = _preflight("shifted_ids", built["tmp"], DEMO_TARGET, built["shifted"])
+    assert rc == 1
+    msgs = _errors(findings, "aux_layer_ids[new]")
+    shift = [m for m in msgs if "one below" in m]
+    assert shift, msgs
+    assert "[0, 1, 2]" in shift[0] and '"eagle_aux_hidden_state_layer_ids": [1, 2, 3]' in shift[0]
+
+
+def test_layer_ids_without_expected_ids(built):
+    """Without the training ids, the same drafter's id 0 (the embedding output) is still an error."""
+    rc, findings, _ = _preflight("shifted_ids_unknown", built["tmp"], DEMO_TARGET, built["shifted"], expected=None)
+    assert rc == 1
+    assert any("embedding output" in m for m in _errors(findings, "aux_layer_ids[new]"))
+
+
+def test_hidden_size_mismatch(built):
+    rc, findings, _ = _preflight("hidden_size", built["tmp"], DEMO_TARGET, built["wide"])
+    assert rc == 1
+    msgs = _errors(findings, "dimensions[new]")
+    assert any("hidden_size is 384" in m and "192" in m for m in msgs), msgs
+    assert not _errors(findings, "drafter_arch")  # a well-formed drafter, just for a wider model
+
+
+def test_drafter_without_d2t(built):
+    rc, findings, _ = _preflight("no_d2t", built["tmp"], DEMO_TARGET, built["no_d2t"])
+    assert rc == 1
+    (msg,) = _errors(findings, "dimensions[new]")
+    assert "no d2t" in msg and f"draft_vocab_size {DRAFT_VOCAB}" in msg and "vocab_size 2048" in msg
+
+
+def test_multimodal_target_missing_what_the_proposer_reads(built):
+    rc, findings, _ = _preflight("multimodal_missing", built["tmp"], built["kimi_bad"], built["clean"])
+    assert rc == 1
+    (msg,) = _errors(findings, "")
+    assert "media_placeholder_token_id" in msg and "KimiK25ForConditionalGeneration" in msg
+    assert any(f["check"] == "target_arch" and f["level"] == "ok" for f in findings)  # Kimi-K2.5 has SupportsEagle3
+
+
+def test_multimodal_target_passes(built):
+    rc, findings, stdout = _preflight("multimodal_ok", built["tmp"], built["kimi_good"], built["clean"])
+    assert rc == 0, stdout
+    assert any(f["check"] == "multimodal" and "get_language_model" in f["message"] for f in findings)
+

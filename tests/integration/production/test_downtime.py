@@ -1,0 +1,317 @@
+"""Production is always given back (eagleflow.production.downtime, and the guardian it starts,
+eagleflow.production.guardian): stopped around the benchmark, restored whatever ends it.
+
+"Production" is a real vLLM CPU server of the demo target, run by the operator's own start/stop
+scripts (tests/prodservice.py); the benchmark side is the real production_stopped and its real
+guardian. One production server serves the whole module, and the cases run in sequence: each one
+checks production answers healthy again within RESTORE_LIMIT_S and nothing of the benchmark is left
+(no process carrying its token, no guardian, no file outside its state dir). The systemd argv, the
+token's ownership rules and kind 'none' need no server: tests/unit/production/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+from eagleflow.config import ProductionConfig
+from eagleflow.production import ProductionError, end_owned_group, production_stopped
+from eagleflow.production.state import COMMANDS_LOG, GUARDIAN_LOG, RECORD, RESULT, WATCHING
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.integration
+
+PY = sys.executable
+PRODSERVICE = str(ROOT / "tests" / "prodservice.py")
+PORTS = range(18600, 18650)  # ours on this machine; others use other ports
+RESTORE_LIMIT_S = 60.0
+KEPT = {RECORD, RESULT, GUARDIAN_LOG, COMMANDS_LOG, "engine-standin.pid"}
+TIMES: dict[str, float] = {}
+
+
+@dataclass
+class Prod:
+    port: int
+    pidfile: Path
+    health_url: str
+    start_command: list[str]
+    stop_command: list[str]
+
+    def cfg(self, **over: object) -> ProductionConfig:
+        base = dict(kind="command", start_command=self.start_command, stop_command=self.stop_command,
+                    health_url=self.health_url, stop_timeout_s=60, restore_timeout_s=180, orphan_grace_s=3)
+        return ProductionConfig(**{**base, **over})
+
+
+def healthy(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=3).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_healthy(url: str, timeout_s: float) -> float:
+    t0 = time.monotonic()
+    while not healthy(url):
+        assert time.monotonic() - t0 < timeout_s, f"production not healthy within {timeout_s:.0f} s"
+        time.sleep(0.25)
+    return time.monotonic() - t0
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def carrying(token: str) -> list[int]:
+    """Every process whose environment carries the token: scanned here, not through the code under test."""
+    found = []
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if f"EAGLEFLOW_TOKEN={token}".encode() in Path(f"/proc/{p}/environ").read_bytes().split(b"\0"):
+                found.append(int(p))
+        except OSError:
+            pass
+    return found
+
+
+def files_outside(root: Path, state_dir: Path) -> set[str]:
+    """Files under the test's tmp dir, except the state dir and the host lease's own .eagleflow dir."""
+    return {str(p.relative_to(root)) for p in root.rglob("*")
+            if p.is_file() and state_dir not in p.parents and ".eagleflow" not in p.parts}
+
+
+def assert_clean(state_dir: Path, token: str, guardian: int, root: Path, before: set[str]) -> None:
+    deadline = time.monotonic() + 15  # the guardian exits right after writing its result
+    while alive(guardian) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(guardian), f"guardian {guardian} still running"
+    assert carrying(token) == [], f"processes of the benchmark left: {carrying(token)}"
+    left = set(os.listdir(state_dir))
+    assert left <= KEPT, f"transient files left in the state dir: {left - KEPT}"
+    assert {RECORD, RESULT, GUARDIAN_LOG} <= left
+    assert files_outside(root, state_dir) == before
+
+
+def free_port() -> int:
+    for port in PORTS:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no free port in 18600-18649")
+
+
+@pytest.fixture(scope="module")
+def prod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prod]:
+    d = tmp_path_factory.mktemp("production")
+    port = free_port()
+    pidfile = d / "prod.pid"
+    engine = [PY, "-m", "vllm.entrypoints.openai.api_server", "--model", str(ROOT / "demo" / "target"),
+              "--served-model-name", "prod", "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16",
+              "--max-model-len", "1024", "--enforce-eager"]
+    p = Prod(
+        port=port, pidfile=pidfile, health_url=f"http://127.0.0.1:{port}/health",
+        start_command=[PY, PRODSERVICE, "start", "--pidfile", str(pidfile), "--log", str(d / "prod.log"),
+                       "--port", str(port), "--env", "VLLM_CPU_KVCACHE_SPACE=1", "--", *engine],
+        stop_command=[PY, PRODSERVICE, "stop", "--pidfile", str(pidfile)],
+    )
+    subprocess.run(p.start_command, check=True)
+    try:
+        print(f"\nproduction on port {port} healthy after {wait_healthy(p.health_url, 300):.1f} s (first start)")
+        yield p
+    finally:
+        subprocess.run(p.stop_command, check=False)
+        print("\nrestore times (s): " + json.dumps({k: round(v, 1) for k, v in TIMES.items()}))
+
+
+def guardian_pid(state_dir: Path) -> int:
+    return int(json.loads((state_dir / WATCHING).read_text())["pid"])
+
+
+def standin_engine(env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([PY, "-c", "import time; time.sleep(600)"], env={**os.environ, **env},
+                            start_new_session=True)
+
+
+def start_block(prod: Prod, state_dir: Path, work_root: Path) -> tuple[subprocess.Popen, str, int]:
+    """The stand-in stage in a process (and process group) of its own; returns it, the token, its engine."""
+    proc = subprocess.Popen([PY, PRODSERVICE, "block", "--state-dir", str(state_dir), "--work-root", str(work_root),
+                             "--config", prod.cfg().model_dump_json()],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True, cwd=ROOT)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("in-block "):
+            _, token, engine = line.split()
+            return proc, token, int(engine)
+    raise AssertionError(f"the block never started (exit {proc.wait()}); guardian log:\n"
+                         + (state_dir / GUARDIAN_LOG).read_text())
+
+
+# -- with production (in sequence: each case leaves production as it found it, case 5 last) --------
+
+
+def test_6_failing_stop_names_the_command_and_leaves_production_running(prod: Prod, tmp_path: Path) -> None:
+    state_dir, before = tmp_path / "bench", files_outside(tmp_path, tmp_path / "bench")
+    pid_before = prod.pidfile.read_text()
+    cfg = prod.cfg(stop_command=[PY, PRODSERVICE, "refuse"])
+    with pytest.raises(ProductionError) as err:
+        with production_stopped(cfg, state_dir, work_root=tmp_path):
+            pytest.fail("the block must not run when production could not be stopped")
+    msg = str(err.value)
+    print(f"\n{msg}")
+    assert "prodservice.py refuse" in msg and "status 3" in msg and "permission denied" in msg
+    assert "nothing was stopped" in msg
+    assert healthy(prod.health_url) and prod.pidfile.read_text() == pid_before  # not restarted either
+    result = json.loads((state_dir / RESULT).read_text())
+    assert result["ok"] and not result["started"]
+    assert_clean(state_dir, result["token"], result["guardian_pid"], tmp_path, before)
+
+
+def test_1_normal_exit_restores_production(prod: Prod, tmp_path: Path) -> None:
+    state_dir, before = tmp_path / "bench", files_outside(tmp_path, tmp_path / "bench")
+    with production_stopped(prod.cfg(), state_dir, work_root=tmp_path) as downtime:
+        guardian = guardian_pid(state_dir)
+        assert downtime.was_running and not healthy(prod.health_url)
+        engine = standin_engine(downtime.engine_env())  # the benchmark's engine, ended by the benchmark itself
+        downtime.pid_file("standin").write_text(str(engine.pid))
+        time.sleep(0.3)
+        assert end_owned_group(engine.pid, downtime.token, grace_s=5)
+        engine.wait()
+        t0 = time.monotonic()
+    took = time.monotonic() - t0
+    TIMES["1 normal exit"] = took
+    print(f"\n{downtime.summary()} (block left -> healthy: {took:.1f} s; stop took {downtime.stopped_s:.1f} s)")
+    assert downtime.result and downtime.result["ok"] and downtime.result["started"]
+    assert healthy(prod.health_url) and took < RESTORE_LIMIT_S
+    assert_clean(state_dir, downtime.token, guardian, tmp_path, before)
+
+
+def test_2_exception_in_the_block_restores_production_and_ends_the_engine(prod: Prod, tmp_path: Path) -> None:
+    state_dir, before = tmp_path / "bench", files_outside(tmp_path, tmp_path / "bench")
+    with pytest.raises(RuntimeError, match="benchmark blew up"):
+        with production_stopped(prod.cfg(), state_dir, work_root=tmp_path) as downtime:
+            guardian = guardian_pid(state_dir)
+            engine = standin_engine(downtime.engine_env())  # left running: the guardian must end it
+            downtime.pid_file("standin").write_text(str(engine.pid))
+            time.sleep(0.3)
+            t0 = time.monotonic()
+            raise RuntimeError("benchmark blew up")
+    took = time.monotonic() - t0
+    TIMES["2 exception"] = took
+    print(f"\n{downtime.summary()} (block left -> healthy: {took:.1f} s)")
+    assert engine.wait(timeout=5) == -signal.SIGTERM
+    assert downtime.result and downtime.result["ok"] and downtime.result["ended_engines"] == [engine.pid]
+    assert healthy(prod.health_url) and took < RESTORE_LIMIT_S
+    assert_clean(state_dir, downtime.token, guardian, tmp_path, before)
+
+
+def test_3_sigkilled_stage_guardian_ends_engine_and_restores(prod: Prod, tmp_path: Path) -> None:
+    state_dir, before = tmp_path / "bench", files_outside(tmp_path, tmp_path / "bench")
+    bystander = subprocess.Popen(["sleep", "300"], start_new_session=True)  # not ours: must survive
+    block, token, engine = start_block(prod, state_dir, tmp_path)
+    try:
+        guardian = guardian_pid(state_dir)
+        assert not healthy(prod.health_url) and alive(engine)
+        block.kill()  # SIGKILL: no cleanup of any kind in the stage
+        t0 = time.monotonic()
+        block.wait()
+        wait_healthy(prod.health_url, RESTORE_LIMIT_S)
+        took = time.monotonic() - t0
+        TIMES["3 stage SIGKILLed"] = took
+        print(f"\nstage SIGKILLed -> production healthy after {took:.1f} s")
+        assert_clean(state_dir, token, guardian, tmp_path, before)
+        result = json.loads((state_dir / RESULT).read_text())
+        assert result["ok"] and result["started"] and result["ended_engines"] == [engine]
+        assert bystander.poll() is None
+    finally:
+        for p in (block, bystander):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+def test_4_controller_gone_guardian_ends_the_stage_and_restores(prod: Prod, tmp_path: Path) -> None:
+    state_dir, before = tmp_path / "bench", files_outside(tmp_path, tmp_path / "bench")
+    # The controller: the real lease process an SSH host uses, held until it dies.
+    lease = subprocess.Popen([PY, "-m", "eagleflow.jobs", "lease", str(tmp_path), "flow-run-1", "--what", "test"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert lease.stdout is not None and json.loads(lease.stdout.readline())["state"] == "held"
+    block, token, engine = start_block(prod, state_dir, tmp_path)
+    try:
+        guardian = guardian_pid(state_dir)
+        lease.kill()  # the controller vanishes; the stage itself lives on
+        lease.wait()
+        t0 = time.monotonic()
+        assert block.wait(timeout=30) == 128 + signal.SIGTERM  # ended by the guardian, through its own handler
+        ended = time.monotonic() - t0
+        took = wait_healthy(prod.health_url, RESTORE_LIMIT_S + 3) + ended
+        TIMES["4 controller gone (incl. 3 s grace)"] = took
+        print(f"\ncontroller killed -> stage ended after {ended:.1f} s -> production healthy after {took:.1f} s")
+        assert_clean(state_dir, token, guardian, tmp_path, before)
+        result = json.loads((state_dir / RESULT).read_text())
+        assert result["ok"] and result["started"] and result["orphaned"] and result["ended_engines"] == [engine]
+    finally:
+        for p in (block, lease):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+def test_7_cancelled_stage_leaves_at_once_and_a_retry_waits_for_its_guardian(prod: Prod, tmp_path: Path) -> None:
+    """SIGTERM (a cancelled task) leaves the block without waiting; the guardian restores production;
+    a retry in the same directory waits for that guardian instead of racing it (no double start)."""
+    state_dir, before = tmp_path / "bench", files_outside(tmp_path, tmp_path / "bench")
+    block, token, engine = start_block(prod, state_dir, tmp_path)
+    try:
+        first_guardian = guardian_pid(state_dir)
+        os.killpg(block.pid, signal.SIGTERM)  # what a cancellation does to the stage's group
+        t0 = time.monotonic()
+        assert block.wait(timeout=10) == 128 + signal.SIGTERM
+        left_after = time.monotonic() - t0
+        assert left_after < 5, f"the cancelled stage waited {left_after:.1f} s for the restore"
+        with production_stopped(prod.cfg(), state_dir, work_root=tmp_path) as downtime:  # the retry
+            waited = time.monotonic() - t0
+            assert not alive(first_guardian) and carrying(token) == []
+            assert downtime.was_running and not healthy(prod.health_url)
+            guardian = guardian_pid(state_dir)
+        TIMES["7 cancelled (SIGTERM) -> retry entered"] = waited
+        print(f"\ncancelled stage left after {left_after:.1f} s; the retry entered after {waited:.1f} s "
+              f"(the first guardian's restore); {downtime.summary()}")
+        assert downtime.result and downtime.result["ok"] and downtime.result["started"]
+        assert waited < RESTORE_LIMIT_S and healthy(prod.health_url)
+        assert_clean(state_dir, downtime.token, guardian, tmp_path, before)
+    finally:
+        if block.poll() is None:
+            block.kill()
+        block.wait()
+
+
+def test_5_production_not_running_before_is_not_started_after(prod: Prod, tmp_path: Path) -> None:
+    subprocess.run(prod.stop_command, check=True)  # the operator took production down
+    assert not healthy(prod.health_url)
+    state_dir, before = tmp_path / "bench", files_outside(tmp_path, tmp_path / "bench")
+    with production_stopped(prod.cfg(), state_dir, work_root=tmp_path) as downtime:
+        guardian = guardian_pid(state_dir)
+        assert not downtime.was_running
+    print(f"\n{downtime.summary()}")
+    assert downtime.result == {**downtime.result, "ok": True, "was_running": False, "started": False}
+    assert "left stopped" in downtime.summary()
+    time.sleep(3)
+    assert not healthy(prod.health_url) and not prod.pidfile.exists()
+    assert_clean(state_dir, downtime.token, guardian, tmp_path, before)

