@@ -14,6 +14,15 @@ from typing import Any
 
 import httpx
 
+# The server may close a kept-alive connection just as the client reuses it (uvicorn's keep-alive
+# timeout is 5 s, httpx's pool expiry was 5 s too): the request then fails before the server read it.
+# Pooled connections are dropped sooner than the server drops them, and such a failure (the request
+# never reached the engine, or its connection broke) is retried a few times. A timeout is not.
+KEEPALIVE_EXPIRY_S = 2.0
+RETRIES = 2
+RETRY_DELAY_S = 0.5
+_RETRYABLE = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+
 
 @dataclass
 class ChatResult:
@@ -27,6 +36,7 @@ class ChatResult:
     error: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
     latency_s: float | None = None  # request sent -> whole answer read, on the client
+    attempts: int = 1  # > 1: the connection broke and the request was sent again
 
 
 def parse_choice(index: int, body: dict[str, Any]) -> ChatResult:
@@ -56,7 +66,8 @@ async def _chat_all(base_url: str, model: str, conversations: list[list[dict[str
                     max_tokens: int, temperature: float, concurrency: int, timeout_s: float,
                     extra: dict[str, Any] | None, seed: int | None) -> list[ChatResult]:
     sem = asyncio.Semaphore(concurrency)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency,
+                          keepalive_expiry=KEEPALIVE_EXPIRY_S)
 
     async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s, limits=limits) as client:
         async def one(i: int, messages: list[dict[str, Any]]) -> ChatResult:
@@ -65,20 +76,27 @@ async def _chat_all(base_url: str, model: str, conversations: list[list[dict[str
             if seed is not None:
                 payload["seed"] = seed + i  # sampled runs repeat: the same seed per prompt in every variant
             async with sem:
-                start = time.perf_counter()
-                try:
-                    r = await client.post("/v1/chat/completions", json=payload)
-                except httpx.HTTPError as exc:
-                    return ChatResult(i, error=f"request to {base_url} failed: {type(exc).__name__}: {exc}")
+                for attempt in range(1, RETRIES + 2):
+                    start = time.perf_counter()
+                    try:
+                        r = await client.post("/v1/chat/completions", json=payload)
+                        break
+                    except _RETRYABLE as exc:
+                        if attempt > RETRIES:
+                            return ChatResult(i, error=f"request to {base_url} failed {attempt} times: "
+                                              f"{type(exc).__name__}: {exc}", attempts=attempt)
+                        await asyncio.sleep(RETRY_DELAY_S)
+                    except httpx.HTTPError as exc:
+                        return ChatResult(i, error=f"request to {base_url} failed: {type(exc).__name__}: {exc}")
                 latency = time.perf_counter() - start
             if r.status_code != 200:
-                return ChatResult(i, error=f"HTTP {r.status_code} from {base_url}: {r.text[:300]}")
+                return ChatResult(i, error=f"HTTP {r.status_code} from {base_url}: {r.text[:300]}", attempts=attempt)
             try:
                 body = r.json()
             except ValueError:
-                return ChatResult(i, error=f"non-JSON answer from {base_url}: {r.text[:200]}")
+                return ChatResult(i, error=f"non-JSON answer from {base_url}: {r.text[:200]}", attempts=attempt)
             result = parse_choice(i, body)
-            result.latency_s = latency
+            result.latency_s, result.attempts = latency, attempt
             return result
 
         return await asyncio.gather(*(one(i, m) for i, m in enumerate(conversations)))

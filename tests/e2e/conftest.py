@@ -56,8 +56,15 @@ def prefect_server(tmp_path_factory) -> dict[str, str]:
 
 
 def api(prefect_server: dict, method: str, path: str, **kw) -> httpx.Response:
-    """One call to the test's Prefect server API; raises on an error status."""
-    r = httpx.request(method, prefect_server["PREFECT_API_URL"] + path, timeout=30, **kw)
+    """One call to the test's Prefect server API; raises on an error status. A 503 is the server's own
+    "busy, try again" (its SQLite database locked by a flow run's writes on these 2 cores): asked
+    again, as Prefect's own client does, for up to a minute."""
+    deadline = time.monotonic() + 60
+    while True:
+        r = httpx.request(method, prefect_server["PREFECT_API_URL"] + path, timeout=30, **kw)
+        if r.status_code != 503 or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
     r.raise_for_status()
     return r
 
