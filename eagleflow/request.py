@@ -36,9 +36,12 @@ class StageRequest(BaseModel):
     def manifest(self, outputs: BaseModel | dict, metrics: BaseModel | dict | None = None,
                  hashes: dict[str, str] | None = None, seconds: float = 0.0) -> Manifest:
         """The stage's manifest; `outputs` and `metrics` are its typed records (eagleflow.outputs)."""
-        dump = lambda x: x.model_dump(mode="json") if isinstance(x, BaseModel) else dict(x or {})  # noqa: E731
         return Manifest(
             stage=self.stage, key=self.key, dir=self.dir,
             upstream={s: m.key for s, m in self.upstream.items()},
-            outputs=dump(outputs), metrics=dump(metrics), hashes=hashes or {}, seconds=seconds,
+            outputs=_as_dict(outputs), metrics=_as_dict(metrics), hashes=hashes or {}, seconds=seconds,
         )
+
+
+def _as_dict(record: BaseModel | dict | None) -> dict:
+    return record.model_dump(mode="json") if isinstance(record, BaseModel) else dict(record or {})

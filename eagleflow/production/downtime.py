@@ -11,6 +11,7 @@ production and writes its result, which the block waits for (not on cancellation
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import subprocess
@@ -25,8 +26,7 @@ from eagleflow.files import read_json, write_json_atomic
 from eagleflow.locks import try_lock
 from eagleflow.procs import wait_until
 from eagleflow.production.ownership import STOP_ENV, TOKEN_ENV
-from eagleflow.production.service import ProductionError, ProductionService, ServiceSettings, _default_logger, \
-    settings_dict
+from eagleflow.production.service import ProductionError, ProductionService, ServiceSettings, settings_dict
 from eagleflow.production.state import COMMANDS_LOG, GUARDIAN_LOG, HOLD, POLL_S, RECORD, RESULT, WATCHING, \
     guardian_alive, tail
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from eagleflow.config import ProductionConfig
 
 LogFn = Callable[[str], None]
+_logger = logging.getLogger("eagleflow.production")
 GUARDIAN_START_S = 30.0  # the guardian must confirm it is watching within this, or nothing is stopped
 RESULT_MARGIN_S = 120.0  # the stage waits restore_timeout_s + this for the guardian's result
 
@@ -157,7 +158,7 @@ def production_stopped(cfg: "ProductionConfig | ServiceSettings", state_dir: str
     production is not healthy again (chained to the block's own exception, if any). On SystemExit or
     KeyboardInterrupt (a cancelled stage) leaves at once: the guardian does the work alone.
     """
-    log = log or _default_logger.info
+    log = log or _logger.info
     state_dir = Path(state_dir).resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
     token = secrets.token_hex(16)
