@@ -23,7 +23,7 @@ from eagleflow.files import write_json_atomic
 STAGE_VERSIONS: dict[str, str] = {
     "check": "1",
     "generate": "1",
-    "extract": "1",
+    "extract": "2",  # 2: shards cut by bytes, streamed, sizes and hashes in the index
     "train": "2",  # 2: bounded by steps, not the clock; typed metrics (epochs[].train / .validation)
     "export": "1",
     "benchmark": "2",
@@ -43,6 +43,7 @@ UPSTREAM: dict[str, tuple[str, ...]] = {
 # run to more ranks, raising a timeout or logging more often reuses the finished stage.
 _ENGINE_RUNTIME = ("host", "port", "startup_timeout_s", "stall_timeout_s", "request_timeout_s", "fatal_patterns",
                    "preflight", "min_free_disk_gib", "min_free_gpu_fraction")
+_EXTRACT_RUNTIME = ("spread", "concurrency", "spool_dir")
 _TRAIN_RUNTIME = ("nproc", "grad_accum_steps", "num_threads", "log_every_steps", "checkpoint_every_steps",
                   "time_limit_s")  # a cap that fails; raised, the same stage dir resumes
 
@@ -63,7 +64,8 @@ def stage_settings(stage: str, config: RunConfig) -> dict[str, Any]:
     return {
         "check": c,
         "generate": {"target": c["target"], "engine": engine_launch, "generate": c["generate"]},
-        "extract": {"target": c["target"], "extract": c["extract"]},
+        "extract": {"target": c["target"], "engine": engine_launch if c["extract"]["backend"] == "vllm" else None,
+                    "extract": {k: v for k, v in c["extract"].items() if k not in _EXTRACT_RUNTIME}},
         "train": {"train": train},
         "export": {"export": c["export"], "aux_layer_ids": c["target"]["aux_layer_ids"]},
         "benchmark": {"engine": engine_launch, "benchmark": c["benchmark"], "target": c["target"], "prompts": prompts},

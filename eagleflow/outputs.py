@@ -66,14 +66,19 @@ class GenerateMetrics(MetricsRecord):
 
 class ExtractOutputs(Record):
     index: str = Field(description="data/index.json: the shards, their split and sizes, layer ids, hidden size.")
-    shards: list[str] = Field(description="safetensors shards (data/shard-<n>-<split>.safetensors).")
+    shards: list[str] = Field(description="safetensors shards (data/shard-<generate shard>-<split>-<part>.safetensors).")
     hidden_size: int | None = Field(description="Hidden size of the states.")
+    storage_dtype: str = Field("bfloat16", description="How states are stored: bfloat16 or float8_e4m3fn (+ scales).")
+    num_bytes: int = Field(0, description="Bytes of all shards.")
     num_tokens: dict[str, int] = Field(description="Tokens per split (train, holdout).")
 
 
 class ExtractMetrics(MetricsRecord):
     tok_s: float | None = Field(description="Tokens per second of the shards extracted by this run; None if none.")
-    device: str = Field(description="The torch device of the forward.")
+    device: str = Field(description="The torch device of the forward ('engine' for the vllm backend).")
+    backend: str = Field("hf", description="extract.backend that computed the states.")
+    tokens_extracted: int = Field(0, description="Tokens this run extracted (0 when every shard was finished before).")
+    peak_rss_mib: float | None = Field(None, description="Peak resident memory of the stage process, MiB.")
 
 
 # -- train ----------------------------------------------------------------------------------------

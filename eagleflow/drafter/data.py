@@ -1,9 +1,12 @@
 """The extract stage's shards, read lazily, batched as padded sequences of similar length.
 
-A shard (safetensors) packs sequences along the token axis:
-    input_ids int64 [T], loss_mask int8 [T], seq_lens int64 [n_seq], hidden_states bf16 [T, 4, H]
+A shard (safetensors, see `eagleflow.drafter.shards`) packs sequences along the token axis:
+    input_ids int64 [T], loss_mask int8 [T], seq_lens int64 [n_seq], hidden_states bf16 or fp8 [T, 4, H]
+    (+ hidden_scales f32 [T, 4] for fp8)
 where hidden_states[:, 0:3] are the aux states (vLLM convention) and hidden_states[:, 3] is the
-final layer's output before the final norm. `index.json` lists the shards and their split.
+final layer's output before the final norm. `index.json` lists the shards, their split and what
+was written (size, sampled and full sha256): every shard is checked against it (size and sampled
+hash) before training reads it.
 
 Sequences are read from the memory-mapped shard on demand (the OS page cache keeps a small
 dataset in memory), so a dataset larger than RAM trains too.
@@ -20,6 +23,7 @@ import torch
 from safetensors import safe_open
 
 from eagleflow.drafter.errors import DataError
+from eagleflow.drafter.shards import ShardError, check_shard, dequantize_fp8
 
 SPLITS = ("train", "holdout")
 
@@ -64,11 +68,15 @@ def read_index(path: str | Path, stage_dir: str | Path | None = None) -> Extract
                              int(raw["hidden_size"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise DataError(f"extract index {path} is malformed ({exc!r}); see docs/architecture.md") from None
-    for s in shards:
+    for s, entry in zip(shards, raw["shards"]):
         if s.split not in SPLITS:
             raise DataError(f"{path}: shard {s.path.name} has split {s.split!r}, expected one of {SPLITS}")
         if not s.path.is_file():
             raise DataError(f"{path} lists {s.path}, which does not exist")
+        try:
+            check_shard(s.path, entry)
+        except ShardError as exc:
+            raise DataError(str(exc)) from None
     if not index.split("train"):
         raise DataError(f"{path} lists no 'train' shard")
     return index
@@ -91,6 +99,7 @@ class SequenceStore:
         self.hidden_size = 0
         self._ids: list[torch.Tensor] = []
         self._mask: list[torch.Tensor] = []
+        self._scaled: list[bool] = []  # fp8 shard: states carry per-token scales
         for i, path in enumerate(self.paths):
             with safe_open(str(path), framework="pt") as h:
                 missing = {"input_ids", "loss_mask", "seq_lens", "hidden_states"} - set(h.keys())
@@ -98,6 +107,7 @@ class SequenceStore:
                     raise DataError(f"shard {path} lacks {sorted(missing)}")
                 ids, mask, lens = h.get_tensor("input_ids"), h.get_tensor("loss_mask"), h.get_tensor("seq_lens")
                 shape = h.get_slice("hidden_states").get_shape()
+                self._scaled.append("hidden_scales" in h.keys())
             if int(lens.sum()) != ids.numel() or mask.numel() != ids.numel() or shape[0] != ids.numel():
                 raise DataError(f"shard {path}: seq_lens sum {int(lens.sum())}, input_ids {ids.numel()}, "
                                 f"loss_mask {mask.numel()}, hidden_states {shape} disagree")
@@ -133,7 +143,10 @@ class SequenceStore:
         h = self._handles.get(r.shard)
         if h is None:
             h = self._handles[r.shard] = safe_open(str(self.paths[r.shard]), framework="pt")
-        return h.get_slice("hidden_states")[r.start:r.start + r.length]  # shape: [L, 4, H] bf16
+        states = h.get_slice("hidden_states")[r.start:r.start + r.length]  # shape: [L, 4, H] bf16 or fp8
+        if self._scaled[r.shard]:
+            return dequantize_fp8(states, h.get_slice("hidden_scales")[r.start:r.start + r.length])  # [L, 4, H] f32
+        return states
 
     def all_tokens(self) -> tuple[torch.Tensor, torch.Tensor]:
         """input_ids and loss_mask of every sequence, concatenated (for vocabulary counts)."""

@@ -14,6 +14,15 @@ from eagleflow.config import EngineConfig, RunConfig
 
 
 @dataclass
+class StateCapture:
+    """Serve to capture: the engine saves every prompt token's hidden states at `layer_ids` (aux ids and
+    the final id L, vLLM's convention) to one file per request under `spool_dir`."""
+
+    layer_ids: list[int]
+    spool_dir: str
+
+
+@dataclass
 class LaunchSpec:
     """One engine launch: the target, optionally with a drafter.
 
@@ -28,6 +37,7 @@ class LaunchSpec:
     engine: EngineConfig
     port: int
     speculative: dict[str, Any] | None = None
+    capture: StateCapture | None = None
 
 
 def served_name(config: RunConfig) -> str:

@@ -35,6 +35,8 @@ class SglangServer(EngineServer):
 
     @classmethod
     def argv_for(cls, spec: LaunchSpec) -> list[str]:
+        if spec.capture:
+            raise ValueError("SGLang has no hidden-states capture here; use extract.backend 'hf' or serve with vLLM")
         e = spec.engine
         argv = [
             spec.python, "-m", "sglang.launch_server",

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 
 from eagleflow.engines.base import EngineServer
-from eagleflow.engines.launch import LaunchSpec
+from eagleflow.engines.launch import LaunchSpec, StateCapture
 from eagleflow.engines.metrics import parse_metrics
 from eagleflow.request import StageError
 
@@ -17,6 +17,24 @@ SPEC_DRAFTS = "vllm:spec_decode_num_drafts"
 SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 SPEC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+# Our subclass of vLLM's ExampleHiddenStatesConnector (see that module for why): vLLM imports it by path.
+CONNECTOR_MODULE = "eagleflow.engines.hidden_states_connector"
+CONNECTOR_CLASS = "EagleflowHiddenStatesConnector"
+
+
+def capture_args(capture: StateCapture) -> list[str]:
+    """vLLM >= 0.18's extract_hidden_states method: a 'drafter' that proposes nothing and caches the
+    states of `layer_ids` (id L = the last layer's output before the final norm) in a KV group of its
+    own, and a connector that writes each finished request's states, [T, n_layers, H], to a file.
+    Prefix caching is off: a cached prefix would not be computed again, so its states would be missing."""
+    spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(capture.layer_ids)}}}
+    kv = {"kv_connector": CONNECTOR_CLASS, "kv_connector_module_path": CONNECTOR_MODULE, "kv_role": "kv_producer",
+          "kv_connector_extra_config": {"shared_storage_path": capture.spool_dir}}
+    return ["--speculative-config", json.dumps(spec, sort_keys=True), "--kv-transfer-config",
+            json.dumps(kv, sort_keys=True), "--no-enable-prefix-caching"]
 
 
 class VllmServer(EngineServer):
@@ -48,8 +66,12 @@ class VllmServer(EngineServer):
             argv += ["--reasoning-parser", e.reasoning_parser]
         if e.tool_call_parser:
             argv += ["--enable-auto-tool-choice", "--tool-call-parser", e.tool_call_parser]
+        if spec.speculative and spec.capture:
+            raise ValueError("a launch either serves a drafter or captures hidden states, not both")
         if spec.speculative:
             argv += ["--speculative-config", json.dumps(spec.speculative, sort_keys=True)]
+        if spec.capture:
+            argv += capture_args(spec.capture)
         return argv + list(e.extra_args)
 
     def snapshot(self) -> dict[str, float]:

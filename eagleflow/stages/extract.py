@@ -1,26 +1,32 @@
-"""extract: token ids -> target forward -> aux-layer and final hidden states -> safetensors shards.
+"""extract: the generated conversations -> the target's aux-layer and final hidden states -> shards.
 
-Layer ids follow vLLM's convention: aux id k is the input to decoder layer k, which is HF's
-`hidden_states[k]` (`hidden_states[0]` is the embedding output). The final state (id L) is the last
-layer's output *before* the final norm: transformers' `hidden_states[-1]` is already normed, so a
-hook on the final norm's input captures it. Nothing here assumes Llama: any decoder that exposes
-`get_decoder().norm` and `output_hidden_states` works (DeepSeek-V3 included).
+    python -m eagleflow.stages.extract <stage_dir>/request.json
+
+Two backends write the same shards (`eagleflow.drafter.shards`), so training does not care which
+ran: `hf`, a transformers forward (small targets, CPU, the host's GPUs), and `vllm`, the serving
+engine at production's tensor parallel size (`eagleflow.extraction.vllm`). States stream to disk as
+they come; a shard is cut by bytes; memory stays flat whatever the data size. Resumable by shard: a
+finished shard whose record and sampled hash check out is never redone.
+
+The index (`data/index.json`) records each shard's size, its full hash (computed while writing) and
+a sampled sha256: the train stage checks size and sample before reading, in milliseconds per shard.
 """
 
 from __future__ import annotations
 
 import logging
+import resource
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
-
-import pyarrow.parquet as pq
-import torch
-from safetensors.torch import save_file
 
 from eagleflow.config import RunConfig
 from eagleflow.devices import pick_device
-from eagleflow.files import write_json_atomic, writing
+from eagleflow.drafter.shards import ShardError, ShardPlan, ShardWriter, check_shard
+from eagleflow.extraction.plan import PlannedShard, plan_shards, target_hidden_size
+from eagleflow.files import read_json, write_json_atomic
 from eagleflow.manifest import Manifest, sha256_file
 from eagleflow.outputs import ExtractMetrics, ExtractOutputs, GenerateOutputs
 from eagleflow.request import StageError, StageRequest
@@ -28,138 +34,141 @@ from eagleflow.stages.common import stage_main
 
 log = logging.getLogger("eagleflow.extract")
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+class _Backend:
+    """The model that computes the states: a transformers forward or a capturing engine, started once."""
+
+    def __init__(self, cfg: RunConfig, stage_dir: Path, stack: ExitStack, hidden_size: int) -> None:
+        self.cfg, self.stage_dir, self.stack, self.hidden_size = cfg, stage_dir, stack, hidden_size
+        self.hf = None
+        self.engine = None
+        self.device = "none"
+
+    def start(self) -> None:
+        if self.cfg.extract.backend == "vllm":
+            from eagleflow.extraction.vllm import serving_for_capture
+
+            if self.engine is None:
+                self.engine = self.stack.enter_context(serving_for_capture(self.cfg, self.stage_dir, self.hidden_size))
+                self.stack.callback(self.engine.close)
+                self.device = "engine"
+            return
+        from eagleflow.extraction.hf import HfCapture
+
+        if self.hf is None:
+            try:
+                device = pick_device(self.cfg.extract.device, "extract.device")
+            except ValueError as exc:
+                raise StageError(str(exc)) from None
+            self.hf = HfCapture(self.cfg, device)
+            self.device = str(self.hf.device)
+
+    def extract(self, shard: PlannedShard, writer: ShardWriter) -> None:
+        if self.engine is not None:
+            from eagleflow.extraction.vllm import extract_vllm
+
+            extract_vllm(self.engine, shard, writer)
+        else:
+            from eagleflow.extraction.hf import extract_hf
+
+            extract_hf(self.hf, shard, writer, self.cfg.extract.batch_tokens)
 
 
-class HiddenStateCapture:
-    """The target plus a hook on its final norm: forward() returns [B, T, 4, H] states."""
-
-    def __init__(self, cfg: RunConfig, device: torch.device):
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        path = cfg.target.model_path
-        if not (Path(path) / "config.json").is_file():
-            raise StageError(f"target.model_path {path} has no config.json; point it at an HF checkpoint directory")
-        hf_config = AutoConfig.from_pretrained(path)
-        layers = hf_config.num_hidden_layers
-        if cfg.target.final_layer_id != layers:
-            raise StageError(f"target.final_layer_id is {cfg.target.final_layer_id} but {path} has {layers} "
-                             f"decoder layers; set final_layer_id to {layers}")
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[cfg.target.dtype]).to(device).eval()
-        self.decoder = self.model.get_decoder()
-        norm = getattr(self.decoder, "norm", None)
-        if norm is None:
-            raise StageError(f"cannot find the final norm of {type(self.model).__name__} (get_decoder().norm); "
-                             "this architecture needs an adapter in eagleflow/stages/extract.py")
-        self.aux_ids = cfg.target.aux_layer_ids
-        self.device = device
-        self._final: torch.Tensor | None = None
-        norm.register_forward_pre_hook(self._grab_final)
-
-    def _grab_final(self, module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> None:
-        self._final = args[0]
-
-    @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        # input_ids, attention_mask: [B, T]
-        # The decoder alone: the lm_head over a 160k vocabulary would be wasted work here.
-        out = self.decoder(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device),
-                           output_hidden_states=True, use_cache=False)
-        hs = out.hidden_states  # L+1 tensors of [B, T, H]
-        assert self._final is not None, "the final-norm hook did not fire"
-        states = [hs[k] for k in self.aux_ids] + [self._final]
-        return torch.stack(states, dim=2)  # [B, T, 4, H]
+def _finished(data_dir: Path, name: str) -> dict | None:
+    """The record of a shard an earlier attempt finished, if the file still matches it."""
+    record = read_json(data_dir / "records" / f"{name}.json")
+    if record is None:
+        return None
+    try:
+        check_shard(data_dir / name, record)
+    except ShardError as exc:
+        log.warning("extracting %s again: %s", name, exc)
+        return None
+    return record
 
 
-def batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
-    """Group sequence indices (longest first) so that padded batch size * max length <= batch_tokens."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    out: list[list[int]] = []
-    cur: list[int] = []
-    for i in order:
-        if cur and (len(cur) + 1) * lengths[cur[0]] > batch_tokens:
-            out.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        out.append(cur)
-    return out
+def _close(writer: ShardWriter, data_dir: Path, shard: PlannedShard, entry: dict) -> None:
+    """Finish a shard (last writes, fsync, rename) and record it; runs beside the next shard's forward."""
+    record = writer.close().__dict__
+    write_json_atomic(data_dir / "records" / f"{shard.name}.json", record)
+    entry.update(record)
+    log.info("%s: %d sequences, %d tokens, %.2f GB", shard.name, len(shard.ids), shard.num_tokens,
+             record["bytes"] / 1e9)
 
 
-def extract_shard(capture: HiddenStateCapture, ids: list[list[int]], masks: list[list[int]],
-                  batch_tokens: int, pad_id: int) -> dict[str, torch.Tensor]:
-    states: list[torch.Tensor | None] = [None] * len(ids)
-    for group in batches([len(x) for x in ids], batch_tokens):
-        t = max(len(ids[i]) for i in group)
-        input_ids = torch.full((len(group), t), pad_id, dtype=torch.long)
-        attn = torch.zeros((len(group), t), dtype=torch.long)
-        for row, i in enumerate(group):
-            input_ids[row, : len(ids[i])] = torch.tensor(ids[i])
-            attn[row, : len(ids[i])] = 1
-        hs = capture.forward(input_ids, attn).to("cpu", torch.bfloat16)  # [B, T, 4, H]
-        for row, i in enumerate(group):
-            states[i] = hs[row, : len(ids[i])]
-    return {
-        "input_ids": torch.tensor([t for x in ids for t in x], dtype=torch.long),  # [T_total]
-        "loss_mask": torch.tensor([m for x in masks for m in x], dtype=torch.int8),  # [T_total]
-        "seq_lens": torch.tensor([len(x) for x in ids], dtype=torch.long),  # [n_seq]
-        "hidden_states": torch.cat(states, dim=0).contiguous(),  # [T_total, 4, H]
-    }
+def _peak_rss_mib() -> float:
+    """This process's peak resident memory: VmHWM belongs to this program (ru_maxrss carries the
+    parent's peak across fork and exec, so a big parent would hide a small stage)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 def run(request: StageRequest) -> Manifest:
     cfg = request.config
     gen = request.upstream["generate"]
-    shards = GenerateOutputs.of(gen).shards
     try:
-        device = pick_device(cfg.extract.device, "extract.device")
-    except ValueError as exc:
+        hidden = target_hidden_size(cfg.target.model_path)
+    except (FileNotFoundError, ValueError) as exc:
         raise StageError(str(exc)) from None
+    bytes_per_token = ShardPlan(0, 0, hidden, cfg.extract.storage_dtype).state_bytes_per_token
     data_dir = request.path / "data"
-    data_dir.mkdir(parents=True, exist_ok=True)
-    capture: HiddenStateCapture | None = None
+    (data_dir / "records").mkdir(parents=True, exist_ok=True)
+    for stale in data_dir.glob(".shard-*.tmp"):
+        stale.unlink()  # a shard an earlier attempt was writing when it died: never taken as complete
     index: list[dict] = []
-    tokens_done, seconds = 0, 0.0
-    for shard_no, rel in enumerate(shards):
-        table = pq.read_table(gen.path(rel), columns=["split", "input_ids", "loss_mask"])
-        cols = {c: table.column(c).to_pylist() for c in ("split", "input_ids", "loss_mask")}
-        for split in ("train", "holdout"):
-            keep = [i for i, s in enumerate(cols["split"]) if s == split]
-            if not keep:
+    tokens, started = 0, None
+    closing: Future | None = None  # one shard at a time finishes in the background
+    with ExitStack() as stack:
+        finisher = ThreadPoolExecutor(1, thread_name_prefix="shard-close")
+        stack.callback(finisher.shutdown)
+        backend = _Backend(cfg, request.path, stack, hidden)
+        for shard in plan_shards([gen.path(r) for r in GenerateOutputs.of(gen).shards], cfg.extract.max_seq_len,
+                                 bytes_per_token, cfg.extract.shard_bytes):
+            entry = {"file": f"data/{shard.name}", "split": shard.split, "num_seqs": len(shard.ids),
+                     "num_tokens": shard.num_tokens}
+            index.append(entry)
+            record = _finished(data_dir, shard.name)
+            if record is not None:
+                entry.update(record)
                 continue
-            name = f"shard-{shard_no:05d}-{split}.safetensors"
-            ids = [cols["input_ids"][i][: cfg.extract.max_seq_len] for i in keep]
-            masks = [cols["loss_mask"][i][: cfg.extract.max_seq_len] for i in keep]
-            n_tok = sum(len(x) for x in ids)
-            index.append({"file": f"data/{name}", "split": split, "num_seqs": len(ids), "num_tokens": n_tok})
-            if (data_dir / name).exists():
-                continue  # finished unit from an earlier attempt
-            if capture is None:
-                capture = HiddenStateCapture(cfg, device)
-            start = time.perf_counter()
-            # Right padding under a causal mask: the pad id never reaches a kept position, so any id works.
-            tensors = extract_shard(capture, ids, masks, cfg.extract.batch_tokens, pad_id=0)
-            with writing(data_dir / name) as tmp:
-                save_file(tensors, str(tmp), metadata={"split": split})
-            dt = time.perf_counter() - start
-            tokens_done, seconds = tokens_done + n_tok, seconds + dt
-            log.info("%s: %d sequences, %d tokens, %.0f tok/s", name, len(ids), n_tok, n_tok / dt)
-    hidden = None
-    if index:
-        from safetensors import safe_open
-
-        with safe_open(str(request.path / index[0]["file"]), "pt") as f:
-            hidden = f.get_slice("hidden_states").get_shape()[-1]
+            backend.start()
+            started = started or time.perf_counter()  # the rate leaves the model's load out
+            plan = ShardPlan(shard.num_tokens, len(shard.ids), hidden, cfg.extract.storage_dtype)
+            writer = ShardWriter(data_dir / shard.name, plan, {"split": shard.split})
+            try:
+                backend.extract(shard, writer)
+                if closing is not None:
+                    closing.result()  # the previous shard is whole before this one starts to close
+            except BaseException:
+                writer.abort()
+                raise
+            closing = finisher.submit(_close, writer, data_dir, shard, entry)
+            tokens += shard.num_tokens
+        if closing is not None:
+            closing.result()
+    seconds = time.perf_counter() - started if started else 0.0
+    if tokens:
+        log.info("extracted %d tokens in %.1f s: %.0f tok/s (%s)", tokens, seconds, tokens / seconds, backend.device)
     write_json_atomic(data_dir / "index.json", {
         "shards": index, "aux_layer_ids": cfg.target.aux_layer_ids, "final_layer_id": cfg.target.final_layer_id,
-        "hidden_size": hidden, "dtype": "bfloat16",
+        "hidden_size": hidden, "dtype": cfg.extract.storage_dtype, "backend": cfg.extract.backend,
     })
-    rels = [e["file"] for e in index]
+    written = sum(e["bytes"] for e in index)
     return request.manifest(
-        outputs=ExtractOutputs(index="data/index.json", shards=rels, hidden_size=hidden, num_tokens={
-            s: sum(e["num_tokens"] for e in index if e["split"] == s) for s in ("train", "holdout")}),
-        hashes={r: sha256_file(request.path / r) for r in rels},
-        metrics=ExtractMetrics(tok_s=tokens_done / seconds if seconds else None, device=str(device)),
+        outputs=ExtractOutputs(index="data/index.json", shards=[e["file"] for e in index], hidden_size=hidden,
+                               storage_dtype=cfg.extract.storage_dtype, num_bytes=written,
+                               num_tokens={s: sum(e["num_tokens"] for e in index if e["split"] == s)
+                                           for s in ("train", "holdout")}),
+        # The index holds every shard's size and hashes; the manifest pins the index.
+        hashes={"data/index.json": sha256_file(data_dir / "index.json")},
+        metrics=ExtractMetrics(tok_s=tokens / seconds if tokens else None, device=backend.device,
+                               backend=cfg.extract.backend, tokens_extracted=tokens,
+                               peak_rss_mib=_peak_rss_mib()),
     )
 
 

@@ -57,8 +57,14 @@ def _train(request: StageRequest) -> tuple["TrainResult", list[int]]:
     extract = request.upstream.get("extract")
     if extract is None:
         raise StageError("the train stage needs the extract stage's manifest (request.upstream['extract'])")
+    index_rel = ExtractOutputs.of(extract).index
+    pinned = extract.hashes.get(index_rel)
+    if pinned and Path(extract.path(index_rel)).is_file() and sha256_file(extract.path(index_rel)) != pinned:
+        raise StageError(f"{extract.path(index_rel)} is not the index the extract stage wrote (its sha256 differs "
+                         "from the manifest's); delete the extract stage's manifest.json and rerun it")
     try:
-        index = read_index(extract.path(ExtractOutputs.of(extract).index), stage_dir=extract.dir)
+        # Checks every shard's size and sampled hash against the index before anything is read.
+        index = read_index(extract.path(index_rel), stage_dir=extract.dir)
         if index.aux_layer_ids != list(config.target.aux_layer_ids):
             raise StageError(
                 f"extracted aux layers {index.aux_layer_ids} differ from target.aux_layer_ids "

@@ -69,3 +69,38 @@ def test_compare_speculators_smoke_runs_every_stage_and_serves(tmp_path):
     assert set(result["serving"]) == {"baseline", "eagleflow"}
     assert result["serving"]["eagleflow"]["mean_acceptance_length"] >= 1.0
     assert "| eagleflow |" in out
+
+
+def test_extract_backends_compares_runs_per_layer(tmp_path):
+    """hf at bf16 and fp8 on a tiny generate stage of the demo target (the vllm backend against hf is
+    tests/integration/stages/test_extract.py)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from eagleflow.manifest import Manifest
+    from eagleflow.outputs import GenerateOutputs
+
+    gen_dir = tmp_path / "generate"
+    gen_dir.mkdir()
+    ids = [[(7 * i + j) % 300 for j in range(40 + 9 * i)] for i in range(6)]
+    pq.write_table(pa.table({"split": ["train"] * 4 + ["holdout"] * 2, "input_ids": ids,
+                             "loss_mask": [[1] * len(x) for x in ids]}), gen_dir / "shard-00000.parquet")
+    outputs = GenerateOutputs(shards=["shard-00000.parquet"], num_train=4, num_holdout=2,
+                              num_tokens=sum(map(len, ids)))
+    manifest = Manifest(stage="generate", key="g", dir=str(gen_dir), outputs=outputs.model_dump())
+    (gen_dir / "manifest.json").write_text(manifest.model_dump_json())
+    out = run([sys.executable, BENCH / "extract_backends.py", "--generate", gen_dir / "manifest.json",
+               "--backends", "hf", "--storage", "bfloat16", "float8_e4m3fn", "--out", tmp_path / "out"], timeout=300)
+    assert "hf-float8_e4m3fn against hf-bfloat16" in out and "final 4 (pre-norm)" in out
+
+
+def test_extract_gpu_measures_bounds_and_the_stage_on_cpu(tmp_path):
+    out = run([sys.executable, BENCH / "extract_gpu.py", "--tiny", "--out", tmp_path, "--seqs", "8", "--seq-len", "64",
+               "--batch-tokens", "256", "--runs", "hf-bf16", "hf-fp8"], timeout=300)
+    assert "forward alone" in out and "hf-fp8" in out and "% of min(forward, disk)" in out
+
+
+def test_extract_memory_runs_at_two_sizes(tmp_path):
+    out = run([sys.executable, BENCH / "extract_memory.py", "--tiny", "--out", tmp_path, "--samples", "8"],
+              timeout=300)
+    assert "4x the samples:" in out

@@ -32,6 +32,7 @@ def test_examples_load_and_resolve_paths():
     assert (kimi.target.aux_layer_ids, kimi.target.final_layer_id) == ([2, 30, 58], 61)
     assert (kimi.generate.num_samples, kimi.generate.holdout, kimi.train.epochs) == (10000, 1000, 5)
     assert kimi.train.warm_start and kimi.production.unit == "vllm-kimi-k25-int4"
+    assert (kimi.extract.backend, kimi.extract.storage_dtype) == ("vllm", "float8_e4m3fn")
 
 
 @pytest.mark.parametrize(
@@ -45,6 +46,8 @@ def test_examples_load_and_resolve_paths():
         (lambda d: d["generate"].update(temprature=0.5), "generate.temprature"),
         (lambda d: d.pop("target"), "target"),
         (lambda d: d["benchmark"].update(num_prompts=1000), "benchmark.num_prompts"),
+        (lambda d: d["extract"].update(storage_dtype="int4"), "extract.storage_dtype"),
+        (lambda d: (d["extract"].update(backend="vllm"), d["engine"].update(kind="sglang")), "extract.backend"),
     ],
 )
 def test_bad_config_names_the_field(tmp_path, mutate, field):

@@ -42,6 +42,21 @@ def test_train_runtime_settings_do_not_change_keys(override):
     assert keys(load_config(ROOT / "configs" / "demo.yaml", override)) == base
 
 
+def test_extract_settings_change_extract_and_downstream_and_runtime_ones_nothing():
+    base = keys(load_config(ROOT / "configs" / "demo.yaml"))
+    for override in ({"extract.backend": "vllm"}, {"extract.storage_dtype": "float8_e4m3fn"},
+                     {"extract.shard_bytes": 1 << 20}):
+        other = keys(load_config(ROOT / "configs" / "demo.yaml", override))
+        assert {s for s in base if base[s] != other[s]} == {"extract", "train", "export", "benchmark"}, override
+    runtime = {"extract.concurrency": 64, "extract.spool_dir": "/tmp/x", "extract.spread": "always"}
+    assert keys(load_config(ROOT / "configs" / "demo.yaml", runtime)) == base
+    # The vllm backend serves the target as production does: its launch settings are in the extract key.
+    vllm = {"extract.backend": "vllm"}
+    a = keys(load_config(ROOT / "configs" / "demo.yaml", vllm))
+    b = keys(load_config(ROOT / "configs" / "demo.yaml", {**vllm, "engine.max_model_len": 2048}))
+    assert a["extract"] != b["extract"]
+
+
 def test_engine_port_does_not_change_data_keys():
     base = keys(load_config(ROOT / "configs" / "demo.yaml"))
     other = keys(load_config(ROOT / "configs" / "demo.yaml", {"engine.port": 19999}))

