@@ -20,24 +20,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for p in (ROOT, Path(__file__).parent):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
 
-from eagleflow.config import load_config, parse_config  # noqa: E402
-from eagleflow.drafter.data import read_index  # noqa: E402
-from eagleflow.drafter.shards import dequantize_fp8  # noqa: E402
+from stage_run import run_stage  # noqa: E402
+
+from eagleflow.config import load_config  # noqa: E402
+from eagleflow.drafter.data import SequenceStore, read_index  # noqa: E402
 from eagleflow.manifest import Manifest, read_manifest  # noqa: E402
 from eagleflow.outputs import ExtractMetrics, ExtractOutputs, GenerateOutputs  # noqa: E402
-from eagleflow.request import StageRequest  # noqa: E402
 
 
 def newest(work_root: Path, stage: str) -> Manifest:
@@ -58,38 +57,18 @@ def cut_generate(gen: Manifest, n: int, out: Path) -> Manifest:
 
 
 def run_extract(config_data: dict, gen: Manifest, stage_dir: Path) -> tuple[Manifest, float]:
-    stage_dir.mkdir(parents=True, exist_ok=True)
-    (stage_dir / "manifest.json").unlink(missing_ok=True)
-    req = StageRequest(stage="extract", key=stage_dir.name, dir=str(stage_dir), config=parse_config(config_data),
-                       upstream={"generate": gen})
-    (stage_dir / "request.json").write_text(req.model_dump_json(indent=1))
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "eagleflow.stages.extract", str(stage_dir / "request.json")],
-                          cwd=ROOT, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    (stage_dir / "stage.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        raise SystemExit(f"extract stage in {stage_dir} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}"
-                         f"{proc.stderr[-3000:]}")
-    return read_manifest(stage_dir / "manifest.json"), wall
+    return run_stage("extract", config_data, {"generate": gen}, stage_dir)
 
 
 def sequences(m: Manifest) -> dict[tuple[int, ...], torch.Tensor]:
-    """Every sequence's states [T, 4, H] f32, keyed by its token ids (each backend orders a shard its own way)."""
-    from safetensors import safe_open
-
+    """Every sequence's states [T, 4, H] f32 as training reads them (fp8 dequantized), keyed by its token
+    ids (each backend orders a shard its own way)."""
     index = read_index(m.path(ExtractOutputs.of(m).index), stage_dir=m.dir)
     out = {}
-    for shard in index.shards:
-        with safe_open(str(shard.path), "pt") as f:
-            ids, lens = f.get_tensor("input_ids"), f.get_tensor("seq_lens")
-            states = f.get_tensor("hidden_states")
-            if "hidden_scales" in f.keys():
-                states = dequantize_fp8(states, f.get_tensor("hidden_scales"))
-            start = 0
-            for n in lens.tolist():
-                out[tuple(ids[start:start + n].tolist())] = states[start:start + n].float()
-                start += n
+    for split in ("train", "holdout"):
+        store = SequenceStore(index.split(split), max_seq_len=1 << 20)
+        for i in range(len(store)):
+            out[tuple(store.tokens(i)[0].tolist())] = store.hidden(i).float()
     return out
 
 

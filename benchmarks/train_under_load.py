@@ -22,22 +22,22 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for p in (ROOT, Path(__file__).parent):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
 
-from eagleflow.config import load_config, parse_config  # noqa: E402
+from stage_run import run_stage  # noqa: E402
+
+from eagleflow.config import load_config  # noqa: E402
 from eagleflow.manifest import Manifest, read_manifest  # noqa: E402
 from eagleflow.outputs import ExtractOutputs, TrainMetrics, TrainOutputs  # noqa: E402
-from eagleflow.request import StageRequest  # noqa: E402
 
 
 def _busy_loop() -> None:
@@ -74,19 +74,7 @@ def synthetic_extract(out: Path) -> tuple[Manifest, dict]:
 
 
 def run_train(config_data: dict, extract: Manifest, stage_dir: Path) -> dict:
-    stage_dir.mkdir(parents=True, exist_ok=True)
-    (stage_dir / "manifest.json").unlink(missing_ok=True)
-    req = StageRequest(stage="train", key=stage_dir.name, dir=str(stage_dir), config=parse_config(config_data),
-                       upstream={"extract": extract})
-    (stage_dir / "request.json").write_text(req.model_dump_json(indent=1))
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "eagleflow.stages.train", str(stage_dir / "request.json")],
-                          cwd=ROOT, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    (stage_dir / "stage.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        raise SystemExit(f"train stage in {stage_dir} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
-    m = read_manifest(stage_dir / "manifest.json")
+    m, wall = run_stage("train", config_data, {"extract": extract}, stage_dir)
     metrics, outputs = TrainMetrics.of(m), TrainOutputs.of(m)
     return {"steps": metrics.steps, "epochs": len(metrics.epochs),
             "complete_epochs": sum(e.complete for e in metrics.epochs), "bounded_by": metrics.bounded_by,

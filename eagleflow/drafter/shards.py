@@ -340,9 +340,9 @@ class ShardWriter:
 
     def _write_all(self, data: bytes | memoryview) -> None:
         view = memoryview(data).cast("B")
+        self._written += len(view)
         while view:
             view = view[self._file.write(view):]
-        self._written += len(memoryview(data).cast("B"))
 
     def _hash_blocks(self, final: bool = False) -> None:
         """Queue every 64 MiB block written so far (and the last, partial one when `final`)."""

@@ -21,7 +21,7 @@ import httpx
 KEEPALIVE_EXPIRY_S = 2.0
 RETRIES = 2
 RETRY_DELAY_S = 0.5
-_RETRYABLE = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+RETRYABLE = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 
 
 @dataclass
@@ -81,7 +81,7 @@ async def _chat_all(base_url: str, model: str, conversations: list[list[dict[str
                     try:
                         r = await client.post("/v1/chat/completions", json=payload)
                         break
-                    except _RETRYABLE as exc:
+                    except RETRYABLE as exc:
                         if attempt > RETRIES:
                             return ChatResult(i, error=f"request to {base_url} failed {attempt} times: "
                                               f"{type(exc).__name__}: {exc}", attempts=attempt)

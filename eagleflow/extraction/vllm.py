@@ -32,6 +32,7 @@ from safetensors.torch import load_file
 from eagleflow.config import RunConfig
 from eagleflow.drafter.shards import ShardWriter
 from eagleflow.engines import make_server
+from eagleflow.engines.chat import RETRYABLE
 from eagleflow.engines.launch import StateCapture, target_launch
 from eagleflow.extraction.plan import PlannedShard
 from eagleflow.request import StageError
@@ -94,7 +95,7 @@ class EngineStates:
             try:
                 r = self.client.post("/v1/completions", json=body)
                 break
-            except (httpx.ReadError, httpx.ConnectError, httpx.RemoteProtocolError):
+            except RETRYABLE:
                 if attempt == 2:
                     raise
         if r.status_code != 200:
