@@ -115,9 +115,12 @@ class EngineConfig(_Strict):
     )
     reasoning_parser: str | None = Field(None, description="--reasoning-parser, e.g. deepseek_r1 or kimi_k2.")
     tool_call_parser: str | None = Field(None, description="--tool-call-parser, e.g. kimi_k2.")
-    enforce_eager: bool = Field(
-        False, description="vLLM --enforce-eager / SGLang --disable-cuda-graph: no graph capture, a faster start (on CPU "
-        "much faster; figures in docs/benchmarks.md)."
+    enforce_eager: bool | Literal["auto"] = Field(
+        "auto",
+        description="vLLM --enforce-eager / SGLang --disable-cuda-graph: no graph capture. 'auto': eager on a CPU build "
+        "of vLLM, where capture only costs start-up (the demo target: healthy in ~40 s instead of ~130 s on 2 cores), "
+        "CUDA graphs on GPUs, where eager costs every decode step (the demo drafter on an H200: ~300 tok/s eager, "
+        "800-1000 with graphs; docs/benchmarks.md). true / false: as given everywhere, to serve as production does.",
     )
     trust_remote_code: bool = Field(False, description="--trust-remote-code.")
     extra_args: list[str] = Field(default_factory=list, description="More engine arguments, passed as given.")
@@ -148,16 +151,32 @@ class EngineConfig(_Strict):
 class GenerateConfig(_Strict):
     """Synthetic data from the target's own server."""
 
+    server: Literal["own", "production"] = Field(
+        "own",
+        description="'production': send the prompts to production's running server (production.url, its API key "
+        "from production.api_key_env or production.api_key_secret), at most `concurrency` requests in flight; "
+        "production keeps serving and is never stopped for it. 'own': launch the target with engine.* (its tensor "
+        "parallel size) on the host's free GPUs.",
+    )
     prompts_path: str = Field(description="JSONL on the host; each line {\"messages\": [...]} or {\"prompt\": \"...\"}.")
     num_samples: int = Field(ge=2, description="Prompts to answer, held-out ones included.")
     holdout: int = Field(ge=1, description="Samples held out of training: validation and benchmark prompts.")
     max_tokens: int = Field(512, ge=1, description="max_tokens of each answer.")
     temperature: float = Field(0.0, ge=0, le=2, description="Sampling temperature of the answers.")
-    concurrency: int = Field(16, ge=1, le=4096, description="Requests in flight.")
+    concurrency: int = Field(
+        16, ge=1, le=4096, description="Requests in flight (against production: what it may take beside its traffic)."
+    )
     shard_size: int = Field(1000, ge=1, description="Samples per Parquet shard (the unit of resume).")
     seed: int = Field(0, description="Seed of the train/holdout split.")
     max_failed_fraction: float = Field(
-        0.0, ge=0, le=1, description="Fraction of answers allowed to fail or come back empty before the stage fails."
+        0.0, ge=0, le=1,
+        description="Fraction of answers allowed to fail (an error, or neither reasoning nor content) before the "
+        "stage fails. An answer cut at max_tokens is data, not a failure: kept, marked truncated and counted.",
+    )
+    server_wait_s: float = Field(
+        1800, gt=0,
+        description="server 'production': how long a dropped connection or a restarting server is waited for (its "
+        "health URL answering again) before the stage fails; the unanswered requests are then sent again.",
     )
 
     @model_validator(mode="after")
@@ -261,7 +280,8 @@ class BenchmarkConfig(_Strict):
 
 
 class ProductionConfig(_Strict):
-    """The production service on the host: stopped before the benchmark, restored after it whatever happens.
+    """The production service on the host: stopped for the stages that need the GPUs, restored after them
+    whatever happens; and, with generate.server 'production', the server the data is generated from.
 
     'systemd' runs `systemctl stop|start <unit>`; 'command' runs the operator's own stop and start
     commands (argv lists, run on the host; start must return once the service is launched). eagleflow
@@ -277,6 +297,26 @@ class ProductionConfig(_Strict):
     stop_command: list[str] = Field(default_factory=list, description="command: argv that stops the service.")
     health_url: str | None = Field(
         None, description="URL that answers 200 when production is healthy, e.g. http://127.0.0.1:8000/health."
+    )
+    url: str | None = Field(
+        None, description="Base URL of production's OpenAI-compatible API, e.g. http://127.0.0.1:8000 "
+        "(generate.server 'production' sends its prompts there).",
+    )
+    api_key_env: str | None = Field(
+        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Name of the environment variable holding production's API key, in the environment of the "
+        "flow run (the Prefect worker). The key is handed to the generate stage in memory: never written to a "
+        "request, manifest, log, report or artifact.",
+    )
+    api_key_secret: str | None = Field(
+        None, description="Name of a Prefect Secret block holding production's API key (read by the flow run; "
+        "wins over api_key_env).",
+    )
+    window: Literal["pipeline", "stage"] = Field(
+        "pipeline",
+        description="'pipeline': production is stopped once, before the first stage that needs the GPUs (extract "
+        "through the engine or on GPU, train on GPU, benchmark), and restored after the last; 'stage': stopped and "
+        "restored around each of them.",
     )
     stop_timeout_s: float = Field(120, gt=0, description="Wait this long for production to be down after stopping it.")
     restore_timeout_s: float = Field(
@@ -334,6 +374,11 @@ class RunConfig(_Strict):
         if self.train.max_seq_len > self.extract.max_seq_len:
             raise ValueError(
                 f"train.max_seq_len ({self.train.max_seq_len}) exceeds extract.max_seq_len ({self.extract.max_seq_len})"
+            )
+        if self.generate.server == "production" and not self.production.url:
+            raise ValueError(
+                "generate.server is 'production' but production.url is not set: give the base URL of production's "
+                "OpenAI-compatible API, e.g. http://127.0.0.1:8000"
             )
         if self.extract.backend == "vllm" and self.engine.kind != "vllm":
             raise ValueError(

@@ -5,7 +5,9 @@ A stage on a GPU host runs for hours; the SSH connection that started it must be
 the stage runs under a small supervisor in a session of its own, and everything the controller
 needs to find it again lives in files in the job's directory:
 
-    job.json   what was started: argv, env, owner (the flow run), attempt (the task run)
+    job.json   what was started: argv, env, owner (the flow run), attempt (the task run); a secret
+               (production's API key) only by name: its value comes on `run`'s stdin and lives
+               in the supervisor's and the stage's environment, never in a file
     job.pid    the supervisor's pid, which is also the process group and session id
     job.lock   flock held by the supervisor for as long as it lives: the liveness test, immune to pid reuse
     job.exit   {"returncode": ...}, written atomically when the stage ends
@@ -194,7 +196,18 @@ def describe_busy(detail: dict[str, Any]) -> str:
 # -- commands -----------------------------------------------------------------------------------
 
 
-def start(job_dir: str | Path, spec: dict[str, Any]) -> dict[str, Any]:
+def read_secrets(spec: dict[str, Any], stream: Any) -> dict[str, str]:
+    """The values of spec["secret_env"] (names), one JSON line on `stream`; {} when there are none."""
+    names = spec.get("secret_env") or []
+    if not names:
+        return {}
+    values = json.loads(stream.readline() or "{}")
+    if not isinstance(values, dict) or sorted(values) != sorted(names):
+        raise ValueError(f"expected the values of {sorted(names)} as one JSON line on stdin")
+    return {str(k): str(v) for k, v in values.items()}
+
+
+def start(job_dir: str | Path, spec: dict[str, Any], secrets: dict[str, str] | None = None) -> dict[str, Any]:
     """Start the job, or report the one already there. Never two supervisors for one job dir.
 
     - running: attach to it, whoever started it (a retry after a dropped connection, or a new flow run
@@ -225,7 +238,7 @@ def start(job_dir: str | Path, spec: dict[str, Any]) -> dict[str, Any]:
         subprocess.Popen(
             [sys.executable, "-m", "eagleflow.jobs", "supervise", str(job.dir)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, close_fds=True, cwd=str(job.dir),
+            start_new_session=True, close_fds=True, cwd=str(job.dir), env={**os.environ, **(secrets or {})},
         )
         deadline = time.monotonic() + 30
         while not (job.pid_path.exists() and job.running()):
@@ -307,13 +320,13 @@ def follow(job_dir: str | Path, tail_lines: int | None = None, out: Any = None) 
             pause = min(pause * 2, 0.1)
 
 
-def run(job_dir: str | Path, spec: dict[str, Any]) -> int:
+def run(job_dir: str | Path, spec: dict[str, Any], secrets: dict[str, str] | None = None) -> int:
     """start + follow + the final status in one process, so a stage costs one SSH round trip.
 
     stderr gets two JSON lines, {"start": <start's answer>} and {"end": <status>}; stdout the log (the
     last 20 lines first when re-attaching to a job that was already there).
     """
-    started = start(job_dir, spec)
+    started = start(job_dir, spec, secrets)
     print(json.dumps({"start": started}), file=sys.stderr, flush=True)
     if started["state"] == "busy":
         return BUSY
@@ -386,11 +399,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "follow":
         return follow(args.job_dir, args.tail)
     if args.cmd == "run":
-        return run(args.job_dir, json.loads(args.spec))
+        spec = json.loads(args.spec)
+        return run(args.job_dir, spec, read_secrets(spec, sys.stdin))
     if args.cmd == "lease":
         return hold_lease(args.root, args.owner, args.what)
     if args.cmd == "start":
-        result = start(args.job_dir, json.loads(args.spec))
+        spec = json.loads(args.spec)
+        result = start(args.job_dir, spec, read_secrets(spec, sys.stdin))
     elif args.cmd == "status":
         result = Job(args.job_dir).status()
     elif args.cmd == "stop":

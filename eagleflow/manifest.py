@@ -44,6 +44,7 @@ UPSTREAM: dict[str, tuple[str, ...]] = {
 _ENGINE_RUNTIME = ("host", "port", "startup_timeout_s", "stall_timeout_s", "request_timeout_s", "fatal_patterns",
                    "preflight", "min_free_disk_gib", "min_free_gpu_fraction")
 _EXTRACT_RUNTIME = ("spread", "concurrency", "spool_dir")
+_GENERATE_RUNTIME = ("server_wait_s",)
 _TRAIN_RUNTIME = ("nproc", "grad_accum_steps", "num_threads", "log_every_steps", "checkpoint_every_steps",
                   "time_limit_s")  # a cap that fails; raised, the same stage dir resumes
 
@@ -63,13 +64,23 @@ def stage_settings(stage: str, config: RunConfig) -> dict[str, Any]:
     prompts = {k: c["generate"][k] for k in ("prompts_path", "num_samples", "holdout", "seed")}
     return {
         "check": c,
-        "generate": {"target": c["target"], "engine": engine_launch, "generate": c["generate"]},
+        "generate": generate_settings(c, engine_launch),
         "extract": {"target": c["target"], "engine": engine_launch if c["extract"]["backend"] == "vllm" else None,
                     "extract": {k: v for k, v in c["extract"].items() if k not in _EXTRACT_RUNTIME}},
         "train": {"train": train},
         "export": {"export": c["export"], "aux_layer_ids": c["target"]["aux_layer_ids"]},
         "benchmark": {"engine": engine_launch, "benchmark": c["benchmark"], "target": c["target"], "prompts": prompts},
     }[stage]
+
+
+def generate_settings(c: dict[str, Any], engine_launch: dict[str, Any]) -> dict[str, Any]:
+    """The answers depend on the server that gave them: our own launch (engine.*), or production at its URL
+    (its flags are production's, not ours). An own-server run keeps the key it had before `server` existed,
+    so finished runs stay cached."""
+    g = {k: v for k, v in c["generate"].items() if k not in _GENERATE_RUNTIME}
+    if g.pop("server") == "own":
+        return {"target": c["target"], "engine": engine_launch, "generate": g}
+    return {"target": c["target"], "server": {"production": c["production"]["url"]}, "generate": g}
 
 
 def stage_key(stage: str, config: RunConfig, upstream_keys: dict[str, str]) -> str:

@@ -7,10 +7,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from eagleflow.capacity import CapacityPlan, render_plan
 from eagleflow.files import write_json_atomic
 from eagleflow.manifest import Manifest
 from eagleflow.outputs import (
-    BenchmarkMetrics, BenchmarkOutputs, BestEpoch, Measurement, ProductionResult, TrainMetrics, Verdict,
+    BenchmarkMetrics, BenchmarkOutputs, BestEpoch, CheckMetrics, Measurement, ProductionResult, ProductionWindow, TrainMetrics,
+    Verdict,
 )
 
 
@@ -49,10 +51,13 @@ class Report(BaseModel):
     verdict: Verdict | None = None
     windows: list[Measurement] = Field(default_factory=list)
     production: ProductionResult | None = None
+    production_windows: list[ProductionWindow] = Field(
+        default_factory=list, description="Production stopped for the GPU stages: for which, how long, how it came back.")
     drafter_dir: str | None = None
     drafters: dict[str, str] = Field(default_factory=dict)
     benchmark_settings: dict = Field(default_factory=dict)
     offline: OfflineEstimate | None = Field(None, description="None when only the benchmark ran.")
+    capacity: CapacityPlan | None = Field(None, description="The check stage's capacity plan, when it ran.")
     stages: dict[str, StageSummary]
     path: str | None = Field(None, description="Where report.json was written.")
 
@@ -62,7 +67,8 @@ class StageTiming(BaseModel):
     cached: bool
 
 
-def build_report(run_name: str, manifests: dict[str, Manifest], timings: dict[str, StageTiming]) -> Report:
+def build_report(run_name: str, manifests: dict[str, Manifest], timings: dict[str, StageTiming],
+                 production_windows: list[ProductionWindow] | None = None) -> Report:
     bench = BenchmarkMetrics.of(manifests["benchmark"])
     offline = None
     if "train" in manifests:
@@ -73,8 +79,10 @@ def build_report(run_name: str, manifests: dict[str, Manifest], timings: dict[st
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         baseline=bench.baseline, drafter=bench.drafter, current=bench.current, speedup=bench.speedup,
         verdict=bench.verdict, windows=bench.windows, production=bench.production,
+        production_windows=production_windows or [],
         drafter_dir=BenchmarkOutputs.of(manifests["benchmark"]).drafter_dir, drafters=bench.drafters,
         benchmark_settings=bench.settings.model_dump(mode="json"), offline=offline,
+        capacity=CheckMetrics.of(manifests["check"]).plan if "check" in manifests else None,
         stages={
             s: StageSummary(seconds=round(t.seconds, 2), cached=t.cached, key=manifests[s].key,
                             compute_seconds=manifests[s].seconds, manifest=f"{manifests[s].dir}/manifest.json")
@@ -124,6 +132,17 @@ def _window_lines(report: Report) -> list[str]:
     return lines
 
 
+def _production_lines(report: Report) -> list[str]:
+    """How long production was down, for which stages, and how it came back."""
+    lines = []
+    for w in report.production_windows:
+        down = f"down {w.down_s:.0f} s" if w.down_s is not None else "not running before"
+        lines.append(f"production {down} for {', '.join(w.stages)}: {w.summary}")
+    if report.production and report.production.kind != "none" and report.production.summary:
+        lines.append(f"production (benchmark): {report.production.summary}")
+    return lines
+
+
 def _verdict_lines(report: Report) -> list[str]:
     v = report.verdict
     if v is None:
@@ -139,6 +158,10 @@ def render_text(report: Report) -> str:
         lines += [""] + _window_lines(report)
     if report.verdict:
         lines += [""] + _verdict_lines(report)
+    if _production_lines(report):
+        lines += [""] + _production_lines(report)
+    if report.capacity:
+        lines += ["", render_plan(report.capacity)]
     lines += ["", f"{'stage':12}{'seconds':>10}{'cached':>8}{'compute s':>12}"]
     lines += [f"{s:12}{sec:>10}{c:>8}{comp:>12}" for s, sec, c, comp in stages]
     return "\n".join(lines)
@@ -153,6 +176,11 @@ def render_markdown(report: Report) -> str:
         md += [f"- {f}" for f in report.verdict.findings]
     if report.windows:
         md += ["", "```", *_window_lines(report), "```"]
+    if _production_lines(report):
+        md += [""] + [f"- {line}" for line in _production_lines(report)]
+    if report.capacity:
+        md += ["", "**Capacity plan** (the check stage's estimate before the run)", "", "```",
+               render_plan(report.capacity), "```"]
     md += ["", "| stage | seconds | cached | compute seconds |", "|---|---:|:-:|---:|"]
     md += [f"| {s} | {sec} | {c} | {comp} |" for s, sec, c, comp in stages]
     return "\n".join(md)

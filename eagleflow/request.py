@@ -16,6 +16,11 @@ from eagleflow.config import RunConfig
 from eagleflow.manifest import Manifest
 
 
+# Where the flow run hands production's API key to a stage: in the stage process's environment only,
+# never in request.json, a job spec, a log or a Prefect parameter.
+PRODUCTION_API_KEY_ENV = "EAGLEFLOW_PRODUCTION_API_KEY"
+
+
 class StageError(RuntimeError):
     """A failure whose message already says what is wrong and what to do; printed without a traceback."""
 

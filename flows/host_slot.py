@@ -12,6 +12,7 @@ connected once per flow run, not once per stage.
 from __future__ import annotations
 
 import contextlib
+import json
 from typing import Any, Iterator
 
 from prefect import get_run_logger
@@ -66,4 +67,19 @@ def stop_jobs_of_run(flow: Any, flow_run: Any, state: Any) -> None:
         return
     with make_host(config.host) as host:
         stopped = host.stop_owner(str(flow_run.id))
-    print(f"flow run {flow_run.id} ended {state.name}: stopped {len(stopped)} job(s) on {config.host.name}: {stopped}")
+        released = release_windows(host, config, str(flow_run.id))
+    print(f"flow run {flow_run.id} ended {state.name}: stopped {len(stopped)} job(s) on {config.host.name}: {stopped}"
+          + (f"; production windows given back: {released}" if released else ""))
+
+
+def release_windows(host: Host, config: RunConfig, owner: str) -> list[str]:
+    """Ask the host's open production windows of this flow run to give production back now (the
+    guardian would, once the host lease has been gone for production.orphan_grace_s)."""
+    if config.production.kind == "none":
+        return []
+    rc, out, err = host.exec([config.host.python, "-m", "eagleflow.production.window", "release-owner",
+                              config.host.work_root, owner], timeout=60)
+    if rc != 0:
+        print(f"could not release the production windows of {owner} on {config.host.name}: {(err or out)[-500:]}")
+        return []
+    return json.loads(out.strip().splitlines()[-1])["released"]

@@ -1,16 +1,20 @@
 """The full pipeline: check -> generate -> extract -> train -> export -> benchmark -> report.
 
-`python -m flows.pipeline configs/demo.yaml` runs it once and prints the report.
+`python -m flows.pipeline configs/demo.yaml` runs it once and prints the report. With a production
+service on the host, the stages that need its GPUs run in production windows (tasks.production):
+once for all of them (`production.window: pipeline`) or one each (`stage`); generate never stops it.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 
 from prefect import flow
 
 from eagleflow.config import RunConfig, load_config
 from eagleflow.hosts import Host
+from eagleflow.outputs import ProductionWindow
 from eagleflow.report import Report
 from flows.host_slot import host_slot, stop_jobs_of_run
 from flows.params import RunParams, main_cli
@@ -20,29 +24,31 @@ from tasks.dispatch import StageRun, run_cached
 from tasks.export import export
 from tasks.extract import extract
 from tasks.generate import generate
+from tasks.production import production_windows
 from tasks.report import publish_report
 from tasks.train import train
 
 
-def run_stages(host: Host, config: RunConfig) -> dict[str, StageRun]:
+def run_stages(host: Host, config: RunConfig) -> tuple[dict[str, StageRun], list[ProductionWindow]]:
     """Every stage in order on the run's host; each cached one is taken from cache while its manifest
-    still exists there. The benchmark always measures again."""
-    check(host, config)
-    runs: dict[str, StageRun] = {}
-    runs["generate"] = run_cached(generate, host, config)
-    runs["extract"] = run_cached(extract, host, config, {"generate": runs["generate"].manifest})
-    runs["train"] = run_cached(train, host, config, {"extract": runs["extract"].manifest})
-    runs["export"] = run_cached(export, host, config, {"train": runs["train"].manifest})
-    runs["benchmark"] = run_cached(benchmark, host, config, {"export": runs["export"].manifest})
-    return runs
+    still exists there. The benchmark always measures again. Also returns the production windows."""
+    start = time.monotonic()
+    runs: dict[str, StageRun] = {"check": StageRun(check(host, config), cached=False, seconds=time.monotonic() - start)}
+    with production_windows(host, config) as windows:
+        runs["generate"] = run_cached(generate, host, config)
+        runs["extract"] = windows.run(extract, {"generate": runs["generate"].manifest})
+        runs["train"] = windows.run(train, {"extract": runs["extract"].manifest})
+        runs["export"] = windows.run(export, {"train": runs["train"].manifest})
+        runs["benchmark"] = windows.run(benchmark, {"export": runs["export"].manifest})
+    return runs, windows.records
 
 
 @flow(name="pipeline", log_prints=True, on_cancellation=[stop_jobs_of_run], on_crashed=[stop_jobs_of_run])
 def pipeline(params: RunParams = RunParams()) -> Report:
     config = load_config(params.config_path, params.overrides)
     with host_slot(config, f"pipeline {config.name}") as host:
-        runs = run_stages(host, config)
-    return publish_report(config, runs)
+        runs, windows = run_stages(host, config)
+    return publish_report(config, runs, windows)
 
 
 if __name__ == "__main__":

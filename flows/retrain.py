@@ -28,5 +28,5 @@ def retrain(params: RetrainParams = RetrainParams()) -> bool:
     config = load_config(params.config_path, {"generate.seed": seed, **params.overrides})
     gate = PromotionGate(min_speedup=params.min_speedup, min_acceptance_length=params.min_acceptance_length)
     with host_slot(config, f"retrain {config.name}") as host:
-        report = publish_report(config, run_stages(host, config))
+        report = publish_report(config, *run_stages(host, config))
         return promote(host, config, report, gate)

@@ -42,8 +42,9 @@ def attach_failure_logs(config: RunConfig, host: Host, stage_dir: str, error: St
 
 
 @task(name="benchmark", **STAGE_TASK, cache_policy=NO_CACHE, task_run_name="benchmark")
-def benchmark(host: Host, config: RunConfig, upstream: dict[str, Manifest]) -> Manifest:
-    manifest = dispatch("benchmark", host, config, upstream,
+def benchmark(host: Host, config: RunConfig, upstream: dict[str, Manifest],
+              env: dict[str, str] | None = None) -> Manifest:
+    manifest = dispatch("benchmark", host, config, upstream, env=env,
                         on_failure=lambda d, exc: attach_failure_logs(config, host, d, exc))
     text = host.read_text(manifest.path(BenchmarkOutputs.of(manifest).report_md))
     create_markdown_artifact(text, key=artifact_key("eagleflow", config.name, "benchmark"),

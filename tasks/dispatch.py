@@ -71,10 +71,13 @@ def _run_ids() -> tuple[str, str, str]:
 
 
 def dispatch(stage: str, host: Host, config: RunConfig, upstream: dict[str, Manifest],
-             on_failure: Callable[[str, StageFailed], None] | None = None) -> Manifest:
+             on_failure: Callable[[str, StageFailed], None] | None = None, env: dict[str, str] | None = None,
+             secret_env: dict[str, str] | None = None) -> Manifest:
     """Run `python -m eagleflow.stages.<stage>` on the host; return the manifest it wrote last.
 
     `on_failure(stage_dir, error)` runs before a failed stage's error is raised (to attach logs).
+    `env`: added to the stage's environment (a production window's token). `secret_env`: the same,
+    but handed over in memory only (an API key): never in request.json, the job spec or a log.
     """
     logger = get_run_logger()
     owner, attempt, stamp = _run_ids()
@@ -94,7 +97,7 @@ def dispatch(stage: str, host: Host, config: RunConfig, upstream: dict[str, Mani
     logger.info("running %s %s on %s (log: %s/stage.log)", stage, key, host.name, d)
     try:
         host.run_job(d, [config.host.python, "-m", f"eagleflow.stages.{stage}", f"{d}/request.json"],
-                     log=logger.info, owner=owner, attempt=attempt)
+                     log=logger.info, owner=owner, attempt=attempt, env=env, secret_env=secret_env)
     except StageFailed as exc:
         if on_failure is not None:
             on_failure(d, exc)
@@ -111,14 +114,21 @@ class StageRun:
     seconds: float
 
 
-def run_cached(task: Task, host: Host, config: RunConfig, upstream: dict[str, Manifest] | None = None) -> StageRun:
-    """Call a stage task, honouring a cache hit only if its manifest still exists on the host."""
+def is_finished(host: Host, config: RunConfig, stage: str, upstream: dict[str, Manifest]) -> bool:
+    """Whether the stage's manifest for these inputs is on the host: a run of it is no work."""
+    return stage not in ALWAYS_RUN and host.exists(f"{stage_dir(config, stage, _key(stage, config, upstream))}/manifest.json")
+
+
+def run_cached(task: Task, host: Host, config: RunConfig, upstream: dict[str, Manifest] | None = None,
+               env: dict[str, str] | None = None) -> StageRun:
+    """Call a stage task, honouring a cache hit only if its manifest still exists on the host.
+    `env` (a production window's) reaches the stage process, not the cache key."""
     upstream = upstream or {}
     stage = task.name
     present = host.exists(f"{stage_dir(config, stage, _key(stage, config, upstream))}/manifest.json")
     start = time.monotonic()
     state = task.with_options(refresh_cache=not present, retries=config.host.stage_retries)(
-        host, config, upstream, return_state=True)
+        host, config, upstream, **({"env": env} if env else {}), return_state=True)
     manifest = state.result()  # raises the task's exception when it failed
     return StageRun(manifest, cached=state.name == "Cached", seconds=time.monotonic() - start)
 

@@ -11,5 +11,6 @@ from tasks.dispatch import STAGE_TASK, dispatch, stage_cache_key
 
 
 @task(name="extract", **STAGE_TASK, cache_key_fn=stage_cache_key, persist_result=True, task_run_name="extract")
-def extract(host: Host, config: RunConfig, upstream: dict[str, Manifest]) -> Manifest:
-    return dispatch("extract", host, config, upstream)
+def extract(host: Host, config: RunConfig, upstream: dict[str, Manifest],
+        env: dict[str, str] | None = None) -> Manifest:
+    return dispatch("extract", host, config, upstream, env=env)

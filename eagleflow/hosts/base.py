@@ -76,13 +76,14 @@ class Host(abc.ABC):
         """
 
     def run_job(self, job_dir: str, argv: list[str], *, log: LogFn, env: dict[str, str] | None = None,
-                owner: str = "", attempt: str = "") -> None:
+                owner: str = "", attempt: str = "", secret_env: dict[str, str] | None = None) -> None:
         """Run a stage as the job of `job_dir` (log in `<job_dir>/stage.log`); see `run`.
 
         `owner` (the flow run) and `attempt` (the task run) let a host with detached jobs re-attach a
-        retry to the job it started instead of starting a second one.
+        retry to the job it started instead of starting a second one. `secret_env` reaches the stage's
+        environment and nothing else: no file, no command line, no log.
         """
-        self.run(argv, log=log, env=env, log_path=f"{job_dir}/stage.log")
+        self.run(argv, log=log, env={**(env or {}), **(secret_env or {})}, log_path=f"{job_dir}/stage.log")
 
     def stop_owner(self, owner: str) -> list[str]:
         """End every running job that `owner` started on this host; return their job dirs."""

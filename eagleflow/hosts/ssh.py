@@ -194,13 +194,14 @@ class SshHost(Host):
         self.run_job(job_dir, argv, log=log, env=env)
 
     def run_job(self, job_dir: str, argv: list[str], *, log: LogFn, env: dict[str, str] | None = None,
-                owner: str = "", attempt: str = "") -> None:
+                owner: str = "", attempt: str = "", secret_env: dict[str, str] | None = None) -> None:
         spec = {"argv": argv, "env": {**self.config.env, **(env or {}), "PYTHONUNBUFFERED": "1"},
-                "owner": owner, "attempt": attempt, "root": self.work_root}
+                "owner": owner, "attempt": attempt, "root": self.work_root,
+                "secret_env": sorted(secret_env or {})}  # names only: the values go over the channel's stdin
         control: dict[str, Any] = {}
         try:
             rc, err = self._stream([self.python, "-m", "eagleflow.jobs", "run", job_dir, json.dumps(spec)],
-                                   log, control, job_dir)
+                                   log, control, job_dir, stdin=json.dumps(secret_env) + "\n" if secret_env else None)
         except ConnectionLost:
             raise  # the job goes on; Prefect's retry re-attaches
         except BaseException:
@@ -222,14 +223,19 @@ class SshHost(Host):
                         "killed on the host (SIGKILL, OOM killer, reboot)?")
         raise StageFailed(self.name, argv, int(end.get("returncode", -9)), tail, f"{job_dir}/stage.log")
 
-    def _stream(self, argv: list[str], log: LogFn, control: dict[str, Any], job_dir: str) -> tuple[int, str]:
-        """Run `jobs run` on one channel: log lines from stdout as they come, control JSON from stderr."""
+    def _stream(self, argv: list[str], log: LogFn, control: dict[str, Any], job_dir: str,
+                stdin: str | None = None) -> tuple[int, str]:
+        """Run `jobs run` on one channel: log lines from stdout as they come, control JSON from stderr;
+        `stdin` (the secrets' line) is written to the command and the channel's input closed."""
         try:
             transport = self._conn().get_transport()
             assert transport is not None
             chan = transport.open_session()
             chan.settimeout(1.0)
             chan.exec_command(shlex.join(argv))
+            if stdin is not None:
+                chan.sendall(stdin.encode())
+            chan.shutdown_write()
             pending, err = b"", b""
             while True:
                 try:

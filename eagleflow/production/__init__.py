@@ -31,7 +31,8 @@ Files in the state dir (the benchmark's stage dir):
 
 One module per part: `ownership` (which processes are ours: the token), `service` (stop, start, probe
 production through the operator's means), `state` (the files above), `downtime` (the stage's side:
-`production_stopped`), `guardian` (the restorer). Imports only the standard library, httpx and
+`production_stopped`), `guardian` (the restorer), `window` (one stop for several stages: the
+pipeline's GPU stages, `python -m eagleflow.production.window`). Imports only the standard library, httpx and
 eagleflow's standard-library helpers, so the guardian starts in a blink; the pydantic
 ProductionConfig is only a type here (the guardian rebuilds it from production.json).
 """
@@ -39,8 +40,8 @@ ProductionConfig is only a type here (the guardian rebuilds it from production.j
 from __future__ import annotations
 
 from eagleflow.production.downtime import Downtime, production_stopped
-from eagleflow.production.ownership import STOP_ENV, TOKEN_ENV, end_owned, end_owned_group, owned, owned_pids
+from eagleflow.production.ownership import STOP_ENV, TOKEN_ENV, WINDOW_ENV, end_owned, end_owned_group, owned, owned_pids
 from eagleflow.production.service import ProductionError, ProductionService
 
 __all__ = ["Downtime", "ProductionError", "ProductionService", "STOP_ENV", "TOKEN_ENV", "end_owned", "end_owned_group",
-           "owned", "owned_pids", "production_stopped"]
+           "owned", "owned_pids", "production_stopped", "WINDOW_ENV"]

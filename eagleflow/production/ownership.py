@@ -14,6 +14,8 @@ from pathlib import Path
 from eagleflow.procs import terminate
 
 TOKEN_ENV = "EAGLEFLOW_TOKEN"  # on every engine of one benchmark: the proof that a process is ours to end
+# On every stage of a production window (the window's dir): production is down already, the flow gives it back.
+WINDOW_ENV = "EAGLEFLOW_PRODUCTION_WINDOW"
 STOP_ENV = "EAGLEFLOW_STOPPING"  # on the stop command only: lets the guardian wait for a stop cut short
 ENGINE_GRACE_S = 15.0  # leftover engine: SIGTERM, then SIGKILL after this (vLLM's own shutdown)
 

@@ -30,7 +30,8 @@ import statistics
 import subprocess
 import sys
 import time
-from contextlib import ExitStack
+import os
+from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
 import httpx
@@ -45,7 +46,7 @@ from eagleflow.outputs import (
 )
 from eagleflow.promotion import PromotionRecord, promotion_record_path
 from eagleflow.prompts import Messages, PromptError, holdout_prompts
-from eagleflow.production import production_stopped
+from eagleflow.production import WINDOW_ENV, production_stopped
 from eagleflow.request import StageError, StageRequest
 from eagleflow.stages.common import stage_main
 from eagleflow.verdict import judge, render_markdown
@@ -256,7 +257,14 @@ def run(request: StageRequest) -> Manifest:
                              f"{v.server.post_mortem()}") from None
 
     groups = [variants] if b.side_by_side else [[v] for v in variants]
-    with production_stopped(cfg.production, request.path, work_root=cfg.host.work_root, log=log.info) as downtime:
+    # Inside the pipeline's production window, production is already down and the flow gives it back
+    # (our engines inherit the window's token); run alone, the stage stops and restores it itself.
+    window = os.environ.get(WINDOW_ENV)
+    if window:
+        log.info("measuring inside the production window of %s", window)
+    stopped = nullcontext(None) if window else production_stopped(cfg.production, request.path,
+                                                                   work_root=cfg.host.work_root, log=log.info)
+    with stopped as downtime:
         if cfg.engine.preflight and has_production:
             findings += gpus_free(cfg)
         for group in groups:
@@ -264,8 +272,8 @@ def run(request: StageRequest) -> Manifest:
                 for i, v in enumerate(group):
                     launch = target_launch(cfg, speculative(v.drafter, b.num_speculative_tokens) if v.drafter else None,
                                            port_offset=i)  # side by side: engine.port, +1, +2
-                    v.server = make_server(launch, request.path / f"engine-{v.name}.log", env=downtime.engine_env(),
-                                           name=v.name)
+                    v.server = make_server(launch, request.path / f"engine-{v.name}.log",
+                                           env=downtime.engine_env() if downtime else None, name=v.name)
                     stack.callback(v.server.stop)  # whatever happens, end what this stage started
                     v.server.start()  # side by side: all load at once
                 for v in group:
@@ -286,7 +294,7 @@ def run(request: StageRequest) -> Manifest:
                         rows[(v.name, t, c)] = w.measurement(v.server, b.num_speculative_tokens)
                     log.info("measured temperature %g, concurrency %d: %s", t, c, ", ".join(
                         f"{v.name} {rows[(v.name, t, c)].output_tok_s:.1f} tok/s" for v in group))
-    production = ProductionResult.model_validate(downtime.result) if downtime.result else None
+    production = ProductionResult.model_validate(downtime.result) if downtime and downtime.result else None
 
     table = [rows[(v.name, t, c)] for v in variants for t, c in settings]
     verdict = judge(table, {v.name: v.offline_al for v in variants if v.drafter}, suspect_ratio=b.suspect_ratio)

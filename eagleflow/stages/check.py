@@ -1,7 +1,11 @@
 """check: the host check, seconds before any stage starts work (the engine's own preflight is the benchmark's).
 
 Catches what would otherwise fail an hour in: a missing target, a layer count that does not match
-the config, an empty or malformed prompt set, thinking markers the tokenizer splits, a missing engine.
+the config, an empty or malformed prompt set, thinking markers the tokenizer splits, a missing engine,
+and a run whose extracted states will not fit the free disk. It prints the capacity plan
+(`eagleflow.capacity`: each stage's disk, GPU memory and time) and records it in its manifest; the
+prompts are counted with the target's tokenizer and chat template (up to 2,000 of them, evenly spaced),
+the rest of the facts are `eagleflow.planfacts`' (the same `python -m flows.plan` reads).
 """
 
 from __future__ import annotations
@@ -11,9 +15,12 @@ import logging
 import sys
 from pathlib import Path
 
+from eagleflow.capacity import CapacityPlan, HostFacts, Progress, plan, render_plan
+from eagleflow.config import RunConfig
 from eagleflow.hostfacts import ENGINE_DISTRIBUTIONS, version_of
 from eagleflow.manifest import Manifest
 from eagleflow.outputs import CheckMetrics
+from eagleflow.planfacts import gather
 from eagleflow.prompts import PromptError, load_prompts, split_indices
 from eagleflow.request import StageError, StageRequest
 from eagleflow.stages.common import stage_main
@@ -26,6 +33,7 @@ def run(request: StageRequest) -> Manifest:
     problems: list[str] = []
     model = Path(cfg.target.model_path)
     facts: dict[str, object] = {}
+    tok = None
     if not (model / "config.json").is_file():
         problems.append(f"target.model_path: {model} has no config.json (does the path exist on this host?)")
     else:
@@ -64,9 +72,32 @@ def run(request: StageRequest) -> Manifest:
     else:
         facts["engine"] = f"{kind} {version}"
     log.info("host facts: %s", facts)
+    capacity = _plan(cfg, tok)
+    if capacity is not None:
+        log.info("\n%s", render_plan(capacity))
+        facts["plan"] = capacity
+        if capacity.refusal:
+            problems.insert(0, capacity.refusal)
     if problems:
         raise StageError("the run config does not fit this host:\n  - " + "\n  - ".join(problems))
     return request.manifest(outputs={}, metrics=CheckMetrics.model_validate(facts))
+
+
+def _plan(cfg: RunConfig, tok: object | None) -> CapacityPlan | None:
+    """The capacity plan on this host; None when the target's config.json cannot be read (a problem
+    already named)."""
+
+    def count_tokens(messages: list[dict]) -> int:
+        try:
+            ids = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+        except Exception:  # noqa: BLE001 - a template that refuses this chat: count its text
+            ids = tok(" ".join(m["content"] for m in messages), add_special_tokens=False)
+        return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    facts = gather(cfg, count_tokens if tok is not None and getattr(tok, "chat_template", None) else None)
+    if facts.get("target") is None:
+        return None
+    return plan(cfg, HostFacts.model_validate(facts), Progress.model_validate(facts["progress"]))
 
 
 if __name__ == "__main__":

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import logging
 import resource
+import shutil
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
+from eagleflow.capacity import states_refusal
 from eagleflow.config import RunConfig
 from eagleflow.devices import pick_device
 from eagleflow.drafter.shards import ShardError, ShardPlan, ShardWriter, check_shard
@@ -96,6 +98,25 @@ def _close(writer: ShardWriter, data_dir: Path, shard: PlannedShard, entry: dict
              record["bytes"] / 1e9)
 
 
+def _refuse_if_disk_short(cfg: RunConfig, gen_shards: list[str], hidden: int, data_dir: Path) -> None:
+    """Before anything is written: the exact tokens (each conversation cut at extract.max_seq_len) against
+    the free disk, less what finished shards already hold; a StageError naming both numbers."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    tokens = sequences = 0
+    for path in gen_shards:
+        lengths = pc.list_value_length(pq.read_table(path, columns=["input_ids"]).column("input_ids"))
+        tokens += int(pc.sum(pc.min_element_wise(lengths, cfg.extract.max_seq_len)).as_py() or 0)
+        sequences += len(lengths)
+    written = sum((read_json(p) or {}).get("bytes", 0) for p in (data_dir / "records").glob("*.json"))
+    refusal = states_refusal(tokens, sequences, hidden, cfg.extract.storage_dtype, written,
+                             shutil.disk_usage(data_dir).free, str(data_dir), int(cfg.engine.min_free_disk_gib * 2**30))
+    if refusal:
+        raise StageError(refusal)
+    log.info("disk: %d tokens of states fit the free disk at %s", tokens, data_dir)
+
+
 def _peak_rss_mib() -> float:
     """This process's peak resident memory: VmHWM belongs to this program (ru_maxrss carries the
     parent's peak across fork and exec, so a big parent would hide a small stage)."""
@@ -120,6 +141,8 @@ def run(request: StageRequest) -> Manifest:
     (data_dir / "records").mkdir(parents=True, exist_ok=True)
     for stale in data_dir.glob(".shard-*.tmp"):
         stale.unlink()  # a shard an earlier attempt was writing when it died: never taken as complete
+    gen_shards = [gen.path(r) for r in GenerateOutputs.of(gen).shards]
+    _refuse_if_disk_short(cfg, gen_shards, hidden, data_dir)
     index: list[dict] = []
     tokens, started = 0, None
     closing: Future | None = None  # one shard at a time finishes in the background
@@ -127,7 +150,7 @@ def run(request: StageRequest) -> Manifest:
         finisher = ThreadPoolExecutor(1, thread_name_prefix="shard-close")
         stack.callback(finisher.shutdown)
         backend = _Backend(cfg, request.path, stack, hidden)
-        for shard in plan_shards([gen.path(r) for r in GenerateOutputs.of(gen).shards], cfg.extract.max_seq_len,
+        for shard in plan_shards(gen_shards, cfg.extract.max_seq_len,
                                  bytes_per_token, cfg.extract.shard_bytes):
             entry = {"file": f"data/{shard.name}", "split": shard.split, "num_seqs": len(shard.ids),
                      "num_tokens": shard.num_tokens}

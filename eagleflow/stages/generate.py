@@ -1,8 +1,15 @@
-"""generate: prompts -> the target's own server -> answers with reasoning -> Parquet shards.
+"""generate: prompts -> the target's server -> answers with reasoning -> Parquet shards.
 
-The engine serves the target with its reasoning parser; the thinking comes back in `reasoning` or
-`reasoning_content` and is re-wrapped with the target's own markers and chat template, so the token
-ids are what the target reads when it serves. Resumable by shard: a finished shard is never redone.
+The server is production's own (`generate.server: production`: its URL and key, at most
+`generate.concurrency` requests in flight beside its traffic, never stopped) or an engine this stage
+launches (`own`: engine.*, its tensor parallel size). Either serves the target with its reasoning
+parser; the thinking comes back in `reasoning` or `reasoning_content` and is re-wrapped with the
+target's own markers and chat template, so the token ids are what the target reads when it serves.
+
+Resumable by shard: a finished shard is never redone. Against production, requests that found the
+server gone (a dropped link, a restart: connection errors; a server error, such as the 500 vLLM
+answers while it shuts down) are sent again once its health URL answers. An answer cut at max_tokens is data (marked `truncated`, counted); only an
+answer with neither reasoning nor content, or an error, counts as failed.
 """
 
 from __future__ import annotations
@@ -10,8 +17,10 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -19,7 +28,9 @@ import pyarrow.parquet as pq
 from eagleflow.engines import make_server
 from eagleflow.engines.chat import ChatResult, chat_all
 from eagleflow.engines.launch import served_name, target_launch
+from eagleflow.engines.remote import RemoteServer
 from eagleflow.files import writing
+from eagleflow.config import RunConfig
 from eagleflow.manifest import Manifest, sha256_file
 from eagleflow.outputs import GenerateMetrics, GenerateOutputs
 from eagleflow.prompts import Messages, PromptError, load_prompts, split_indices
@@ -36,7 +47,9 @@ SCHEMA = pa.schema([
     ("content", pa.string()),
     ("input_ids", pa.list_(pa.int32())),
     ("loss_mask", pa.list_(pa.int8())),
+    ("truncated", pa.bool_()),  # cut at generate.max_tokens (often mid-reasoning)
 ])
+MAX_RESEND_ROUNDS = 20  # against production: rounds of waiting and resending before an answer counts as failed
 
 
 class ChatTokenizer:
@@ -79,6 +92,68 @@ def write_shard(path: Path, rows: list[dict[str, Any]]) -> None:
         pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), tmp)
 
 
+@dataclass
+class Answers:
+    """Where the answers come from: a base URL, and production's server when it is that one."""
+
+    base_url: str
+    remote: RemoteServer | None = None
+
+
+@contextmanager
+def answering_server(request: StageRequest) -> Iterator[Answers]:
+    cfg = request.config
+    if cfg.generate.server == "production":
+        remote = RemoteServer(cfg)
+        log.info("answers from production at %s (%d requests in flight at most); production is not stopped",
+                 remote.base_url, cfg.generate.concurrency)
+        remote.wait_answering(cfg.generate.server_wait_s)
+        yield Answers(remote.base_url, remote)
+        return
+    with make_server(target_launch(cfg), request.path / "engine.log", name="target") as server:
+        yield Answers(server.base_url)
+
+
+@dataclass
+class Tally:
+    failed: int = 0
+    truncated: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    waits: int = 0
+    first_error: str | None = None
+
+
+def ask(cfg: RunConfig, answers: Answers, convs: list[Messages], tally: Tally) -> list[ChatResult]:
+    """Every conversation answered once; against production, what found the server gone is sent again
+    once it answers (a restart mid-shard loses no samples and fails nothing)."""
+    g = cfg.generate
+
+    def send(batch: list[Messages]) -> list[ChatResult]:
+        res, secs = chat_all(answers.base_url, served_name(cfg), batch, max_tokens=g.max_tokens,
+                             temperature=g.temperature, concurrency=g.concurrency,
+                             timeout_s=cfg.engine.request_timeout_s,
+                             api_key=answers.remote.api_key if answers.remote else None)
+        tally.seconds += secs
+        return res
+
+    results = send(convs)
+    for _ in range(MAX_RESEND_ROUNDS if answers.remote else 0):
+        pending = [k for k, r in enumerate(results) if r.transient]
+        if not pending:
+            break
+        assert answers.remote is not None
+        tally.waits += 1
+        log.warning("%d requests found production unreachable (%s); waiting for %s to answer, then sending them "
+                    "again", len(pending), results[pending[0]].error, answers.remote.health_url)
+        waited = answers.remote.wait_answering(g.server_wait_s)
+        log.info("production answers again after %.0f s; sending %d requests again", waited, len(pending))
+        for k, r in zip(pending, send([convs[k] for k in pending])):
+            r.index = k
+            results[k] = r
+    return results
+
+
 def run(request: StageRequest) -> Manifest:
     cfg = request.config
     g = cfg.generate
@@ -98,31 +173,29 @@ def run(request: StageRequest) -> Manifest:
     log.info("%d samples (%d held out) in %d shards; %d shards to generate", len(samples), g.holdout,
              len(shards), len(todo))
 
-    stats = {"failed": 0, "completion_tokens": 0, "seconds": 0.0}
-    first_error: str | None = None
+    tally = Tally()
     if todo:
         chat_tok = ChatTokenizer(cfg.target.model_path, cfg.target.thinking_start, cfg.target.thinking_end)
-        with make_server(target_launch(cfg), request.path / "engine.log", name="target") as server:
+        with answering_server(request) as answers:
             for i in todo:
                 convs = [prompts[p] for _, p, _ in shards[i]]
-                results, seconds = chat_all(
-                    server.base_url, served_name(cfg), convs, max_tokens=g.max_tokens,
-                    temperature=g.temperature, concurrency=g.concurrency, timeout_s=cfg.engine.request_timeout_s,
-                )
+                results = ask(cfg, answers, convs, tally)
                 rows, errors = _rows(shards[i], convs, results, chat_tok)
-                stats["failed"] += len(errors)
-                stats["completion_tokens"] += sum(r.completion_tokens for r in results)
-                stats["seconds"] += seconds
-                first_error = first_error or (errors[0] if errors else None)
+                tally.failed += len(errors)
+                tally.truncated += sum(1 for r in rows if r["truncated"])
+                tally.completion_tokens += sum(r.completion_tokens for r in results)
+                tally.first_error = tally.first_error or (errors[0] if errors else None)
                 allowed = g.max_failed_fraction * len(samples)
-                if stats["failed"] > allowed:
+                if tally.failed > allowed:
                     raise StageError(
-                        f"{stats['failed']} answers failed or came back empty, more than generate.max_failed_fraction "
-                        f"({g.max_failed_fraction}) allows; first: {first_error}. Nothing of this shard was kept."
+                        f"{tally.failed} answers failed or came back with neither reasoning nor content, more than "
+                        f"generate.max_failed_fraction ({g.max_failed_fraction}) allows; first: {tally.first_error}. "
+                        "Nothing of this shard was kept."
                     )
                 write_shard(shard_paths[i], rows)
-                log.info("shard %d/%d: %d samples, %.0f output tok/s", i + 1, len(shards), len(rows),
-                         sum(r.completion_tokens for r in results) / max(seconds, 1e-9))
+                log.info("shard %d/%d: %d samples (%d cut at max_tokens), %.0f output tok/s", i + 1, len(shards),
+                         len(rows), sum(1 for r in rows if r["truncated"]),
+                         tally.completion_tokens / max(tally.seconds, 1e-9))
 
     counts = {"train": 0, "holdout": 0}
     tokens = 0
@@ -138,8 +211,9 @@ def run(request: StageRequest) -> Manifest:
     return request.manifest(
         outputs=GenerateOutputs(shards=rel, num_train=counts["train"], num_holdout=counts["holdout"], num_tokens=tokens),
         hashes={r: sha256_file(request.path / r) for r in rel},
-        metrics=GenerateMetrics(failed=stats["failed"], completion_tokens=stats["completion_tokens"],
-                                output_tok_s=stats["completion_tokens"] / stats["seconds"] if stats["seconds"] else None),
+        metrics=GenerateMetrics(failed=tally.failed, truncated=tally.truncated, completion_tokens=tally.completion_tokens,
+                                output_tok_s=tally.completion_tokens / tally.seconds if tally.seconds else None,
+                                server=g.server, server_waits=tally.waits),
     )
 
 
@@ -153,7 +227,7 @@ def _rows(shard: list[tuple[int, int, str]], convs: list[Messages], results: lis
         ids, mask = chat_tok.encode(messages, res.reasoning, res.content)
         rows.append({"sample_id": sample_id, "split": split, "messages": json.dumps(messages),
                      "reasoning": res.reasoning or "", "content": res.content or "",
-                     "input_ids": ids, "loss_mask": mask})
+                     "input_ids": ids, "loss_mask": mask, "truncated": res.truncated})
     return rows, errors
 
 

@@ -4,7 +4,7 @@ that they run to the end, exit 0 and print their result is.
 
 dispatch.py runs in the control environment (.venv, paramiko) against a real sshd on loopback; the
 others in the host environment; compare_speculators.py --smoke starts real vLLM engines (generate,
-then the benchmark stage's two variants).
+then the benchmark stage's two variants), serving_client.py --quick one (the demo target, about a minute).
 """
 
 from __future__ import annotations
@@ -104,3 +104,18 @@ def test_extract_memory_runs_at_two_sizes(tmp_path):
     out = run([sys.executable, BENCH / "extract_memory.py", "--tiny", "--out", tmp_path, "--samples", "8"],
               timeout=300)
     assert "4x the samples:" in out
+
+
+def test_serving_client_puts_the_stage_client_beside_a_plain_one(tmp_path):
+    """--quick: the demo target served by vLLM (CPU) through eagleflow's launch path, the stage's client
+    (one chat_all per request, as the stage drives it), the same in one call, and a plain streaming
+    client, each over 3 held-out prompts x 16 tokens with the engine's own TPOT beside them."""
+    out = run([sys.executable, BENCH / "serving_client.py", "--quick", "--out", tmp_path,
+               "--set", f"engine.port={free_port()}", "--clients", "stage", "stage-1call", "plain"], timeout=600)
+    result = json.loads((tmp_path / "serving_client.json").read_text())
+    (engine,) = result["engines"]
+    assert engine["name"] == "baseline-eager_config" and engine["cuda_graphs"] is False
+    assert set(engine["clients"]) == {"stage", "stage-1call", "plain"}
+    assert all(row["tokens"] > 0 and row["tpot_ms"] > 0 for row in engine["clients"].values())
+    assert engine["clients"]["stage"]["tokens"] == 3 * 16  # ignore_eos: every answer runs to max_tokens
+    assert "| baseline-eager_config | no | plain |" in out

@@ -119,9 +119,10 @@ def e2e_config(e2e_workdir: Path) -> Path:
     return path
 
 
-def run_flow(prefect_server: dict, *args: str, module: str = "flows.pipeline") -> subprocess.CompletedProcess:
-    """`python -m <module> ARGS` against the test's Prefect server, to its end."""
-    env = {**os.environ, **prefect_server}
+def run_flow(prefect_server: dict, *args: str, module: str = "flows.pipeline",
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`python -m <module> ARGS` against the test's Prefect server, to its end (`env`: more environment)."""
+    env = {**os.environ, **prefect_server, **(env or {})}
     proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=1800)
     print(proc.stdout[-6000:], proc.stderr[-6000:])

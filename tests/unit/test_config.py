@@ -48,6 +48,9 @@ def test_examples_load_and_resolve_paths():
         (lambda d: d["benchmark"].update(num_prompts=1000), "benchmark.num_prompts"),
         (lambda d: d["extract"].update(storage_dtype="int4"), "extract.storage_dtype"),
         (lambda d: (d["extract"].update(backend="vllm"), d["engine"].update(kind="sglang")), "extract.backend"),
+        (lambda d: d["generate"].update(server="production"), "production.url"),
+        (lambda d: d.update(production={"window": "nightly"}), "production.window"),
+        (lambda d: d.update(production={"api_key_env": "NOT A NAME"}), "production.api_key_env"),
     ],
 )
 def test_bad_config_names_the_field(tmp_path, mutate, field):

@@ -133,3 +133,27 @@ def test_the_lease_is_exclusive_and_blocks_jobs_of_other_runs(tmp_path):
 def test_cli_prints_one_json_line(tmp_path, capsys):
     assert jobs.main(["status", str(tmp_path / "nothing")]) == 0
     assert json.loads(capsys.readouterr().out)["state"] == "absent"
+
+
+def test_secrets_come_on_stdin_by_name_only():
+    import io
+
+    spec = {"secret_env": ["EAGLEFLOW_PRODUCTION_API_KEY"]}
+    assert jobs.read_secrets(spec, io.StringIO('{"EAGLEFLOW_PRODUCTION_API_KEY": "k"}\n')) == {
+        "EAGLEFLOW_PRODUCTION_API_KEY": "k"}
+    assert jobs.read_secrets({}, io.StringIO("ignored")) == {}
+    with pytest.raises(ValueError, match="EAGLEFLOW_PRODUCTION_API_KEY"):
+        jobs.read_secrets(spec, io.StringIO('{"OTHER": "k"}\n'))
+
+
+def test_a_secret_reaches_the_stage_but_no_file(tmp_path):
+    d = tmp_path / "job"
+    spec = {"argv": [sys.executable, "-c", "import os; print(len(os.environ['S_KEY']))"], "root": str(tmp_path),
+            "secret_env": ["S_KEY"]}
+    jobs.start(d, spec, {"S_KEY": "sk-0123456789"})
+    deadline = time.monotonic() + 30
+    while not (d / "job.exit").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert (d / "stage.log").read_text().strip() == "13"
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and b"sk-0123456789" in p.read_bytes()]

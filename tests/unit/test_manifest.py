@@ -4,7 +4,7 @@ depend on it, runtime settings change none, and a manifest round-trips through i
 import pytest
 
 from eagleflow.config import load_config
-from eagleflow.manifest import Manifest, read_manifest, stage_key, write_manifest
+from eagleflow.manifest import Manifest, read_manifest, stage_key, stage_settings, write_manifest
 from tests.conftest import ROOT
 
 
@@ -55,6 +55,22 @@ def test_extract_settings_change_extract_and_downstream_and_runtime_ones_nothing
     a = keys(load_config(ROOT / "configs" / "demo.yaml", vllm))
     b = keys(load_config(ROOT / "configs" / "demo.yaml", {**vllm, "engine.max_model_len": 2048}))
     assert a["extract"] != b["extract"]
+
+
+def test_generate_from_production_is_keyed_by_its_url_and_not_by_our_engine_flags():
+    base = keys(load_config(ROOT / "configs" / "demo.yaml"))
+    # The settings an own-server generate was keyed by before `server` existed: finished runs stay cached.
+    cfg = load_config(ROOT / "configs" / "demo.yaml")
+    own = stage_settings("generate", cfg)
+    assert set(own) == {"target", "engine", "generate"}
+    assert own["generate"] == {k: v for k, v in cfg.generate.model_dump().items() if k not in ("server", "server_wait_s")}
+    assert keys(load_config(ROOT / "configs" / "demo.yaml", {"generate.server_wait_s": 60})) == base
+    prod = {"generate.server": "production", "production.url": "http://127.0.0.1:8000"}
+    a = keys(load_config(ROOT / "configs" / "demo.yaml", prod))
+    assert a["generate"] != base["generate"]
+    assert keys(load_config(ROOT / "configs" / "demo.yaml", {**prod, "engine.max_model_len": 2048}))["generate"] == a["generate"]
+    assert keys(load_config(ROOT / "configs" / "demo.yaml", {**prod, "production.url": "http://10.0.0.2:8000"}))[
+        "generate"] != a["generate"]
 
 
 def test_engine_port_does_not_change_data_keys():

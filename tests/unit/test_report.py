@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from eagleflow.manifest import Manifest
-from eagleflow.outputs import ProductionResult
+from eagleflow.outputs import ProductionResult, ProductionWindow
 from eagleflow.report import Report, StageTiming, build_report, render_markdown, render_text, write_report
 from tests.helpers.records import benchmark_manifest, export_manifest, train_manifest
 
@@ -92,6 +92,16 @@ def test_text_and_markdown_carry_the_figures():
     assert f"**Verdict:** {r.verdict.summary}" in md
     assert "| train | 0.0 | yes | 45.6 |" in md and "| benchmark | 81.2 | no | 78.9 |" in md
     assert md.count("\ndrafter ") == 2 and md.count("\nbaseline ") == 2  # every window, in the code block
+
+
+def test_the_report_says_for_which_stages_and_how_long_production_was_down():
+    windows = [ProductionWindow(stages=["extract", "train", "export", "benchmark"], ok=True, was_running=True,
+                                down_s=3725.4, healthy_after_s=1803.2, summary="production restored, healthy after 1803.2 s")]
+    r = build_report("demo", _manifests("/w"), TIMINGS, production_windows=windows)
+    line = "production down 3725 s for extract, train, export, benchmark: production restored, healthy after 1803.2 s"
+    assert line in render_text(r) and f"- {line}" in render_markdown(r)
+    assert Report.model_validate_json(r.model_dump_json()).production_windows == windows
+    assert "production down" not in render_text(build_report("demo", _manifests("/w"), TIMINGS))
 
 
 def test_write_report_is_atomic_and_records_its_path(tmp_path):

@@ -69,6 +69,25 @@ def test_job_runs_streams_its_log_and_reports_a_failure_with_its_cause(sshd, roo
     assert (root / "bad" / "job.exit").exists() and not (root / "bad" / "manifest.json").exists()
 
 
+def test_a_secret_reaches_the_job_in_memory_only(sshd, root):
+    """Production's API key: in the stage's environment on the host, in no file of the job (the spec
+    names it, the value crosses on the channel's stdin), in no log line."""
+    secret = "sk-ssh-" + os.urandom(12).hex()
+    script = ("import hashlib, os; v = os.environ['EAGLEFLOW_PRODUCTION_API_KEY']; "
+              "print('sha', hashlib.sha256(v.encode()).hexdigest())")
+    lines: list[str] = []
+    with SshHost(host_config(sshd, root)) as host:
+        host.run_job(str(root / "secret"), [HOST_PY, "-c", script], log=lines.append,
+                     secret_env={"EAGLEFLOW_PRODUCTION_API_KEY": secret})
+    import hashlib
+
+    assert f"sha {hashlib.sha256(secret.encode()).hexdigest()}" in lines
+    assert not any(secret in line for line in lines)
+    files = [p for p in root.rglob("*") if p.is_file()]
+    assert files and not [p for p in files if secret.encode() in p.read_bytes()]
+    assert jobs.Job(root / "secret").spec()["secret_env"] == ["EAGLEFLOW_PRODUCTION_API_KEY"]
+
+
 def test_log_lines_arrive_while_the_job_runs(sshd, root):
     seen: list[tuple[float, str]] = []
     script = "import time\nfor i in range(3):\n    print('tick', i, flush=True); time.sleep(1)\n"

@@ -7,13 +7,18 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
+import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
@@ -168,3 +173,35 @@ def test_vllm_backend_gives_the_states_hf_gives(tmp_path, generate, hf_run):
         # bf16 rounding: ~1e-2. A one-layer shift or the normed final state gives 0.35 to 2.8.
         assert cos > 0.9995 and rel < 0.03, (layer, cos, rel)
     assert list(spool.iterdir()) == [], "the per-request files and the spool directory are gone"
+
+
+def test_states_that_outgrow_the_free_disk_are_refused_before_anything_is_written(tmp_path):
+    """After generate the count is exact: a generate output whose states need 1.5x the free space of the
+    smaller of tmp and /dev/shm (real filesystems; the conversations are long runs of token 0, so the
+    Parquet stays small) is refused before the model loads or a shard is opened, naming both numbers."""
+    roots = [tmp_path] + ([Path("/dev/shm")] if Path("/dev/shm").is_dir() else [])
+    root = min(roots, key=lambda p: shutil.disk_usage(p).free)
+    work = Path(tempfile.mkdtemp(dir=root, prefix="eagleflow-test-"))
+    try:
+        free = shutil.disk_usage(work).free
+        seq = 4096
+        n = int(1.5 * free / (4 * 192 * 2 * seq)) + 1  # the demo target: 4 x 192 bf16 states a token
+        ids = pa.array([np.zeros(seq, dtype=np.int32)] * n, type=pa.list_(pa.int32()))
+        gen_dir = work / "generate"
+        gen_dir.mkdir()
+        pq.write_table(pa.table({"split": ["train"] * n, "input_ids": ids, "loss_mask": ids.cast(pa.list_(pa.int8()))}),
+                       gen_dir / "shard-00000.parquet")
+        gen = Manifest(stage="generate", key="g", dir=str(gen_dir), outputs=GenerateOutputs(
+            shards=["shard-00000.parquet"], num_train=n, num_holdout=0, num_tokens=n * seq).model_dump())
+        req = request(work, gen, "refused", max_seq_len=seq, device="cpu")
+        start = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "eagleflow.stages.extract", str(Path(req.dir) / "request.json")],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 1 and time.monotonic() - start < 60, proc.stdout[-3000:]
+        last = proc.stdout.strip().splitlines()[-1]
+        assert last.startswith("error: the extraction will not fit the free disk") and f"{n * seq:,} tokens" in last
+        needed, stated_free = (int(x.replace(",", "")) for x in re.findall(r"\(([\d,]+) bytes", last)[:2])
+        assert needed > stated_free == pytest.approx(free, rel=0.02)
+        assert not list((Path(req.dir) / "data").glob("*.safetensors")) and not list(Path(req.dir, "data").glob(".*"))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

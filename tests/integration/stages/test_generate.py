@@ -39,10 +39,24 @@ def test_answers_without_content_fail_the_stage_and_keep_nothing(tmp_path):
         run_stage("generate", {"generate.max_tokens": 1, "generate.num_samples": 6, "generate.holdout": 2,
                                "benchmark.num_prompts": 2}, tmp_path)
     msg = str(err.value)
-    assert "answer without content" in msg and "generate.max_failed_fraction" in msg
+    assert "answer with neither reasoning nor content" in msg and "generate.max_failed_fraction" in msg
     d = next((tmp_path / "runs" / "generate").iterdir())
     assert not (d / "manifest.json").exists()
     assert list((d / "data").glob("*.parquet")) == []
+
+
+def test_answers_cut_at_max_tokens_are_kept_marked_and_counted(tmp_path):
+    # Eight output tokens: the demo target is still thinking; the answer is its own tokens, so data.
+    import pyarrow.parquet as pq
+
+    d, _ = run_stage("generate", {"generate.max_tokens": 8, "generate.num_samples": 6, "generate.holdout": 2,
+                                  "benchmark.num_prompts": 2}, tmp_path)
+    manifest = json.loads((d / "manifest.json").read_text())
+    assert manifest["metrics"]["failed"] == 0
+    rows = pq.read_table(d / "data" / "shard-00000.parquet").to_pylist()
+    assert len(rows) == 6 and manifest["metrics"]["truncated"] == sum(r["truncated"] for r in rows) >= 5
+    cut = next(r for r in rows if r["truncated"])
+    assert cut["reasoning"] and sum(cut["loss_mask"]) >= 8  # its answer tokens are trained on
 
 
 def test_engine_that_dies_while_loading_reports_the_root_cause(tmp_path):

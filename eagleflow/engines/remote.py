@@ -1,0 +1,74 @@
+"""A server this stage did not start: production's own, reached at its URL, never stopped or signalled.
+
+The generate stage sends its prompts there (`generate.server: production`) while production keeps
+serving its users. The API key comes from this process's environment only: the flow run hands it over
+in memory (`API_KEY_ENV`), or the operator exports `production.api_key_env` on the host; it is never
+read from or written to a file, and no message here ever carries it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import httpx
+
+from eagleflow.config import RunConfig
+from eagleflow.request import PRODUCTION_API_KEY_ENV as API_KEY_ENV
+from eagleflow.request import StageError
+
+log = logging.getLogger("eagleflow.engine")
+HEALTH_POLL_S = 2.0
+
+
+class RemoteServer:
+    """Production's OpenAI-compatible server: its base URL, its key, and a wait for it to answer."""
+
+    def __init__(self, config: RunConfig):
+        p = config.production
+        assert p.url, "RunConfig requires production.url with generate.server 'production'"
+        self.base_url = p.url.rstrip("/")
+        self.health_url = p.health_url or f"{self.base_url}/health"
+        self.api_key = production_api_key(config)
+
+    def answering(self) -> bool:
+        try:
+            return httpx.get(self.health_url, timeout=5.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def wait_answering(self, timeout_s: float) -> float:
+        """Block until the health URL answers 200 (a restart, a dropped link); return the seconds waited."""
+        start = time.monotonic()
+        while not self.answering():
+            waited = time.monotonic() - start
+            if waited > timeout_s:
+                raise StageError(
+                    f"production at {self.health_url} has not answered for {waited:.0f} s (generate.server_wait_s); "
+                    "finished shards are kept: rerun the pipeline once production serves again, it resumes there"
+                )
+            time.sleep(HEALTH_POLL_S)
+        return time.monotonic() - start
+
+
+def production_api_key(config: RunConfig) -> str | None:
+    """The key from this process's environment: the flow run's hand-over first, then production.api_key_env."""
+    p = config.production
+    key = os.environ.get(API_KEY_ENV)
+    if key:
+        return key
+    if p.api_key_env:
+        key = os.environ.get(p.api_key_env)
+        if not key:
+            raise StageError(
+                f"production.api_key_env names {p.api_key_env}, which is not set in the environment of the flow run "
+                f"nor on the host; export it where the Prefect worker runs, or use production.api_key_secret"
+            )
+        return key
+    if p.api_key_secret:
+        raise StageError(
+            f"production.api_key_secret names the Prefect Secret block {p.api_key_secret!r}, but no key reached this "
+            f"stage ({API_KEY_ENV} is unset): run it through the flow, which reads the block and hands the key over"
+        )
+    return None

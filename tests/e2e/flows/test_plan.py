@@ -1,0 +1,76 @@
+"""`python -m flows.plan`, the capacity plan alone, as an operator runs it from the control environment:
+against the stated facts of an 8 x H200 host for configs/kimi-k25.yaml (the seeds' 828 GB in bf16,
+about half in fp8), refusing a disk too small, and against the real local host (`python -m
+eagleflow.planfacts` run there with host.python, as over SSH). No Prefect server: the plan is no flow."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+FACTS = ROOT / "configs" / "hosts" / "gpu-8xh200.json"
+
+
+def plan_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flows.plan", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+
+def extract(plan: dict) -> dict:
+    return next(s for s in plan["stages"] if s["stage"] == "extract")
+
+
+def test_kimi_plan_on_the_stated_h200_host_in_bf16_and_fp8():
+    bf16 = plan_cli("configs/kimi-k25.yaml", "--json", "--host-facts", str(FACTS),
+                    "--set", "extract.storage_dtype=bfloat16")
+    assert bf16.returncode == 0, bf16.stderr
+    p = json.loads(bf16.stdout)
+    assert 14e6 <= p["tokens"]["tokens"] <= 15e6
+    assert extract(p)["disk_bytes"] == pytest.approx(828e9, rel=0.05)
+    assert p["bytes_per_token"] == 57344 + 9 and p["disk_free_bytes"] == 3_500_000_000_000
+    assert extract(p)["gpus"] == 8 and extract(p)["gpu_bytes"] == pytest.approx(595e9 / 8, rel=0.01)
+    assert 10 * 3600 < p["total_seconds"] < 30 * 3600 and p["refusal"] is None
+    fp8 = json.loads(plan_cli("configs/kimi-k25.yaml", "--json", "--host-facts", str(FACTS)).stdout)
+    assert fp8["storage_dtype"] == "float8_e4m3fn"
+    assert extract(fp8)["disk_bytes"] == pytest.approx(extract(p)["disk_bytes"] / 2, rel=0.01)
+    # The table, as the docs show it.
+    table = plan_cli("configs/kimi-k25.yaml", "--host-facts", str(FACTS))
+    assert table.returncode == 0 and "capacity plan: /models/Kimi-K2.5 on gpu-8xh200" in table.stdout
+    assert "bf16 828.2 GB, fp8 414.4 GB" in table.stdout
+
+
+def test_a_disk_too_small_exits_1_naming_both_numbers(tmp_path):
+    facts = json.loads(FACTS.read_text())
+    facts["disk"]["free_bytes"] = 600_000_000_000
+    small = tmp_path / "small.json"
+    small.write_text(json.dumps(facts))
+    proc = plan_cli("configs/kimi-k25.yaml", "--host-facts", str(small), "--set", "extract.storage_dtype=bfloat16")
+    assert proc.returncode == 1
+    assert "refused: the extraction will not fit the free disk" in proc.stdout
+    assert "600,000,000,000 bytes" in proc.stdout and "extract.storage_dtype: float8_e4m3fn" in proc.stdout
+
+
+def test_a_config_error_or_missing_facts_file_exits_2(tmp_path):
+    assert plan_cli("configs/kimi-k25.yaml", "--set", "generate.num_samples=1").returncode == 2
+    proc = plan_cli("configs/kimi-k25.yaml", "--host-facts", str(tmp_path / "nope.json"))
+    assert proc.returncode == 2 and "nope.json" in proc.stderr
+
+
+def test_the_real_local_host_is_asked(tmp_path):
+    """The demo config's host is this machine: planfacts runs there with host.python (the host env)."""
+    if not (ROOT / ".hostenv" / "bin" / "python").exists():
+        pytest.skip("no host environment (.hostenv)")
+    proc = plan_cli("configs/demo.yaml", "--json", "--set", f"host.work_root={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    p = json.loads(proc.stdout)
+    assert p["hidden_size"] == 192 and p["tokens"]["prompt_source"].startswith("chars/4 over 1,200 prompts")
+    assert p["disk_path"] == str(tmp_path)
+    assert p["disk_free_bytes"] == pytest.approx(shutil.disk_usage(tmp_path).free, rel=0.01)
+    assert Path(p["target"]).name == "target" and p["tokens"]["samples"] == 1150

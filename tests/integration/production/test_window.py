@@ -1,0 +1,125 @@
+"""The production host's two other faces, against a real vLLM CPU server as production (its own module
+instance of test_downtime's `prod`, run by tests/prodservice.py):
+
+- one production window for several stages (eagleflow.production.window): opened through its CLI, as
+  the flow does; released, production is back; its holder SIGKILLed mid-window, the guardian ends
+  what carries the window's token and gives production back alone;
+- the generate stage answering from production (`generate.server: production`) while production is
+  restarted mid-run: the requests that found it gone are sent again once it answers; nothing fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from eagleflow.config import load_config
+from eagleflow.manifest import stage_dir, stage_key
+from eagleflow.request import StageRequest
+from tests.conftest import ROOT, free_port as any_free_port
+from tests.integration.production.test_downtime import (  # noqa: F401 - `prod` is this module's fixture too
+    PY, Prod, alive, carrying, healthy, prod, standin_engine, wait_healthy,
+)
+
+pytestmark = pytest.mark.integration
+WINDOW = [PY, "-m", "eagleflow.production.window"]
+
+
+def open_window(prod: Prod, d: Path, work_root: Path, owner: str) -> dict:
+    out = subprocess.run([*WINDOW, "open", str(d), "--config", prod.cfg().model_dump_json(), "--work-root",
+                          str(work_root), "--owner", owner, "--stages", "extract,train"],
+                         capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def status(d: Path) -> dict:
+    return json.loads(subprocess.run([*WINDOW, "status", str(d)], capture_output=True, text=True, cwd=ROOT,
+                                     check=True).stdout)
+
+
+def wait_closed(d: Path, timeout_s: float) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while (s := status(d))["state"] != "closed":
+        assert time.monotonic() < deadline, f"window {d} not closed within {timeout_s:.0f} s: {s}"
+        time.sleep(0.5)
+    return s["result"]
+
+
+def test_window_released_by_its_owner_gives_production_back(prod: Prod, tmp_path: Path) -> None:
+    d = tmp_path / "production" / "w1"
+    rec = open_window(prod, d, tmp_path, owner="flow-run-1")
+    assert rec["was_running"] and not healthy(prod.health_url)
+    assert rec["env"]["EAGLEFLOW_PRODUCTION_WINDOW"] == str(d) and rec["env"]["EAGLEFLOW_TOKEN"] == rec["token"]
+    # Another flow run's release touches nothing; the owner's releases this window.
+    other = subprocess.run([*WINDOW, "release-owner", str(tmp_path), "flow-run-2"], capture_output=True, text=True)
+    assert json.loads(other.stdout)["released"] == [] and status(d)["state"] == "open"
+    mine = subprocess.run([*WINDOW, "release-owner", str(tmp_path), "flow-run-1"], capture_output=True, text=True)
+    assert json.loads(mine.stdout)["released"] == [str(d)]
+    result = wait_closed(d, 180)
+    assert result["ok"] and result["was_running"] and result["down_s"] > 0
+    assert result["stages"] == ["extract", "train"]
+    assert healthy(prod.health_url)
+
+
+def test_window_holder_killed_guardian_ends_its_stages_and_restores(prod: Prod, tmp_path: Path) -> None:
+    d = tmp_path / "production" / "w2"
+    rec = open_window(prod, d, tmp_path, owner="flow-run-3")
+    engine = standin_engine(rec["env"])  # a stage's engine inside the window
+    time.sleep(0.3)
+    os.kill(rec["pid"], signal.SIGKILL)  # the holder dies without a word
+    result = wait_closed(d, 180)
+    assert result["ok"] and "guardian" in result["summary"]
+    assert healthy(prod.health_url)
+    engine.wait(timeout=30)
+    assert carrying(rec["token"]) == [] and not alive(rec["pid"])
+
+
+def test_generate_from_production_survives_a_restart(prod: Prod, tmp_path: Path) -> None:
+    cfg = load_config(ROOT / "configs" / "demo.yaml", {
+        "host.work_root": str(tmp_path / "runs"), "host.python": sys.executable, "engine.port": any_free_port(),
+        "target.served_model_name": "prod", "generate.server": "production", "generate.num_samples": 64,
+        "generate.holdout": 4, "generate.shard_size": 16, "generate.concurrency": 4, "generate.max_tokens": 96,
+        "generate.server_wait_s": 240, "benchmark.num_prompts": 4,
+        "production": {**prod.cfg().model_dump(), "url": prod.health_url.rsplit("/health", 1)[0]}})
+    key = stage_key("generate", cfg, {})
+    d = Path(stage_dir(cfg, "generate", key))
+    d.mkdir(parents=True)
+    (d / "request.json").write_text(StageRequest(stage="generate", key=key, dir=str(d), config=cfg).model_dump_json())
+    log = open(d / "stage.log", "w")
+    stage = subprocess.Popen([sys.executable, "-m", "eagleflow.stages.generate", str(d / "request.json")],
+                             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    restarted = threading.Event()
+
+    def restart_after_first_shard() -> None:
+        while not (d / "data" / "shard-00000.parquet").exists() and stage.poll() is None:
+            time.sleep(0.05)
+        subprocess.run(prod.stop_command, check=True)  # production restarts under the stage's feet
+        deadline = time.monotonic() + 60
+        # The old server's port can stay in TIME_WAIT a moment; the start script refuses until it is free.
+        while subprocess.run(prod.start_command).returncode != 0 and time.monotonic() < deadline:
+            time.sleep(1)
+        restarted.set()
+
+    t = threading.Thread(target=restart_after_first_shard)
+    t.start()
+    rc = stage.wait(timeout=600)
+    t.join()
+    text = (d / "stage.log").read_text()
+    assert rc == 0, text[-3000:]
+    assert restarted.is_set() and healthy(prod.health_url)
+    manifest = json.loads((d / "manifest.json").read_text())
+    assert manifest["metrics"]["server"] == "production" and manifest["metrics"]["failed"] == 0
+    assert manifest["metrics"]["server_waits"] >= 1 and "production answers again" in text
+    rows = sum(pq.read_metadata(d / s).num_rows for s in manifest["outputs"]["shards"])
+    assert rows == 64
+    wait_healthy(prod.health_url, 60)

@@ -1,0 +1,71 @@
+"""The check stage's capacity plan on this host, run as the pipeline runs it (`python -m
+eagleflow.stages.check request.json`): the demo config fits and its manifest carries the plan (prompts
+counted with the target's tokenizer); a demo-target run over enough prompts that its states outgrow
+the real free disk of the work_root's filesystem is refused in seconds, naming the bytes needed and
+free. Nothing is faked: the prompts file is real and the free space is the filesystem's. Host environment."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from eagleflow.capacity import DEFAULT_ANSWER_TOKENS, state_bytes_per_token
+from eagleflow.config import load_config
+from eagleflow.manifest import read_manifest
+from eagleflow.outputs import CheckMetrics
+from eagleflow.request import StageRequest
+from tests.conftest import ROOT
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.integration
+
+
+def run_check(tmp_path: Path, overrides: dict) -> tuple[subprocess.CompletedProcess, float, Path]:
+    cfg = load_config(ROOT / "configs" / "demo.yaml", {"host.work_root": str(tmp_path / "runs"), **overrides})
+    d = tmp_path / "runs" / "check" / "k"
+    d.mkdir(parents=True)
+    (d / "request.json").write_text(StageRequest(stage="check", key="k", dir=str(d), config=cfg).model_dump_json())
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "eagleflow.stages.check", str(d / "request.json")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    return proc, time.monotonic() - start, d
+
+
+def test_the_demo_fits_and_its_plan_is_in_the_manifest(tmp_path):
+    proc, _, d = run_check(tmp_path, {})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    plan = CheckMetrics.of(read_manifest(d / "manifest.json")).plan
+    assert plan is not None and plan.refusal is None and plan.hidden_size == 192
+    assert plan.tokens.prompt_source == "tokenizer over 1,200 prompts" and plan.tokens.samples == 1150
+    assert plan.disk_path == str(tmp_path / "runs")
+    assert "capacity plan:" in proc.stdout and "stage       status" in proc.stdout
+
+
+def test_states_that_outgrow_the_free_disk_are_refused_in_seconds(tmp_path):
+    # Enough one-line prompts that 1,194-token answers (the seeds' mean; max_tokens allows them) of the
+    # demo target (4 x 192 bf16 states: 1,536 B a token) need 1.5x the filesystem's free space.
+    free = shutil.disk_usage(tmp_path).free
+    n = int(1.5 * free / (state_bytes_per_token(192, "bfloat16") * DEFAULT_ANSWER_TOKENS)) + 100
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"question {i}"}) + "\n" for i in range(n)))
+    proc, seconds, d = run_check(tmp_path, {
+        "generate.prompts_path": str(prompts), "generate.num_samples": n, "generate.max_tokens": 2048,
+        "engine.max_model_len": 4096, "extract.max_seq_len": 4096})
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert seconds < 60, f"the refusal took {seconds:.0f} s"
+    assert "error: the run config does not fit this host:" in proc.stdout
+    error = proc.stdout.strip().splitlines()[-1]  # the cause on the last line, for the control side
+    assert "the extraction will not fit the free disk" in error
+    needed, stated_free = (int(x.replace(",", "")) for x in re.findall(r"\(([\d,]+) bytes\)", error)[:2])
+    assert needed > stated_free
+    assert stated_free == pytest.approx(shutil.disk_usage(tmp_path).free, rel=0.02)
+    assert needed == pytest.approx(1.5 * free, rel=0.15)
+    assert "extract.storage_dtype: float8_e4m3fn" in error and "generate.num_samples" in error
+    assert not (d / "manifest.json").exists()

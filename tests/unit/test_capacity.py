@@ -1,0 +1,176 @@
+"""The capacity plan (eagleflow.capacity) and the facts it reads (eagleflow.planfacts): the bytes of a
+token in bf16 and fp8, Kimi-K2.5's plan on the stated 8 x H200 host against the seeds (14-15 M tokens,
+828 GB in bf16), the disk refusal naming both numbers, and rates that earlier runs on the host measured
+(real manifests written by the outputs models) preferred over the stated defaults."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eagleflow.capacity import (
+    DEFAULT_EXTRACT_TOK_S, HostFacts, MeasuredRun, Progress, extract_bytes, plan, render_plan,
+    state_bytes_per_token, states_refusal,
+)
+from eagleflow.config import load_config
+from eagleflow.manifest import Manifest, stage_dir, stage_key, write_manifest
+from eagleflow.outputs import CheckMetrics, ExtractMetrics, GenerateMetrics, GenerateOutputs
+from eagleflow.planfacts import progress, run_history, target_facts
+from eagleflow.report import build_report, render_markdown, render_text
+from tests.conftest import ROOT
+from tests.helpers.records import benchmark_manifest
+
+KIMI = ROOT / "configs" / "kimi-k25.yaml"
+H200X8 = ROOT / "configs" / "hosts" / "gpu-8xh200.json"
+SEED_TOKENS = 14_500_000
+
+
+def kimi(**overrides):
+    return load_config(KIMI, overrides)
+
+
+def facts(**changes) -> HostFacts:
+    data = json.loads(H200X8.read_text())
+    data.update(changes)
+    return HostFacts.model_validate(data)
+
+
+def stage(p, name: str):
+    return next(s for s in p.stages if s.stage == name)
+
+
+def test_a_token_of_kimi_is_56_kib_in_bf16_and_half_plus_scales_in_fp8():
+    assert state_bytes_per_token(7168, "bfloat16") == 56 * 1024 == 4 * 7168 * 2
+    assert state_bytes_per_token(7168, "float8_e4m3fn") == 4 * 7168 * 1 + 4 * 4  # one f32 scale per state
+    # A shard also holds input_ids (int64) and loss_mask (int8) per token and seq_lens (int64) per sequence.
+    assert extract_bytes(1000, 3, 7168, "bfloat16") == 1000 * (57344 + 9) + 3 * 8
+
+
+def test_the_bytes_are_the_shard_writers():
+    """The torch-free arithmetic agrees with the shard format itself (host environment only)."""
+    shards = pytest.importorskip("eagleflow.drafter.shards")
+    for dtype in ("bfloat16", "float8_e4m3fn"):
+        shard = shards.ShardPlan(num_tokens=1234, num_seqs=7, hidden_size=7168, storage_dtype=dtype)
+        assert sum(size for *_, size in shard.tensors()) == extract_bytes(1234, 7, 7168, dtype)
+
+
+def test_kimi_on_the_stated_h200_host_reads_true_against_the_seeds():
+    bf16 = plan(kimi(**{"extract.storage_dtype": "bfloat16"}), facts())
+    # Before generate: 10,000 samples at the seeds' ~1,444 tokens each.
+    assert 14e6 <= bf16.tokens.tokens <= 15e6 and not bf16.tokens.exact
+    assert stage(bf16, "extract").disk_bytes == pytest.approx(828e9, rel=0.05)
+    assert bf16.refusal is None and bf16.disk_free_bytes == 3_500_000_000_000
+    # The seeds' token count, exact (as after generate): 828 GB within 5%.
+    exact = plan(kimi(**{"extract.storage_dtype": "bfloat16"}), facts(),
+                 Progress(done=["generate"], generate_tokens=SEED_TOKENS, generate_samples=10_000))
+    assert exact.tokens.exact and exact.tokens.tokens == SEED_TOKENS
+    assert stage(exact, "extract").disk_bytes == pytest.approx(828e9, rel=0.05)
+    assert stage(exact, "generate").status == "done" and stage(exact, "generate").disk_bytes == 0
+    # kimi-k25.yaml stores fp8: about half.
+    fp8 = plan(kimi(), facts(), Progress(done=["generate"], generate_tokens=SEED_TOKENS, generate_samples=10_000))
+    assert fp8.storage_dtype == "float8_e4m3fn"
+    assert stage(fp8, "extract").disk_bytes == pytest.approx(828e9 / 2, rel=0.05)
+    # GPU memory: INT4 weights over TP 8 for the engine stages.
+    assert stage(fp8, "extract").gpu_bytes == pytest.approx(595e9 / 8, rel=0.01) and stage(fp8, "extract").gpus == 8
+    assert fp8.gpu_budget_bytes == int(143771 * 2**20 * 0.9)
+    # Time: the seeds' defaults, each stage saying so; the whole retrain in hours.
+    assert stage(fp8, "extract").seconds == pytest.approx(SEED_TOKENS / DEFAULT_EXTRACT_TOK_S["vllm"] + 1842, rel=0.01)
+    assert stage(bf16, "generate").seconds >= 5.3 * 3600
+    assert stage(bf16, "train").seconds == pytest.approx(2.6 * 3600, rel=0.05)
+    assert all(s.source.startswith("default") for s in fp8.stages if s.status == "to run")
+    assert 10 * 3600 < bf16.total_seconds < 30 * 3600
+    text = render_plan(bf16)
+    assert "828.2 GB" in text and "default: the seeds extracted Kimi-K2.5's states at 3,165 tok/s" in text
+
+
+def test_a_run_that_will_not_fit_is_refused_naming_both_numbers_and_the_fixes():
+    small = facts(disk={"path": "/data", "free_bytes": 500_000_000_000})
+    p = plan(kimi(**{"extract.storage_dtype": "bfloat16"}), small)
+    assert p.refusal is not None
+    assert f"{p.disk_needed_bytes:,} bytes" in p.refusal and "500,000,000,000 bytes" in p.refusal
+    assert p.disk_needed_bytes > 828e9 * 0.95
+    assert "extract.storage_dtype: float8_e4m3fn" in p.refusal and "generate.num_samples" in p.refusal
+    assert "bigger disk" in p.refusal
+    # In fp8 the same run fits the same disk.
+    assert plan(kimi(), small).refusal is None
+    # The extract stage's own check: exact tokens, less what finished shards hold.
+    msg = states_refusal(SEED_TOKENS, 10_000, 7168, "bfloat16", 0, 500_000_000_000, "/data/x", 2**30)
+    assert msg and "500,000,000,000 bytes" in msg and f"{extract_bytes(SEED_TOKENS, 10_000, 7168, 'bfloat16') + 2**30:,}" in msg
+    assert states_refusal(SEED_TOKENS, 10_000, 7168, "bfloat16", 400e9, 500_000_000_000, "/d", 0) is None
+
+
+def test_measured_rates_of_the_same_target_win_over_the_defaults():
+    cfg = kimi()
+    history = [
+        MeasuredRun(stage="extract", run="extract/aaa", created=2.0, target=cfg.target.model_path, backend="vllm",
+                    tok_s=5000.0),
+        MeasuredRun(stage="extract", run="extract/old", created=1.0, target=cfg.target.model_path, backend="vllm",
+                    tok_s=100.0),
+        MeasuredRun(stage="extract", run="extract/other", created=3.0, target="/models/other", backend="vllm",
+                    tok_s=9.0),
+        MeasuredRun(stage="generate", run="generate/g1", created=1.0, target=cfg.target.model_path, tok_s=1000.0,
+                    answer_tokens=2000.0),
+    ]
+    p = plan(cfg, facts(history=[h.model_dump() for h in history]))
+    x = stage(p, "extract")
+    assert x.source.startswith("measured (run extract/aaa)") and "5,000 tok/s" in x.rate
+    assert p.tokens.answer_tokens == 2000 and p.tokens.answer_source.startswith("measured")
+    assert p.tokens.tokens == 10_000 * (250 + 2000)
+    assert stage(p, "generate").source.startswith("measured (run generate/g1)")
+    assert stage(p, "train").source.startswith("default")
+
+
+def _stage_run(root: Path, stage: str, key: str, cfg, outputs=None, metrics=None, seconds=10.0) -> Manifest:
+    d = root / stage / key
+    d.mkdir(parents=True)
+    (d / "request.json").write_text(json.dumps({"config": cfg.model_dump(mode="json")}))
+    m = Manifest(stage=stage, key=key, dir=str(d), outputs=outputs.model_dump() if outputs else {},
+                 metrics=metrics.model_dump() if metrics else {}, seconds=seconds)
+    write_manifest(m)
+    return m
+
+
+def test_history_is_read_from_the_manifests_under_work_root(tmp_path):
+    cfg = load_config(ROOT / "configs" / "demo.yaml", {"host.work_root": str(tmp_path)})
+    _stage_run(tmp_path, "extract", "e1", cfg, metrics=ExtractMetrics(tok_s=1234.5, device="cpu", backend="hf"))
+    _stage_run(tmp_path, "generate", "g1", cfg,
+               outputs=GenerateOutputs(shards=["data/shard-00000.parquet"], num_train=90, num_holdout=10,
+                                       num_tokens=30_000),
+               metrics=GenerateMetrics(failed=0, output_tok_s=77.0, completion_tokens=15_000))
+    (tmp_path / "train" / "broken").mkdir(parents=True)
+    (tmp_path / "train" / "broken" / "manifest.json").write_text("{not json")
+    runs = {r.run: r for r in run_history(str(tmp_path))}
+    assert set(runs) == {"extract/e1", "generate/g1"}
+    assert runs["extract/e1"].tok_s == 1234.5 and runs["extract/e1"].target == cfg.target.model_path
+    assert runs["generate/g1"].answer_tokens == 150.0
+    target = target_facts(cfg.target.model_path)
+    assert target.hidden_size == 192 and target.weights_bytes > 0
+    p = plan(cfg, HostFacts(target=target, history=list(runs.values())))
+    assert stage(p, "extract").source == "measured (run extract/e1)"
+    assert p.tokens.answer_tokens == 150.0
+
+
+def test_after_generate_the_token_count_is_exact(tmp_path):
+    cfg = load_config(ROOT / "configs" / "demo.yaml", {"host.work_root": str(tmp_path)})
+    key = stage_key("generate", cfg, {})
+    d = Path(stage_dir(cfg, "generate", key))
+    d.mkdir(parents=True)
+    write_manifest(Manifest(stage="generate", key=key, dir=str(d), outputs=GenerateOutputs(
+        shards=[], num_train=1102, num_holdout=48, num_tokens=345_678).model_dump()))
+    prog = progress(cfg, lambda p: Path(p).exists(), lambda p: Path(p).read_text())
+    assert prog.done == ["generate"] and prog.generate_tokens == 345_678
+    p = plan(cfg, HostFacts(target=target_facts(cfg.target.model_path)), prog)
+    assert p.tokens.exact and p.tokens.tokens == 345_678
+    assert stage(p, "extract").disk_bytes == extract_bytes(345_678, 1150, 192, "bfloat16")
+
+
+def test_the_plan_is_in_the_check_manifest_and_the_report():
+    p = plan(kimi(), facts())
+    check = Manifest(stage="check", key="c", dir="/w/check/c", metrics=CheckMetrics(plan=p).model_dump(mode="json"))
+    assert CheckMetrics.of(check).plan == p
+    report = build_report("kimi", {"check": check, "benchmark": benchmark_manifest("/w/benchmark/b")}, {})
+    assert report.capacity == p
+    assert "capacity plan: /models/Kimi-K2.5" in render_text(report)
+    assert "**Capacity plan**" in render_markdown(report) and "414.4 GB" in render_markdown(report)
