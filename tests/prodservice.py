@@ -51,6 +51,9 @@ def start(pidfile: Path, log: Path, port: int, env: list[str], argv: list[str], 
         print(f"already running: pid {pidfile.read_text()}")
         return 1
     with socket.socket() as s:
+        # As the servers themselves bind (uvicorn sets SO_REUSEADDR): the last server's connections in
+        # TIME_WAIT do not hold the port, a live listener does.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

@@ -60,8 +60,10 @@ def hold(d: Path, cfg: SettingsRecord, work_root: str, owner: str, stages: list[
     signal.signal(signal.SIGTERM, lambda s, _f: sys.exit(128 + s))  # unwinds like a cancelled stage
     issued = time.time()
     closed: dict[str, Any] = {"owner": owner, "stages": stages, "stop_issued_at": issued}
+    held = None
     try:
         with production_stopped(cfg, d, work_root=work_root, log=_say) as downtime:
+            held = downtime
             env = {**downtime.engine_env(), WINDOW_ENV: str(d)}
             write_json_atomic(d / OPEN, {"token": downtime.token, "env": env, "owner": owner, "stages": stages,
                                          "was_running": downtime.was_running, "stopped_s": downtime.stopped_s,
@@ -74,7 +76,8 @@ def hold(d: Path, cfg: SettingsRecord, work_root: str, owner: str, stages: list[
             _say("released: giving production back")
         result = downtime.result or {}
     except ProductionError as exc:
-        result = {"ok": False, "error": str(exc), "summary": f"production NOT healthy: {exc}"}
+        # Stopping failed (nothing is down), or production is not healthy after the window.
+        result = {**((held.result or {}) if held else {}), "ok": False, "summary": str(exc)}
     back = time.time()
     was_running = bool(result.get("was_running"))
     write_json_atomic(d / CLOSED, {**closed, "ok": bool(result.get("ok")), "was_running": was_running,

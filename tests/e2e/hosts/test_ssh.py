@@ -88,6 +88,53 @@ def test_a_secret_reaches_the_job_in_memory_only(sshd, root):
     assert jobs.Job(root / "secret").spec()["secret_env"] == ["EAGLEFLOW_PRODUCTION_API_KEY"]
 
 
+def test_a_production_window_outlives_the_ssh_command_that_opened_it(sshd, root, tmp_path):
+    """`window open` over SSH returns once production is down; its holder (a session of its own) stays
+    when the channel closes, and gives production back when the release is written. Production here
+    is a plain HTTP server behind the operator's start/stop scripts: what is under test is the window."""
+    import json
+
+    import httpx
+
+    from tests.conftest import prod_service_config
+
+    port = free_port()
+    prod = prod_service_config(tmp_path, port, sys.executable)
+    server = [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)]
+    prod["start_command"] = prod["start_command"][:prod["start_command"].index("--") + 1] + server
+    prod.update(health_url=f"http://127.0.0.1:{port}/", restore_timeout_s=60, orphan_grace_s=30)
+    subprocess.run(prod["start_command"], check=True, cwd=str(ROOT))
+
+    def up() -> bool:
+        try:
+            return httpx.get(prod["health_url"], timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    deadline = time.monotonic() + 30
+    while not up():
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    d = str(root / "production" / "w")
+    cli = [HOST_PY, "-m", "eagleflow.production.window"]
+    try:
+        with SshHost(host_config(sshd, root)) as host:
+            rc, out, err = host.exec([*cli, "open", d, "--config", json.dumps(prod), "--work-root", str(root),
+                                      "--owner", "ssh-test", "--stages", "extract"], timeout=120)
+            assert rc == 0, out + err
+            assert not up()
+            time.sleep(2)  # the channel is closed: the holder must still be there, production still down
+            assert json.loads(host.exec([*cli, "status", d])[1])["state"] == "open" and not up()
+            host.write_text(f"{d}/window.release", "")
+            deadline = time.monotonic() + 60
+            while (status := json.loads(host.exec([*cli, "status", d])[1]))["state"] != "closed":
+                assert time.monotonic() < deadline, status
+                time.sleep(0.5)
+        assert status["result"]["ok"] and status["result"]["down_s"] > 2 and up()
+    finally:
+        subprocess.run(prod["stop_command"], cwd=str(ROOT))
+
+
 def test_log_lines_arrive_while_the_job_runs(sshd, root):
     seen: list[tuple[float, str]] = []
     script = "import time\nfor i in range(3):\n    print('tick', i, flush=True); time.sleep(1)\n"
