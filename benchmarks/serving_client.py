@@ -10,7 +10,8 @@ config loaded from `--config` with `--set` overrides, as the benchmark stage lau
 for every variant (baseline; drafter: EAGLE-3 with `--drafter`, benchmark.num_speculative_tokens) x
 every `--eager` value (`engine.enforce_eager`, given as YAML; `config` leaves the config's value).
 On each engine, after the stage's warm-up, the clients take turns over the same held-out prompts
-(A B B A ...; every pass sends them all, temperature 0, concurrency 1):
+(A B B A ...; every pass sends them all, temperature 0, concurrency 1; with `--interleave` the turns
+are per request instead, A B on one prompt and B A on the next, so the engine's drift cancels):
 
     stage             the benchmark stage's client as the stage drives it: one
                       eagleflow.engines.chat.chat_all call per round of `concurrency` prompts (so
@@ -91,30 +92,37 @@ def stage_client(ignore_eos: bool, per_round: bool) -> Client:
     return send
 
 
+PLAIN_HTTP: dict[str, httpx.Client] = {}
+
+
 def plain_client(ignore_eos: bool) -> Client:
     """One request after another, streamed, the usage read from the last chunk (as `vllm bench serve`)."""
 
     def send(server: EngineServer, cfg: RunConfig, prompts: list[Messages]) -> tuple[int, float]:
         tokens = 0
+        # one client per engine for the whole run: building one (its SSL context) costs ~25 ms on the H200 host
+        client = PLAIN_HTTP.get(server.base_url)
+        if client is None:
+            client = PLAIN_HTTP[server.base_url] = httpx.Client(base_url=server.base_url,
+                                                                timeout=cfg.engine.request_timeout_s)
         start = time.perf_counter()
-        with httpx.Client(base_url=server.base_url, timeout=cfg.engine.request_timeout_s) as client:
-            for messages in prompts:
-                payload = {"model": served_name(cfg), "messages": messages, "max_tokens": cfg.benchmark.max_tokens,
-                           "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
-                if ignore_eos:
-                    payload["ignore_eos"] = True
-                usage = None
-                with client.stream("POST", "/v1/chat/completions", json=payload) as r:
-                    if r.status_code != 200:
-                        raise SystemExit(f"plain client: HTTP {r.status_code}: {r.read()[:300]!r}")
-                    for line in r.iter_lines():
-                        if not line.startswith("data:") or line.strip() == "data: [DONE]":
-                            continue
-                        chunk = json.loads(line[len("data:"):])
-                        usage = chunk.get("usage") or usage
-                if not usage:
-                    raise SystemExit("plain client: the stream ended without a usage chunk")
-                tokens += int(usage["completion_tokens"])
+        for messages in prompts:
+            payload = {"model": served_name(cfg), "messages": messages, "max_tokens": cfg.benchmark.max_tokens,
+                       "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+            if ignore_eos:
+                payload["ignore_eos"] = True
+            usage = None
+            with client.stream("POST", "/v1/chat/completions", json=payload) as r:
+                if r.status_code != 200:
+                    raise SystemExit(f"plain client: HTTP {r.status_code}: {r.read()[:300]!r}")
+                for line in r.iter_lines():
+                    if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[len("data:"):])
+                    usage = chunk.get("usage") or usage
+            if not usage:
+                raise SystemExit("plain client: the stream ended without a usage chunk")
+            tokens += int(usage["completion_tokens"])
         return tokens, time.perf_counter() - start
 
     return send
@@ -171,22 +179,35 @@ class Engine:
         self.server.wait_healthy()
         self.load_s = time.perf_counter() - self._t0
 
-    def measure(self, prompts: list[Messages], clients: list[str], rounds: int, warmup: int) -> None:
+    def measure(self, prompts: list[Messages], clients: list[str], rounds: int, warmup: int,
+                interleave: bool = False) -> None:
         cfg = self.cfg
         for name in dict.fromkeys(["stage", *clients]):  # the stage's warm-up, then one request of each client
             CLIENTS[name](self.server, cfg, prompts[: warmup if name == "stage" else 1])
         deltas = {c: {} for c in clients}
         sums = {c: [0, 0.0] for c in clients}
         for r in range(rounds):
-            for c in clients if r % 2 == 0 else clients[::-1]:
+            if interleave:  # every prompt by every client in turn (A B, then B A): the engine's drift cancels
+                steps = [(c, [m]) for i, m in enumerate(prompts)
+                         for c in (clients if (i + r) % 2 == 0 else clients[::-1])]
+            else:  # one whole pass per client (A B B A over rounds)
+                steps = [(c, prompts) for c in (clients if r % 2 == 0 else clients[::-1])]
+            round_sums = {c: [0, 0.0] for c in clients}
+            round_deltas: dict[str, dict[str, float]] = {c: {} for c in clients}
+            for c, batch in steps:
                 before = self.server.snapshot()
-                tokens, seconds = CLIENTS[c](self.server, cfg, prompts)
-                after = self.server.snapshot()
-                add(deltas[c], before, after)
+                tokens, seconds = CLIENTS[c](self.server, cfg, batch)
+                add(round_deltas[c], before, self.server.snapshot())
+                round_sums[c][0] += tokens
+                round_sums[c][1] += seconds
+            for c in clients:
+                tokens, seconds = round_sums[c]
                 sums[c][0] += tokens
                 sums[c][1] += seconds
+                add(deltas[c], {}, round_deltas[c])
                 self.passes.append({"round": r, "client": c, "tokens": tokens, "seconds": seconds,
-                                    "tok_s": tokens / seconds, **self.server.latency(before, after)})
+                                    "tok_s": tokens / seconds,
+                                    **latency_from_deltas({}, round_deltas[c], self.server.metric_prefix)})
                 print(f"  {self.name} round {r} {c:17} {tokens / seconds:8.1f} tok/s  {tokens} tokens  "
                       f"TPOT {fmt(self.passes[-1]['tpot_ms'], 3)} ms", flush=True)
         k = cfg.benchmark.num_speculative_tokens
@@ -235,6 +256,8 @@ def main() -> int:
                    help="engine.enforce_eager values (YAML), one engine each; 'config' keeps the config's value")
     p.add_argument("--clients", nargs="+", default=["stage", "plain"], choices=sorted(CLIENTS))
     p.add_argument("--rounds", type=int, default=2, help="passes of each client on each engine, in A B B A order")
+    p.add_argument("--interleave", action="store_true",
+                   help="alternate clients per request (A B, B A ...) instead of per whole pass")
     p.add_argument("--num-prompts", type=int, default=None, help="default: benchmark.num_prompts")
     p.add_argument("--parallel-load", action="store_true", help="start every engine at once, then measure in turn")
     p.add_argument("--stage", action="store_true",
@@ -273,6 +296,7 @@ def main() -> int:
 
     result: dict[str, Any] = {"config": str(args.config), "overrides": args.overrides, "num_prompts": len(prompts),
                               "max_tokens": cfg0.benchmark.max_tokens, "rounds": args.rounds,
+                              "interleave": args.interleave,
                               "parallel_load": args.parallel_load, "stage": [], "engines": []}
 
     def save() -> None:  # after each step: a run cut short keeps what it measured
@@ -292,7 +316,7 @@ def main() -> int:
                 print(f"{e.name}: healthy after {e.load_s:.0f} s; cuda graphs: "
                       f"{'--enforce-eager' not in e.argv}", flush=True)
             for e in group:
-                e.measure(prompts, args.clients, args.rounds, cfg0.benchmark.warmup_requests)
+                e.measure(prompts, args.clients, args.rounds, cfg0.benchmark.warmup_requests, args.interleave)
                 if not args.parallel_load:
                     e.server.stop()
                 save()
@@ -303,7 +327,7 @@ def main() -> int:
     print(f"\n{len(prompts)} prompts x {cfg0.benchmark.max_tokens} max tokens, temperature 0, concurrency 1; "
           "TPOT/ITL/TTFT: the engine's own histograms")
     print("| engine | cuda graphs | client | tok/s | tokens | engine TPOT ms | ITL ms | TTFT ms | AL | client ms/request "
-          "over engine e2e | vs plain |")
+          "over engine e2e | vs plain (round range) |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     stage_graphs = "no" if "--enforce-eager" in engines[0].argv else "yes"  # the stage's flags are engine 0's
     for w in result["stage"]:
@@ -315,6 +339,10 @@ def main() -> int:
         plain = e.totals.get("plain")
         for c, row in e.totals.items():
             ratio = f"{row['tok_s'] / plain['tok_s']:.3f}" if plain else "-"
+            if plain:  # the same ratio round by round: its spread says how far the total can be trusted
+                per_round = sorted(a["tok_s"] / b["tok_s"] for a in e.passes if a["client"] == c
+                                   for b in e.passes if b["client"] == "plain" and b["round"] == a["round"])
+                ratio += f" ({per_round[0]:.3f}-{per_round[-1]:.3f})"
             print(f"| {e.name} | {'yes' if '--enforce-eager' not in e.argv else 'no'} | {c} | {row['tok_s']:.1f} | "
                   f"{row['tokens']} | {fmt(row['tpot_ms'], 3)} | {fmt(row['itl_ms'], 3)} | {fmt(row['ttft_ms'])} | "
                   f"{fmt(row.get('mean_acceptance_length'))} | {fmt(row['overhead_ms'], 1)} | {ratio} |")

@@ -111,11 +111,13 @@ def test_serving_client_puts_the_stage_client_beside_a_plain_one(tmp_path):
     (one chat_all per request, as the stage drives it), the same in one call, and a plain streaming
     client, each over 3 held-out prompts x 16 tokens with the engine's own TPOT beside them."""
     out = run([sys.executable, BENCH / "serving_client.py", "--quick", "--out", tmp_path,
-               "--set", f"engine.port={free_port()}", "--clients", "stage", "stage-1call", "plain"], timeout=600)
+               "--set", f"engine.port={free_port()}", "--clients", "stage", "stage-1call", "plain", "--interleave"], timeout=600)
     result = json.loads((tmp_path / "serving_client.json").read_text())
     (engine,) = result["engines"]
     assert engine["name"] == "baseline-eager_config" and engine["cuda_graphs"] is False
     assert set(engine["clients"]) == {"stage", "stage-1call", "plain"}
     assert all(row["tokens"] > 0 and row["tpot_ms"] > 0 for row in engine["clients"].values())
     assert engine["clients"]["stage"]["tokens"] == 3 * 16  # ignore_eos: every answer runs to max_tokens
+    # --interleave: each client's round is the sum of its turns, one per prompt
+    assert result["interleave"] is True and [p["client"] for p in engine["passes"]] == ["stage", "stage-1call", "plain"]
     assert "| baseline-eager_config | no | plain |" in out
