@@ -163,13 +163,15 @@ class Engine:
 
     def __init__(self, name: str, cfg: RunConfig, drafter: str | None, port_offset: int, logs: Path):
         self.name, self.cfg, self.drafter = name, cfg, drafter
-        spec = target_launch(cfg, speculative(drafter, cfg.benchmark.num_speculative_tokens) if drafter else None,
-                             port_offset=port_offset)
+        b = cfg.benchmark
+        spec = target_launch(cfg, speculative(drafter, b.num_speculative_tokens, b.draft_attention_backend)
+                             if drafter else None, port_offset=port_offset)
         self.argv = server_class(cfg.engine.kind).argv_for(spec)
         self.server = make_server(spec, logs / f"{name}.log", name=name)
         self.load_s = 0.0
         self.passes: list[dict[str, Any]] = []
         self.totals: dict[str, dict[str, Any]] = {}
+        self.failed: str | None = None
 
     def start(self) -> None:
         self._t0 = time.perf_counter()
@@ -254,6 +256,9 @@ def main() -> int:
                    help="default: baseline, and drafter when --drafter is given")
     p.add_argument("--eager", nargs="+", default=["true", "false"],
                    help="engine.enforce_eager values (YAML), one engine each; 'config' keeps the config's value")
+    p.add_argument("--attention-backends", nargs="+", default=["config"],
+                   help="the target's --attention-backend, one engine each ('auto': the platform's choice; 'config': "
+                        "engine.extra_args as configured)")
     p.add_argument("--clients", nargs="+", default=["stage", "plain"], choices=sorted(CLIENTS))
     p.add_argument("--rounds", type=int, default=2, help="passes of each client on each engine, in A B B A order")
     p.add_argument("--interleave", action="store_true",
@@ -281,12 +286,16 @@ def main() -> int:
     engines: list[Engine] = []
     for variant in variants:
         for eager in args.eager:
-            overrides = dict(base)
-            if eager != "config":
-                overrides["engine.enforce_eager"] = yaml.safe_load(eager)
-            cfg = load_config(args.config, overrides)
-            engines.append(Engine(f"{variant}-eager_{eager}", cfg, drafter if variant == "drafter" else None,
-                                  port_offset=len(engines) if args.parallel_load else 0, logs=args.out))
+            for backend in args.attention_backends:
+                overrides = dict(base)
+                if eager != "config":
+                    overrides["engine.enforce_eager"] = yaml.safe_load(eager)
+                if backend != "config":
+                    overrides["engine.extra_args"] = [] if backend == "auto" else ["--attention-backend", backend]
+                cfg = load_config(args.config, overrides)
+                name = f"{variant}-eager_{eager}" + (f"-{backend}" if backend != "config" else "")
+                engines.append(Engine(name, cfg, drafter if variant == "drafter" else None,
+                                      port_offset=len(engines) if args.parallel_load else 0, logs=args.out))
     cfg0 = engines[0].cfg
     g = cfg0.generate
     prompts = holdout_prompts(g.prompts_path, g.num_samples, g.holdout, g.seed,
@@ -297,7 +306,7 @@ def main() -> int:
     result: dict[str, Any] = {"config": str(args.config), "overrides": args.overrides, "num_prompts": len(prompts),
                               "max_tokens": cfg0.benchmark.max_tokens, "rounds": args.rounds,
                               "interleave": args.interleave,
-                              "parallel_load": args.parallel_load, "stage": [], "engines": []}
+                              "parallel_load": args.parallel_load, "stage": [], "engines": [], "failed": {}}
 
     def save() -> None:  # after each step: a run cut short keeps what it measured
         result["engines"] = [e.record() for e in engines if e.totals]
@@ -312,10 +321,17 @@ def main() -> int:
             for e in group:
                 e.start()
             for e in group:
-                e.wait()
+                try:
+                    e.wait()
+                except Exception as exc:  # noqa: BLE001 - e.g. a backend this build lacks: the others still run
+                    e.failed = f"{type(exc).__name__}: {exc}"[:2000]
+                    print(f"{e.name}: did not start: {e.failed}", flush=True)
+                    result["failed"][e.name] = e.failed
+                    e.server.stop()
+                    continue
                 print(f"{e.name}: healthy after {e.load_s:.0f} s; cuda graphs: "
                       f"{'--enforce-eager' not in e.argv}", flush=True)
-            for e in group:
+            for e in (e for e in group if not e.failed):
                 e.measure(prompts, args.clients, args.rounds, cfg0.benchmark.warmup_requests, args.interleave)
                 if not args.parallel_load:
                     e.server.stop()

@@ -234,6 +234,11 @@ class BenchmarkConfig(_Strict):
     num_prompts: int = Field(32, ge=1, description="Held-out chat prompts sent in each setting to each variant.")
     max_tokens: int = Field(128, ge=1, description="Fixed max_tokens per request (ignore_eos keeps lengths equal).")
     num_speculative_tokens: int = Field(3, ge=1, le=16, description="Draft tokens per step.")
+    draft_attention_backend: str | None = Field(
+        None, description="vLLM speculative_config.attention_backend: the drafter's own attention backend (e.g. "
+        "TRITON_MLA where a target backend verifies drafts wrongly). None: the engine picks one for the drafter's "
+        "shape. The target's is --attention-backend in engine.extra_args.",
+    )
     temperatures: list[float] = Field(
         [0.0, 0.7], min_length=1,
         description="Sampling settings measured on every variant: 0 is greedy; the others sample (seeded per request).",

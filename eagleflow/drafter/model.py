@@ -1,4 +1,5 @@
-"""The EAGLE-3 drafter in the exact layout vLLM's `LlamaForCausalLMEagle3` loads.
+"""The EAGLE-3 drafter in the exact layout vLLM's `LlamaForCausalLMEagle3` (or, with MLA attention,
+`Eagle3DeepseekV2ForCausalLM`) loads.
 
 One decoder layer over the target's three auxiliary states. Parameter names of `Eagle3Drafter`
 are the checkpoint names vLLM reads (`fc.weight`, `layers.0.self_attn.q_proj.weight`, ...); the
@@ -17,6 +18,11 @@ Forward of one drafting step at position t (vLLM `llama_eagle3.LlamaDecoderLayer
 
 Which token and which target state sit at a position, and what the label is, is settled in
 `ttt_forward` below.
+
+`DrafterArch.attention` picks the attention: 'llama' (GQA, `Attention`) or 'mla' (DeepSeek-V2/V3
+multi-head latent attention, `MLAAttention`, vLLM `deepseek_eagle3.DeepseekV2Eagle3DecoderLayer`).
+The rest of the layer is the same; with MLA the state normalisation before fc is per target state
+(vLLM `fc_norm`, weights `fc_norm.{i}.weight`) since vLLM's DeepSeek drafter has no `input_norm`.
 """
 
 from __future__ import annotations
@@ -49,10 +55,25 @@ class DrafterArch:
     target_hidden_size: int
     max_position_embeddings: int
     num_aux_hidden_states: int = 3
-    norm_before_fc: bool = True
+    norm_before_fc: bool = True  # one RMSNorm over the concatenated states (`input_norm`; llama only)
     norm_before_residual: bool = True
+    # --- MLA (attention == "mla"): vLLM's Eagle3DeepseekV2ForCausalLM; the dims are the target's -------
+    attention: str = "llama"  # "llama" (GQA) or "mla"
+    fc_norm: bool = False  # one RMSNorm per target state before fc (`fc_norm.{i}`; vLLM `fc_norm`)
+    q_lora_rank: int | None = None  # MLA: q_a_proj -> q_a_layernorm -> q_b_proj (vLLM 0.32 loads no q_proj)
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
 
     def __post_init__(self) -> None:
+        if self.attention not in ("llama", "mla"):
+            raise ValueError(f"attention must be 'llama' or 'mla', got {self.attention!r}")
+        if self.attention == "mla":
+            self._check_mla()
+        elif self.fc_norm:
+            raise ValueError("fc_norm (per-state norms before fc) is written only for MLA drafters; "
+                             "llama drafters use norm_before_fc")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
@@ -66,6 +87,31 @@ class DrafterArch:
             raise ValueError(
                 f"drafter hidden_size {self.hidden_size} must equal the target's {self.target_hidden_size}"
             )
+
+    def _check_mla(self) -> None:
+        dims = {"kv_lora_rank": self.kv_lora_rank, "qk_nope_head_dim": self.qk_nope_head_dim,
+                "qk_rope_head_dim": self.qk_rope_head_dim, "v_head_dim": self.v_head_dim}
+        bad = {k: v for k, v in dims.items() if v <= 0}
+        if bad:
+            raise ValueError(f"an MLA drafter needs positive {', '.join(bad)} (got {bad})")
+        if self.qk_rope_head_dim % 2:
+            raise ValueError(f"qk_rope_head_dim must be even for rotary embeddings, got {self.qk_rope_head_dim}")
+        if not self.q_lora_rank or self.q_lora_rank <= 0:
+            # vLLM 0.32's deepseek_eagle3 loader always stacks kv_a_proj_with_mqa into fused_qkv_a_proj, which
+            # DeepseekV2MLAAttention has only with q_lora_rank: a q_proj drafter fails to load ("There is no
+            # module or parameter named 'layers.0.self_attn.fused_qkv_a_proj' in DeepseekV2Eagle3Model").
+            raise ValueError(
+                f"an MLA drafter needs a positive q_lora_rank (vLLM loads no q_proj), got {self.q_lora_rank}")
+        if self.norm_before_fc:
+            raise ValueError("vLLM's MLA drafter (Eagle3DeepseekV2ForCausalLM) has no input_norm: use fc_norm "
+                             "(per-state norms) instead of norm_before_fc")
+        if self.num_key_value_heads != self.num_attention_heads:
+            raise ValueError("MLA has one latent KV per token: num_key_value_heads must equal num_attention_heads")
+
+    @property
+    def rope_dim(self) -> int:
+        """The rotated part of a query/key head: the whole head (llama) or qk_rope_head_dim (MLA)."""
+        return self.qk_rope_head_dim if self.attention == "mla" else self.head_dim
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -122,11 +168,13 @@ class RMSNorm(nn.Module):
         return (_rms_norm_fused if x.is_cuda else rms_norm)(x, self.weight, self.eps)
 
 
-def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin of the default (unscaled) rotary embedding, neox layout (HF rotate_half == vLLM neox)."""
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, interleaved: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin of the default (unscaled) rotary embedding: neox layout (HF rotate_half == vLLM neox), or
+    with `interleaved` the GPT-J layout (frequency i on dims 2i, 2i+1: vLLM `is_neox_style=False`, MLA)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
     freqs = positions.float()[:, None] * inv_freq[None, :]  # shape: [T, hd/2]
-    emb = torch.cat([freqs, freqs], dim=-1)  # shape: [T, hd]
+    emb = freqs.repeat_interleave(2, dim=-1) if interleaved else torch.cat([freqs, freqs], dim=-1)  # [T, hd]
     return emb.cos(), emb.sin()
 
 
@@ -144,6 +192,19 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (_apply_rope_fused if x.is_cuda else _apply_rope)(x, cos, sin)
 
 
+def _apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # GPT-J layout: (x[2i], x[2i+1]) rotated by frequency i; cos/sin from rope_tables(interleaved=True)
+    rotated = torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)
+    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+
+
+_apply_rope_interleaved_fused = torch.compile(_apply_rope_interleaved, dynamic=True)
+
+
+def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return (_apply_rope_interleaved_fused if x.is_cuda else _apply_rope_interleaved)(x, cos, sin)
+
+
 def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
@@ -151,13 +212,92 @@ def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 _silu_mul_fused = torch.compile(_silu_mul, dynamic=True)
 
 
-class Attention(nn.Module):
+class AttentionBase(nn.Module):
+    """The training-time-test and inference-style attention over per-head keys and values; a subclass
+    supplies q (rotated queries [B, nh, T, dk]), kv (rotated keys [B, nkv|nh, T, dk], values
+    [B, nkv|nh, T, dv]), out (o [B, nh, T, dv] -> [B, T, H]), and nh, nkv, scale."""
+
+    nh: int
+    nkv: int
+    scale: float
+
+    def q(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, expand: bool = True
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def out(self, o: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def ttt_flex(self, q: torch.Tensor, qpos: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, diag: list
+                 ) -> torch.Tensor:
+        """`ttt` through one fused flex-attention call (CUDA): the same keys and mask, never materialised.
+
+        Keys are [step-0 keys (T); step-1 keys (Tq); ...; step-i keys (Tq)], unexpanded (GQA in the
+        kernel). A query row r attends to step-0 key s when s <= qpos[r], and to key T + (j-1)*Tq + r' of
+        step j when r' == r. The block mask skips the blocks above the causal edge and off the diagonals.
+        """
+        # q shape: [B, nh, Tq, hd]; k0, v0 shape: [B, nkv, T, hd]; diag: (k_j, v_j) each [B, nkv, Tq, hd]
+        b, _, tq, _ = q.shape
+        t = k0.shape[2]
+        dt = v0.dtype  # the projections' output dtype (bf16 under autocast); rope may have promoted q, k
+        keys = torch.cat([k0, *[kj for kj, _ in diag]], dim=2).to(dt)  # shape: [B, nkv, T + i*Tq, hd]
+        values = torch.cat([v0, *[vj for _, vj in diag]], dim=2)
+        q = q.to(dt)
+
+        def mask_mod(bi, _h, qi, kv):
+            return torch.where(kv < t, kv <= qpos[bi, qi], (kv - t) % tq == qi)
+
+        mask = create_block_mask(mask_mod, B=b, H=None, Q_LEN=tq, KV_LEN=keys.shape[2], device=q.device)
+        o = _compiled_flex(q, keys, values, block_mask=mask, scale=self.scale, enable_gqa=self.nkv != self.nh)
+        return self.out(o)
+
+    def ttt(self, q: torch.Tensor, qpos: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, diag: list) -> torch.Tensor:
+        """Training-time-test attention (see `Eagle3Drafter.ttt_forward` for the layout).
+
+        A query at context end p (its row's `qpos`) attends to the step-0 keys at positions <= p
+        (causal) and to each later step's key at its own row only (the diagonal; its own key, for
+        steps >= 1, is the last of those).
+        """
+        # q shape: [B, nh, Tq, hd]; qpos shape: [B, Tq]; k0, v0 shape: [B, nh, T, hd] (MLA: v is vd wide);
+        # diag: (k_j, v_j) of steps 1..i, each [B, nh, Tq, hd]
+        t = k0.shape[2]
+        scale = self.scale
+        causal = torch.arange(t, device=q.device)[None, None, :] <= qpos[:, :, None]  # shape: [B, Tq, T]
+        s0 = (q @ k0.transpose(-1, -2)) * scale  # shape: [B, nh, Tq, T]
+        s0 = s0.masked_fill(~causal[:, None], float("-inf"))
+        if not diag:
+            return self.out(torch.softmax(s0, dim=-1) @ v0)
+        kd = torch.stack([kj for kj, _ in diag], dim=-2)  # shape: [B, nh, Tq, i, hd]
+        vd = torch.stack([vj for _, vj in diag], dim=-2)  # shape: [B, nh, Tq, i, hd]
+        sd = (q.unsqueeze(-2) * kd).sum(-1) * scale  # shape: [B, nh, Tq, i]
+        probs = torch.softmax(torch.cat([s0, sd], dim=-1), dim=-1)  # shape: [B, nh, Tq, T+i]
+        o = probs[..., :t] @ v0 + (probs[..., t:].unsqueeze(-1) * vd).sum(-2)  # shape: [B, nh, Tq, hd]
+        return self.out(o)
+
+    def attend_all(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: list) -> torch.Tensor:
+        """Inference-style attention: the new keys join `kv`; each query sees every earlier key and
+        the new ones at or before itself. B must be 1."""
+        q = self.q(x, cos, sin)
+        kv.append(self.kv(x, cos, sin))
+        keys = torch.cat([kk for kk, _ in kv], dim=2)  # shape: [1, nh, S, hd]
+        values = torch.cat([vv for _, vv in kv], dim=2)
+        t, s = q.shape[2], keys.shape[2]
+        mask = torch.ones(t, s, dtype=torch.bool, device=q.device)
+        mask[:, s - t:] = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+        return self.out(F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale))
+
+
+class Attention(AttentionBase):
     """Llama attention whose input is 2H wide: [input_layernorm(embed); hidden_norm(hidden)]."""
 
     def __init__(self, arch: DrafterArch) -> None:
         super().__init__()
         h, nh, nkv, hd = arch.hidden_size, arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim
         self.nh, self.nkv, self.hd = nh, nkv, hd
+        self.scale = 1.0 / math.sqrt(hd)
         self.q_proj = nn.Linear(2 * h, nh * hd, bias=False)
         self.k_proj = nn.Linear(2 * h, nkv * hd, bias=False)
         self.v_proj = nn.Linear(2 * h, nkv * hd, bias=False)
@@ -182,63 +322,57 @@ class Attention(nn.Module):
         b, _, t, _ = o.shape  # o shape: [B, nh, T, hd]
         return self.o_proj(o.transpose(1, 2).reshape(b, t, self.nh * self.hd))  # shape: [B, T, H]
 
-    def ttt_flex(self, q: torch.Tensor, qpos: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, diag: list
-                 ) -> torch.Tensor:
-        """`ttt` through one fused flex-attention call (CUDA): the same keys and mask, never materialised.
+class MLAAttention(AttentionBase):
+    """DeepSeek-V2/V3 multi-head latent attention whose input is 2H wide (vLLM `DeepseekV2MLAAttention`
+    with `input_size=2H`, as `deepseek_eagle3` builds it; names are the HF DeepSeek checkpoint names).
 
-        Keys are [step-0 keys (T); step-1 keys (Tq); ...; step-i keys (Tq)], unexpanded (GQA in the
-        kernel). A query row r attends to step-0 key s when s <= qpos[r], and to key T + (j-1)*Tq + r' of
-        step j when r' == r. The block mask skips the blocks above the causal edge and off the diagonals.
-        """
-        # q shape: [B, nh, Tq, hd]; k0, v0 shape: [B, nkv, T, hd]; diag: (k_j, v_j) each [B, nkv, Tq, hd]
-        b, _, tq, _ = q.shape
-        t = k0.shape[2]
-        dt = v0.dtype  # the projections' output dtype (bf16 under autocast); rope may have promoted q, k
-        keys = torch.cat([k0, *[kj for kj, _ in diag]], dim=2).to(dt)  # shape: [B, nkv, T + i*Tq, hd]
-        values = torch.cat([v0, *[vj for _, vj in diag]], dim=2)
-        q = q.to(dt)
+        q       = q_b_proj(q_a_layernorm(q_a_proj(x)))                       [nh, nope + rope]
+        c, k_pe = split(kv_a_proj_with_mqa(x), [kv_lora_rank, rope])          one latent per token
+        k_nope, v = split(kv_b_proj(kv_a_layernorm(c)), [nope, vd])           per head
+        k       = [k_nope; rope(k_pe)] (k_pe shared by all heads);  q = [q_nope; rope(q_pe)]
+        out     = o_proj(softmax(q k^T / sqrt(nope + rope)) v)
 
-        def mask_mod(bi, _h, qi, kv):
-            return torch.where(kv < t, kv <= qpos[bi, qi], (kv - t) % tq == qi)
+    RoPE on the rope dims is interleaved (vLLM `is_neox_style=False`). Training materialises the
+    per-head keys and values (vLLM's kernel absorbs kv_b_proj instead: the same function).
+    """
 
-        mask = create_block_mask(mask_mod, B=b, H=None, Q_LEN=tq, KV_LEN=keys.shape[2], device=q.device)
-        o = _compiled_flex(q, keys, values, block_mask=mask, enable_gqa=self.nkv != self.nh)
-        return self.out(o)
+    def __init__(self, arch: DrafterArch) -> None:
+        super().__init__()
+        h2, nh = 2 * arch.hidden_size, arch.num_attention_heads
+        self.nh = self.nkv = nh
+        self.nope, self.rope, self.vd = arch.qk_nope_head_dim, arch.qk_rope_head_dim, arch.v_head_dim
+        self.rank = arch.kv_lora_rank
+        qk = self.nope + self.rope
+        self.scale = qk ** -0.5
+        self.q_a_proj = nn.Linear(h2, arch.q_lora_rank, bias=False)
+        self.q_a_layernorm = RMSNorm(arch.q_lora_rank, arch.rms_norm_eps)
+        self.q_b_proj = nn.Linear(arch.q_lora_rank, nh * qk, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(h2, self.rank + self.rope, bias=False)
+        self.kv_a_layernorm = RMSNorm(self.rank, arch.rms_norm_eps)
+        self.kv_b_proj = nn.Linear(self.rank, nh * (self.nope + self.vd), bias=False)
+        self.o_proj = nn.Linear(nh * self.vd, arch.hidden_size, bias=False)
 
-    def ttt(self, q: torch.Tensor, qpos: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, diag: list) -> torch.Tensor:
-        """Training-time-test attention (see `Eagle3Drafter.ttt_forward` for the layout).
+    def q(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x shape: [B, T, 2H]; cos/sin shape: [T, rope] or [B, 1, T, rope]
+        b, t, _ = x.shape
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = q.view(b, t, self.nh, self.nope + self.rope).transpose(1, 2)  # shape: [B, nh, T, nope+rope]
+        q_nope, q_pe = q.split([self.nope, self.rope], dim=-1)
+        return torch.cat([q_nope, apply_rope_interleaved(q_pe, cos, sin)], dim=-1)
 
-        A query at context end p (its row's `qpos`) attends to the step-0 keys at positions <= p
-        (causal) and to each later step's key at its own row only (the diagonal; its own key, for
-        steps >= 1, is the last of those).
-        """
-        # q shape: [B, nh, Tq, hd]; qpos shape: [B, Tq]; k0, v0 shape: [B, nh, T, hd];
-        # diag: (k_j, v_j) of steps 1..i, each [B, nh, Tq, hd]
-        t = k0.shape[2]
-        scale = 1.0 / math.sqrt(self.hd)
-        causal = torch.arange(t, device=q.device)[None, None, :] <= qpos[:, :, None]  # shape: [B, Tq, T]
-        s0 = (q @ k0.transpose(-1, -2)) * scale  # shape: [B, nh, Tq, T]
-        s0 = s0.masked_fill(~causal[:, None], float("-inf"))
-        if not diag:
-            return self.out(torch.softmax(s0, dim=-1) @ v0)
-        kd = torch.stack([kj for kj, _ in diag], dim=-2)  # shape: [B, nh, Tq, i, hd]
-        vd = torch.stack([vj for _, vj in diag], dim=-2)  # shape: [B, nh, Tq, i, hd]
-        sd = (q.unsqueeze(-2) * kd).sum(-1) * scale  # shape: [B, nh, Tq, i]
-        probs = torch.softmax(torch.cat([s0, sd], dim=-1), dim=-1)  # shape: [B, nh, Tq, T+i]
-        o = probs[..., :t] @ v0 + (probs[..., t:].unsqueeze(-1) * vd).sum(-2)  # shape: [B, nh, Tq, hd]
-        return self.out(o)
+    def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, expand: bool = True
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+        b, t, _ = x.shape
+        c, k_pe = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope], dim=-1)  # [B, T, rank], [B, T, rope]
+        kv = self.kv_b_proj(self.kv_a_layernorm(c)).view(b, t, self.nh, self.nope + self.vd).transpose(1, 2)
+        k_nope, v = kv.split([self.nope, self.vd], dim=-1)  # [B, nh, T, nope], [B, nh, T, vd]
+        k_pe = apply_rope_interleaved(k_pe.unsqueeze(1), cos, sin)  # shape: [B, 1, T, rope]
+        k = torch.cat([k_nope, k_pe.expand(-1, self.nh, -1, -1)], dim=-1)  # shape: [B, nh, T, nope+rope]
+        return k, v.contiguous()
 
-    def attend_all(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: list) -> torch.Tensor:
-        """Inference-style attention: the new keys join `kv`; each query sees every earlier key and
-        the new ones at or before itself. B must be 1."""
-        q = self.q(x, cos, sin)
-        kv.append(self.kv(x, cos, sin))
-        keys = torch.cat([kk for kk, _ in kv], dim=2)  # shape: [1, nh, S, hd]
-        values = torch.cat([vv for _, vv in kv], dim=2)
-        t, s = q.shape[2], keys.shape[2]
-        mask = torch.ones(t, s, dtype=torch.bool, device=q.device)
-        mask[:, s - t:] = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-        return self.out(F.scaled_dot_product_attention(q, keys, values, attn_mask=mask))
+    def out(self, o: torch.Tensor) -> torch.Tensor:
+        b, _, t, _ = o.shape  # o shape: [B, nh, T, vd]
+        return self.o_proj(o.transpose(1, 2).reshape(b, t, self.nh * self.vd))  # shape: [B, T, H]
 
 
 class MLP(nn.Module):
@@ -257,7 +391,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, arch: DrafterArch) -> None:
         super().__init__()
         self.norm_before_residual = arch.norm_before_residual
-        self.self_attn = Attention(arch)
+        self.self_attn = MLAAttention(arch) if arch.attention == "mla" else Attention(arch)
         self.mlp = MLP(arch)
         self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.hidden_norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
@@ -281,7 +415,7 @@ class DecoderLayer(nn.Module):
 
 
 class Eagle3Drafter(nn.Module):
-    """Parameter names == vLLM checkpoint names (see formats.vllm_weight_names)."""
+    """Parameter names == vLLM checkpoint names (see vllm_export.vllm_weight_names)."""
 
     def __init__(self, arch: DrafterArch, embed_tokens: torch.Tensor) -> None:
         super().__init__()
@@ -296,6 +430,9 @@ class Eagle3Drafter(nn.Module):
         self.register_buffer("embed_weight", embed_tokens.detach().float().clone(), persistent=False)
         if arch.norm_before_fc:
             self.input_norm = RMSNorm(fc_in, arch.rms_norm_eps)
+        if arch.fc_norm:
+            self.fc_norm = nn.ModuleList(
+                [RMSNorm(arch.target_hidden_size, arch.rms_norm_eps) for _ in range(arch.num_aux_hidden_states)])
         self.fc = nn.Linear(fc_in, arch.hidden_size, bias=False)
         self.layers = nn.ModuleList([DecoderLayer(arch)])
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
@@ -319,13 +456,16 @@ class Eagle3Drafter(nn.Module):
         # aux shape: [B, T, 3*H_target] -> [B, T, H]
         if self.arch.norm_before_fc:
             aux = self.input_norm(aux)
+        if self.arch.fc_norm:
+            chunks = aux.chunk(self.arch.num_aux_hidden_states, dim=-1)
+            aux = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)
         return self.fc(aux)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.embed_weight)  # shape: [B, T, H]
 
     def _rope(self, positions: torch.Tensor):
-        return rope_tables(positions, self.arch.head_dim, self.arch.rope_theta)
+        return rope_tables(positions, self.arch.rope_dim, self.arch.rope_theta, self.arch.attention == "mla")
 
     def ttt_forward(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int,
                     query_start: torch.Tensor | None = None, query_len: int | None = None

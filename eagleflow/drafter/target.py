@@ -94,23 +94,57 @@ def _rope_theta(cfg: dict) -> float:
     return float(params.get("rope_theta", 10000.0))
 
 
+def is_mla_config(cfg: dict) -> bool:
+    """A DeepSeek-V2/V3 / Kimi-K2 style config: multi-head latent attention (kv_lora_rank set)."""
+    return bool(cfg.get("kv_lora_rank"))
+
+
+def resolve_drafter_arch(cfg: dict, choice: str) -> str:
+    """train.drafter_arch against the target's config: 'llama' or 'mla' ('auto': mla iff the target is MLA)."""
+    if choice == "auto":
+        return "mla" if is_mla_config(cfg) else "llama"
+    if choice == "mla":
+        missing = [k for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim") if not cfg.get(k)]
+        if missing:
+            raise FormatError(
+                f"train.drafter_arch is 'mla' but the target's config.json has no {', '.join(missing)}: the MLA "
+                "drafter takes its attention dims from an MLA target (DeepSeek-V2/V3, Kimi-K2); use 'llama' or 'auto'")
+    return choice
+
+
 def arch_for_target(target: TargetHead, train: TrainConfig, draft_vocab_size: int) -> DrafterArch:
-    """The drafter's shape: the target's attention/MLP shape, one layer, default RoPE."""
+    """The drafter's shape: the target's attention/MLP shape, one layer, default RoPE.
+
+    With MLA (train.drafter_arch, resolved by `resolve_drafter_arch`) the attention dims are the
+    target's (kv_lora_rank, q_lora_rank, qk_nope/qk_rope/v head dims, heads): vLLM's MLA kernels need
+    kv_lora_rank + qk_rope_head_dim it supports (576 on CPU), and the drafter's KV cache blocks sit
+    beside the target's."""
     cfg = target.config
     h = target.hidden_size
     heads = int(cfg.get("num_attention_heads", max(1, h // 64)))
+    if resolve_drafter_arch(cfg, train.drafter_arch) == "mla":
+        nope, rope = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"])
+        rank = int(cfg["kv_lora_rank"])
+        # vLLM loads MLA drafters only with a q_lora_rank; a target without one (DeepSeek-V2-Lite) gets
+        # 3 * kv_lora_rank, DeepSeek-V2/V3's own ratio (1536 / 512).
+        q_lora = int(cfg.get("q_lora_rank") or 3 * rank)
+        attn = dict(attention="mla", num_key_value_heads=heads, head_dim=nope + rope,
+                   q_lora_rank=q_lora, kv_lora_rank=rank,
+                   qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=int(cfg["v_head_dim"]),
+                   norm_before_fc=False, fc_norm=train.norm_before_fc)
+    else:
+        attn = dict(num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+                   head_dim=int(cfg.get("head_dim") or h // heads), norm_before_fc=train.norm_before_fc)
     return DrafterArch(
         hidden_size=h,
         intermediate_size=int(train.intermediate_size or cfg.get("intermediate_size", 4 * h)),
         num_attention_heads=heads,
-        num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_dim") or h // heads),
         rms_norm_eps=target.rms_norm_eps,
         rope_theta=_rope_theta(cfg),
         vocab_size=target.vocab_size,
         draft_vocab_size=draft_vocab_size,
         target_hidden_size=h,
         max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
-        norm_before_fc=train.norm_before_fc,
         norm_before_residual=train.norm_before_residual,
+        **attn,
     )

@@ -25,6 +25,28 @@ No `embed_tokens`: vLLM then shares the target's embedding. The config.json is a
 `draft_vocab_size`, `target_hidden_size`, `eagle_aux_hidden_state_layer_ids` (vLLM convention: the
 input to decoder layer k; read by the target's model runner to pick the states), `norm_before_fc`,
 `norm_before_residual`.
+
+MLA drafters (`DrafterArch.attention == "mla"`) are vLLM's `Eagle3DeepseekV2ForCausalLM`
+(vllm/model_executor/models/deepseek_eagle3.py, vLLM 0.32): `model_type: deepseek_v2` (not
+`deepseek_v3`: vLLM's speculative config turns a deepseek_v3 draft into MTP). The loader prefixes
+`model.`, renames `midlayer.` -> `layers.0.` and stacks `q_a_proj` + `kv_a_proj_with_mqa` ->
+`fused_qkv_a_proj`, `gate/up_proj` -> `gate_up_proj`. In place of the attention names above:
+
+    layers.0.self_attn.q_a_proj.weight              [q_lora_rank, 2*H]       (no q_proj: vLLM 0.32's loader
+    layers.0.self_attn.q_a_layernorm.weight         [q_lora_rank]             stacks kv_a_proj_with_mqa into
+                                                                              fused_qkv_a_proj, which exists
+                                                                              only with q_lora_rank)
+    layers.0.self_attn.q_b_proj.weight              [nh*(nope+rope), q_lora_rank]
+    layers.0.self_attn.kv_a_proj_with_mqa.weight    [kv_lora_rank+rope, 2*H]
+    layers.0.self_attn.kv_a_layernorm.weight        [kv_lora_rank]
+    layers.0.self_attn.kv_b_proj.weight             [nh*(nope+v_head_dim), kv_lora_rank]
+    layers.0.self_attn.o_proj.weight                [H, nh*v_head_dim]
+    fc_norm.{0,1,2}.weight                          [H_target]  per-state norms (config `fc_norm: true`);
+                                                    there is no input_norm in vLLM's MLA drafter
+
+The config carries the MLA dims (kv_lora_rank, q_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
+v_head_dim) and `rope_parameters: {rope_type: default}` (rotary on the rope dims, interleaved); the MoE fields
+are left at DeepseekV2Config's defaults (vLLM's drafter layer is always a dense MLP).
 """
 
 from __future__ import annotations
@@ -43,15 +65,25 @@ from eagleflow.drafter.vocab import DraftVocab
 from eagleflow.files import fresh_temp_dir, replace_dir
 
 VLLM_ARCHITECTURE = "LlamaForCausalLMEagle3"
+VLLM_MLA_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"
+
+
+def attention_weight_names(arch: DrafterArch) -> list[str]:
+    """The attention's projections and norms, under `layers.0.self_attn.`."""
+    if arch.attention != "mla":
+        return ["q_proj", "k_proj", "v_proj", "o_proj"]
+    return ["q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj"]
 
 
 def vllm_weight_names(arch: DrafterArch, vocab: DraftVocab) -> list[str]:
     names = ["fc.weight", "norm.weight", "lm_head.weight"]
     if arch.norm_before_fc:
         names.append("input_norm.weight")
+    if arch.fc_norm:
+        names += [f"fc_norm.{i}.weight" for i in range(arch.num_aux_hidden_states)]
     layer = "layers.0."
     names += [layer + n + ".weight" for n in ("input_layernorm", "hidden_norm", "post_attention_layernorm")]
-    names += [f"{layer}self_attn.{p}.weight" for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    names += [f"{layer}self_attn.{p}.weight" for p in attention_weight_names(arch)]
     names += [f"{layer}mlp.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")]
     if not vocab.is_full:
         names += ["d2t", "t2d"]
@@ -60,44 +92,62 @@ def vllm_weight_names(arch: DrafterArch, vocab: DraftVocab) -> list[str]:
 
 def vllm_config(arch: DrafterArch, aux_layer_ids: list[int], dtype: str = "bfloat16",
                 extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """config.json of the drafter as vLLM 0.32 reads it (a LlamaConfig plus the EAGLE-3 keys)."""
+    """config.json of the drafter as vLLM 0.32 reads it: a LlamaConfig (or, for MLA, a DeepseekV2Config) plus the
+    EAGLE-3 keys."""
     if len(aux_layer_ids) != arch.num_aux_hidden_states:
         raise FormatError(
             f"{len(aux_layer_ids)} aux layer ids {aux_layer_ids} for a drafter trained on "
             f"{arch.num_aux_hidden_states} target states"
         )
-    return {
-        "architectures": [VLLM_ARCHITECTURE],
-        "model_type": "llama",
+    common = {  # what vLLM's EAGLE-3 loader reads from either layout
         "hidden_size": arch.hidden_size,
         "intermediate_size": arch.intermediate_size,
         "num_hidden_layers": 1,
         "num_attention_heads": arch.num_attention_heads,
-        "num_key_value_heads": arch.num_key_value_heads,
-        "head_dim": arch.head_dim,
         "hidden_act": "silu",
         "rms_norm_eps": arch.rms_norm_eps,
         "rope_theta": arch.rope_theta,
         "rope_parameters": {"rope_type": "default", "rope_theta": arch.rope_theta},
         "max_position_embeddings": arch.max_position_embeddings,
         "attention_bias": False,
-        "mlp_bias": False,
         "tie_word_embeddings": False,
         "vocab_size": arch.vocab_size,
         "draft_vocab_size": arch.draft_vocab_size,
         "target_hidden_size": arch.target_hidden_size,
         "num_aux_hidden_states": arch.num_aux_hidden_states,
         "eagle_aux_hidden_state_layer_ids": list(aux_layer_ids),
-        "norm_before_fc": arch.norm_before_fc,
         "norm_before_residual": arch.norm_before_residual,
-        "eagle_config": {
-            "eagle_aux_hidden_state_layer_ids": list(aux_layer_ids),
-            "use_aux_hidden_state": True,
-            "norm_before_fc": arch.norm_before_fc,
-        },
         "torch_dtype": dtype,
         "dtype": dtype,
         **({"eagleflow": extra} if extra else {}),
+    }
+    eagle = {"eagle_aux_hidden_state_layer_ids": list(aux_layer_ids), "use_aux_hidden_state": True}
+    if arch.attention == "mla":
+        # a DeepseekV2Config as vLLM 0.32's Eagle3DeepseekV2ForCausalLM reads it
+        return {
+            "architectures": [VLLM_MLA_ARCHITECTURE],
+            "model_type": "deepseek_v2",  # deepseek_v3 would make vLLM treat the draft as MTP
+            **common,
+            "moe_intermediate_size": arch.intermediate_size,
+            "num_key_value_heads": arch.num_attention_heads,
+            "q_lora_rank": arch.q_lora_rank,
+            "kv_lora_rank": arch.kv_lora_rank,
+            "qk_nope_head_dim": arch.qk_nope_head_dim,
+            "qk_rope_head_dim": arch.qk_rope_head_dim,
+            "v_head_dim": arch.v_head_dim,
+            "head_dim": arch.qk_rope_head_dim,  # DeepseekV2Config's meaning: the rotary dims
+            "fc_norm": arch.fc_norm,
+            "eagle_config": eagle,
+        }
+    return {
+        "architectures": [VLLM_ARCHITECTURE],
+        "model_type": "llama",
+        **common,
+        "num_key_value_heads": arch.num_key_value_heads,
+        "head_dim": arch.head_dim,
+        "mlp_bias": False,
+        "norm_before_fc": arch.norm_before_fc,
+        "eagle_config": {**eagle, "norm_before_fc": arch.norm_before_fc},
     }
 
 

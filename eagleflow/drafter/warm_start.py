@@ -25,6 +25,9 @@ from eagleflow.drafter.vocab import DraftVocab
 #                Kimi drafters); config.json as vLLM's; may carry embed_tokens.
 #   speculators  `layers.0.*` beside embed_tokens/verifier_* tensors; config.json has
 #                `speculators_model_type: eagle3` and the layer's shape under `transformer_layer_config`.
+# Any of them may hold an MLA layer (vLLM Eagle3DeepseekV2ForCausalLM, lightseek's *-eagle3-mla):
+# self_attn.{q_proj | q_a_proj, q_a_layernorm, q_b_proj}, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj,
+# o_proj, per-state fc_norm.{i}; its config.json (model_type deepseek_v2 / kimi_k2) has the MLA dims.
 # All three store d2t as offsets (target_id = draft_id + d2t[draft_id]) and t2d as a mask.
 WARM_START_LAYOUTS = ("vllm", "eagle", "speculators")
 _DROPPED = ("embed_tokens.weight", "verifier_norm.weight", "verifier_lm_head.weight", "d2t", "t2d")
@@ -188,23 +191,72 @@ def check_warm_start(drafter: PublicDrafter, target: TargetHead, aux_layer_ids: 
                 "SGLang/SpecForge configs: output of layer i, one less)")
     rope = drafter.field("rope_scaling") or drafter.field("rope_parameters") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if drafter.field("norm_output", False):
+        warnings.append(f"warm-start drafter {cfg_path} feeds the next drafting step its post-norm output "
+                        "(norm_output); eagleflow trains and exports the pre-norm feed, so fine-tuning starts off")
     if rope_type not in ("default", None):
         warnings.append(f"warm-start drafter {cfg_path} uses rope type {rope_type!r}; eagleflow trains and exports "
                         "the default rotary embedding")
     return warnings
 
 
+def is_mla_drafter(drafter: PublicDrafter) -> bool:
+    """An MLA drafter (vLLM Eagle3DeepseekV2ForCausalLM; lightseek's Kimi *-eagle3-mla): its attention has
+    kv_a_proj_with_mqa (or the fused q_a/kv_a projection vLLM keeps in memory)."""
+    return any(n.startswith("layers.0.self_attn.") and n.endswith(("kv_a_proj_with_mqa.weight",
+                                                                      "fused_qkv_a_proj.weight"))
+               for n in drafter.weights)
+
+
+def _mla_arch_fields(drafter: PublicDrafter, arch: DrafterArch) -> dict:
+    """The MLA dims of a public MLA drafter: its config.json, checked against its tensors."""
+    f = drafter.field
+    if "layers.0.self_attn.fused_qkv_a_proj.weight" in drafter.weights:
+        raise FormatError(f"warm-start drafter {drafter.weight_files[0]}: a fused fused_qkv_a_proj (vLLM's in-memory "
+                          "name) instead of q_a_proj + kv_a_proj_with_mqa; start from the HF-layout checkpoint")
+    dims = {k: f(k) for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}
+    missing = [k for k, v in dims.items() if not v]
+    if missing:
+        raise FormatError(f"warm-start drafter {drafter.config_path} is an MLA drafter (kv_a_proj_with_mqa) but its "
+                          f"config has no {', '.join(missing)}")
+    dims = {k: int(v) for k, v in dims.items()}
+    q_lora = f("q_lora_rank")
+    q_a = drafter.weights.get("layers.0.self_attn.q_a_proj.weight")
+    if q_a is None or not q_lora:
+        raise FormatError(f"warm-start drafter {drafter.weight_files[0]}: an MLA drafter without q_a_proj / "
+                          f"q_lora_rank (config: {q_lora}); vLLM 0.32 loads MLA drafters only with q_lora_rank")
+    if q_a.shape[0] != int(q_lora):
+        raise FormatError(f"warm-start drafter {drafter.weight_files[0]}: q_a_proj has {q_a.shape[0]} rows, "
+                          f"q_lora_rank in {drafter.config_path} is {q_lora}")
+    kv_a = drafter.weights["layers.0.self_attn.kv_a_proj_with_mqa.weight"]
+    if kv_a.shape[0] != dims["kv_lora_rank"] + dims["qk_rope_head_dim"]:
+        raise FormatError(f"warm-start drafter {drafter.weight_files[0]}: kv_a_proj_with_mqa has {kv_a.shape[0]} "
+                          f"rows, kv_lora_rank + qk_rope_head_dim in {drafter.config_path} is "
+                          f"{dims['kv_lora_rank'] + dims['qk_rope_head_dim']}")
+    heads = int(f("num_attention_heads", arch.num_attention_heads))
+    return {**dims, "attention": "mla", "q_lora_rank": int(q_lora), "num_key_value_heads": heads,
+            "head_dim": dims["qk_nope_head_dim"] + dims["qk_rope_head_dim"],
+            "fc_norm": "fc_norm.0.weight" in drafter.weights}
+
+
 def warm_start_arch(drafter: PublicDrafter, arch: DrafterArch) -> DrafterArch:
-    """`arch` (the target's shape) with the warm-start drafter's own layer shape and norms."""
+    """`arch` (the target's shape) with the warm-start drafter's own layer shape and norms (and its
+    attention kind: an MLA drafter stays MLA whatever train.drafter_arch says)."""
     f = drafter.field
     heads = int(f("num_attention_heads", arch.num_attention_heads))
     rope = f("rope_parameters") or {}
+    if is_mla_drafter(drafter):
+        attn = _mla_arch_fields(drafter, arch)
+    else:
+        attn = {"attention": "llama", "fc_norm": False, "q_lora_rank": None, "kv_lora_rank": 0,
+                "qk_nope_head_dim": 0, "qk_rope_head_dim": 0, "v_head_dim": 0,
+                "num_key_value_heads": int(f("num_key_value_heads") or heads),
+                "head_dim": int(f("head_dim") or arch.hidden_size // heads)}
     return DrafterArch(**{
         **arch.to_dict(),
         "intermediate_size": int(f("intermediate_size", arch.intermediate_size)),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(f("num_key_value_heads") or heads),
-        "head_dim": int(f("head_dim") or arch.hidden_size // heads),
+        **attn,
         "rms_norm_eps": float(f("rms_norm_eps", arch.rms_norm_eps)),
         "rope_theta": float(f("rope_theta", rope.get("rope_theta", 10000.0) if isinstance(rope, dict) else 10000.0)),
         "draft_vocab_size": drafter.vocab.size,

@@ -188,6 +188,8 @@ def preflight(request: StageRequest, variants: list[Variant], skip_gpu: bool) ->
             argv += ["--drafter", f"{v.name}={v.drafter}"]
     # The ids the new drafter was trained on are the run's; a public current drafter's are unknown.
     argv += ["--expected-aux", "drafter=" + ",".join(str(i) for i in cfg.target.aux_layer_ids)]
+    if cfg.benchmark.draft_attention_backend:
+        argv += ["--draft-attention-backend", cfg.benchmark.draft_attention_backend]
     start = time.monotonic()
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     seconds = time.monotonic() - start
@@ -270,7 +272,7 @@ def run(request: StageRequest) -> Manifest:
         for group in groups:
             with ExitStack() as stack:
                 for i, v in enumerate(group):
-                    launch = target_launch(cfg, speculative(v.drafter, b.num_speculative_tokens) if v.drafter else None,
+                    launch = target_launch(cfg, speculative(v.drafter, b.num_speculative_tokens, b.draft_attention_backend) if v.drafter else None,
                                            port_offset=i)  # side by side: engine.port, +1, +2
                     v.server = make_server(launch, request.path / f"engine-{v.name}.log",
                                            env=downtime.engine_env() if downtime else None, name=v.name)

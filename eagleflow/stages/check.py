@@ -2,7 +2,8 @@
 
 Catches what would otherwise fail an hour in: a missing target, a layer count that does not match
 the config, an empty or malformed prompt set, thinking markers the tokenizer splits, a missing engine,
-and a run whose extracted states will not fit the free disk. It prints the capacity plan
+an engine kernel that would serve an MLA target wrongly, and a run whose extracted states will not fit
+the free disk. It prints the capacity plan
 (`eagleflow.capacity`: each stage's disk, GPU memory and time) and records it in its manifest; the
 prompts are counted with the target's tokenizer and chat template (up to 2,000 of them, evenly spaced),
 the rest of the facts are `eagleflow.planfacts`' (the same `python -m flows.plan` reads).
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from eagleflow.capacity import CapacityPlan, HostFacts, Progress, plan, render_plan
 from eagleflow.config import RunConfig
+from eagleflow.engines.preflight.mla import check_rotary_kernel, is_mla
 from eagleflow.hostfacts import ENGINE_DISTRIBUTIONS, version_of
 from eagleflow.manifest import Manifest
 from eagleflow.outputs import CheckMetrics
@@ -34,10 +36,12 @@ def run(request: StageRequest) -> Manifest:
     model = Path(cfg.target.model_path)
     facts: dict[str, object] = {}
     tok = None
+    hf: dict = {}
     if not (model / "config.json").is_file():
         problems.append(f"target.model_path: {model} has no config.json (does the path exist on this host?)")
     else:
-        hf = json.loads((model / "config.json").read_text())
+        raw = json.loads((model / "config.json").read_text())
+        hf = {**raw, **(raw.get("text_config") or {})}  # a multimodal wrapper (Kimi-K2.5) nests its language model
         layers = hf.get("num_hidden_layers")
         facts.update(architectures=hf.get("architectures"), num_hidden_layers=layers, hidden_size=hf.get("hidden_size"))
         if layers != cfg.target.final_layer_id:
@@ -71,6 +75,8 @@ def run(request: StageRequest) -> Manifest:
                         f"{sys.executable}; create the host environment (make hostenv, or python -m infra.bootstrap)")
     else:
         facts["engine"] = f"{kind} {version}"
+        if kind == "vllm" and hf and is_mla(hf):
+            problems += _mla_engine_problems(cfg, hf)
     log.info("host facts: %s", facts)
     capacity = _plan(cfg, tok)
     if capacity is not None:
@@ -81,6 +87,16 @@ def run(request: StageRequest) -> Manifest:
     if problems:
         raise StageError("the run config does not fit this host:\n  - " + "\n  - ".join(problems))
     return request.manifest(outputs={}, metrics=CheckMetrics.model_validate(facts))
+
+
+def _mla_engine_problems(cfg: RunConfig, text_cfg: dict) -> list[str]:
+    """An MLA target meets the engine in generate already (an own server, or extraction through it): the
+    engine faults that would make it serve garbage are checked here, before hours of work, not only in the
+    benchmark's preflight."""
+    finding = check_rotary_kernel(text_cfg, cfg.engine, str(text_cfg.get("dtype") or text_cfg.get("torch_dtype")
+                                                            or "bfloat16"))
+    log.info("engine: %s %s: %s", finding.level.upper(), finding.check, finding.message)
+    return [f"engine {finding.check}: {finding.message}"] if finding.level == "error" else []
 
 
 def _plan(cfg: RunConfig, tok: object | None) -> CapacityPlan | None:

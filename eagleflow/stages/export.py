@@ -2,7 +2,8 @@
 
     python -m eagleflow.stages.export <stage_dir>/request.json
 
-Writes `vllm/` (config.json + model.safetensors, `LlamaForCausalLMEagle3`, layer ids in vLLM's
+Writes `vllm/` (config.json + model.safetensors, `LlamaForCausalLMEagle3`, or
+`Eagle3DeepseekV2ForCausalLM` for an MLA drafter, layer ids in vLLM's
 convention from target.aux_layer_ids). The layout is documented in eagleflow.drafter.vllm_export.
 """
 

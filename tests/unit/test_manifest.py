@@ -24,12 +24,29 @@ def test_benchmark_settings_change_only_the_benchmark_key():
     assert {s for s in base if base[s] != bench[s]} == {"benchmark"}
 
 
+def test_a_drafters_own_attention_backend_changes_only_the_benchmark_key_and_none_keeps_it():
+    base = keys(load_config(ROOT / "configs" / "demo.yaml"))
+    assert "draft_attention_backend" not in stage_settings("benchmark", load_config(ROOT / "configs" / "demo.yaml"))[
+        "benchmark"]
+    other = keys(load_config(ROOT / "configs" / "demo.yaml", {"benchmark.draft_attention_backend": "TRITON_MLA"}))
+    assert {s for s in base if base[s] != other[s]} == {"benchmark"}
+
+
 def test_train_settings_change_train_and_downstream():
     base = keys(load_config(ROOT / "configs" / "demo.yaml"))
     other = keys(load_config(ROOT / "configs" / "demo.yaml", {"train.learning_rate": 0.0005}))
     assert {s for s in base if base[s] != other[s]} == {"train", "export", "benchmark"}
     bounded = keys(load_config(ROOT / "configs" / "demo.yaml", {"train.max_steps": 100}))
     assert {s for s in base if base[s] != bounded[s]} == {"train", "export", "benchmark"}  # a bound is a setting
+
+
+def test_the_drafter_arch_left_to_auto_keeps_the_keys_runs_had_before_it_existed():
+    # 'auto' is resolved from the target, which the upstream keys already cover; an explicit choice is a setting
+    cfg = load_config(ROOT / "configs" / "demo.yaml")
+    assert "drafter_arch" not in stage_settings("train", cfg)["train"]
+    base = keys(cfg)
+    explicit = keys(load_config(ROOT / "configs" / "demo.yaml", {"train.drafter_arch": "llama"}))
+    assert {s for s in base if base[s] != explicit[s]} == {"train", "export", "benchmark"}
 
 
 @pytest.mark.parametrize("override", [

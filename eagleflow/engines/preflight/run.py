@@ -9,6 +9,9 @@ from eagleflow.engines.preflight.configs import drafter_fields, is_multimodal_co
 from eagleflow.engines.preflight.dimensions import check_dimensions, fc_num_states
 from eagleflow.engines.preflight.findings import Finding
 from eagleflow.engines.preflight.layer_ids import check_aux_layer_ids
+from eagleflow.engines.preflight.mla import (
+    check_attention, check_engine_version, check_final_layer, check_mla_prefill, check_rotary_kernel, is_mla,
+)
 from eagleflow.engines.preflight.resources import check_disk, check_gpus
 from eagleflow.engines.preflight.sglang import sglang_checks
 from eagleflow.engines.preflight.vllm import VllmInstall, default_aux_ids, drafter_arch, multimodal_checks, target_checks
@@ -16,11 +19,13 @@ from eagleflow.engines.preflight.vllm import VllmInstall, default_aux_ids, draft
 
 def run_preflight(engine: EngineConfig, target_path: str, drafters: dict[str, str], *,
                   expected_aux_layer_ids: dict[str, list[int]] | None = None,
-                  free_disk_path: str | None = None, check_gpu: bool = True) -> list[Finding]:
+                  free_disk_path: str | None = None, check_gpu: bool = True,
+                  draft_attention_backend: str | None = None) -> list[Finding]:
     """Every check for one target and its drafters (variant name -> drafter dir), in this python.
 
     `expected_aux_layer_ids[name]`: the ids (vLLM convention) the drafter `name` was trained on, when known.
     `check_gpu=False` skips the GPU-memory check (e.g. while production still holds the GPUs).
+    `draft_attention_backend`: the speculative config's `attention_backend`, when it sets one.
     """
     expected_aux_layer_ids = expected_aux_layer_ids or {}
     findings: list[Finding] = []
@@ -29,6 +34,7 @@ def run_preflight(engine: EngineConfig, target_path: str, drafters: dict[str, st
         findings.append(Finding("target_config", problem.level, problem.message))
     target_text = text_config(target_cfg) if target_cfg else {}
     num_layers = target_text.get("num_hidden_layers")
+    dtype = str(target_text.get("dtype") or target_text.get("torch_dtype") or "bfloat16")
 
     v: VllmInstall | None = None
     target_cls = hf_config = None
@@ -44,16 +50,33 @@ def run_preflight(engine: EngineConfig, target_path: str, drafters: dict[str, st
             findings += more
             if is_multimodal_config(target_cfg):
                 findings += multimodal_checks(v, target_cls, hf_config, f"{target_path}/config.json")
+            if is_mla(target_text):
+                findings.append(check_engine_version(v.version, target_text, f"{target_path}/config.json"))
+                for check, name in ((lambda: check_rotary_kernel(target_text, engine, dtype), "rotary"),
+                                    (lambda: check_mla_prefill(target_text, dtype), "mla_prefill")):
+                    try:
+                        findings.append(check())
+                    except Exception as exc:  # noqa: BLE001 - a moved engine API: say so, do not fail the launch
+                        findings.append(Finding(name, "warning", f"could not ask vLLM {v.version}: "
+                                                f"{type(exc).__name__}: {exc}"))
+            if num_layers:
+                classes = [target_cls] if target_cls is not None else []
+                text_arch = (target_text.get("architectures") or [None])[0] if target_text is not target_cfg else None
+                if text_arch:  # a multimodal wrapper: its language model's class holds the layer loop
+                    text_cls, _ = v.load_class(text_arch)
+                    classes += [text_cls] if text_cls is not None else []
+                findings.append(check_final_layer(classes, int(num_layers), v.version))
     else:
         findings += sglang_checks(target_cfg or {}, target_path)
 
     default_ids = default_aux_ids(v, target_cls, int(num_layers)) if v is not None and num_layers else None
+    drafter_cfgs: dict[str, dict] = {}
     for name, drafter_dir in drafters.items():
         cfg, problem = read_config(drafter_dir)
         if problem is not None:
             findings.append(Finding(f"drafter_config[{name}]", "error", problem.message))
             continue
-        fields = drafter_fields(cfg)
+        fields = drafter_cfgs[name] = drafter_fields(cfg)
         if v is not None:
             findings.append(drafter_arch(v, name, drafter_dir, cfg))
         try:
@@ -74,6 +97,13 @@ def run_preflight(engine: EngineConfig, target_path: str, drafters: dict[str, st
                     fc_num_states(shapes, fields.get("target_hidden_size") or fields.get("hidden_size")),
                     engine.kind, f"{drafter_dir}/config.json")
 
+    if v is not None and target_cfg is not None:
+        try:
+            findings += check_attention(engine, target_text, drafter_cfgs, draft_attention_backend, dtype,
+                                        target_path)
+        except Exception as exc:  # noqa: BLE001 - an engine whose selector moved: say so, do not fail the launch
+            findings.append(Finding("attention", "warning", f"could not ask vLLM {v.version} which attention "
+                                    f"backends it picks: {type(exc).__name__}: {exc}"))
     if free_disk_path:
         findings.append(check_disk(free_disk_path, engine.min_free_disk_gib))
     if check_gpu:

