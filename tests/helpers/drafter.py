@@ -179,3 +179,19 @@ def tiny_trainer(out_dir: Path, root: Path, **kw):
     cfg = TrainConfig(**{"epochs": 1, "batch_tokens": 128, "draft_vocab_size": 24, "warmup_steps": 2,
                          "max_seq_len": 32, "num_threads": 1, **kw})
     return Trainer(cfg, read_target_head(root / "target"), index, out_dir, [1, 2, 3]).setup()
+
+
+def assert_unroll_matches_kv_cache(model: Eagle3Drafter, aux: torch.Tensor, ids: torch.Tensor, steps: int,
+                                   outs: list, lengths: list[int]) -> None:
+    """Each row's training-time unroll (`outs` of ttt_forward) equals drafting step by step with a KV cache:
+    prefill up to position p, then one token at a time, as an engine drafts."""
+    for row, n in enumerate(lengths):
+        for p in range(n - steps):
+            kv: list = []
+            normed, pre = model.prefill(aux[row:row + 1, : p + 1], ids[row:row + 1, 1 : p + 2], kv)
+            ref, hidden = [normed[0, -1]], pre[:, -1:]
+            for i in range(1, steps):
+                normed, hidden = model.decode_one_token(ids[row:row + 1, p + 1 + i : p + 2 + i], hidden, p + i, kv)
+                ref.append(normed[0, 0])
+            for i in range(steps):
+                torch.testing.assert_close(outs[i][row, p], ref[i], atol=2e-4, rtol=2e-4)

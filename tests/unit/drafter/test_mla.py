@@ -17,7 +17,7 @@ from eagleflow.drafter.model import DrafterArch, MLAAttention  # noqa: E402
 from eagleflow.drafter.target import arch_for_target, resolve_drafter_arch  # noqa: E402
 from eagleflow.drafter.vllm_export import VLLM_MLA_ARCHITECTURE, vllm_config, vllm_weight_names  # noqa: E402
 from eagleflow.drafter.vocab import DraftVocab  # noqa: E402
-from tests.helpers.drafter import H, V, make_model, target_head  # noqa: E402
+from tests.helpers.drafter import H, V, assert_unroll_matches_kv_cache, make_model, target_head  # noqa: E402
 
 # A tiny MLA layer: 4 heads, latent 16, rotary 4 of 12 query/key dims, values 6 wide.
 MLA = dict(attention="mla", num_attention_heads=4, num_key_value_heads=4, head_dim=12, kv_lora_rank=16,
@@ -37,16 +37,7 @@ def test_mla_ttt_unroll_equals_kv_cache_drafting(q_lora_rank):
     aux, ids = torch.randn(2, t, 3 * H), torch.randint(0, V, (2, t))
     with torch.no_grad():
         outs, _ = model.ttt_forward(aux, ids, steps)
-        for row in range(2):
-            for p in range(t - steps):
-                kv: list = []
-                normed, pre = model.prefill(aux[row:row + 1, : p + 1], ids[row:row + 1, 1 : p + 2], kv)
-                ref, hidden = [normed[0, -1]], pre[:, -1:]
-                for i in range(1, steps):
-                    normed, hidden = model.decode_one_token(ids[row:row + 1, p + 1 + i : p + 2 + i], hidden, p + i, kv)
-                    ref.append(normed[0, 0])
-                for i in range(steps):
-                    torch.testing.assert_close(outs[i][row, p], ref[i], atol=2e-4, rtol=2e-4)
+        assert_unroll_matches_kv_cache(model, aux, ids, steps, outs, [t, t])
 
 
 @pytest.mark.parametrize("q_lora_rank", [3, 10])

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tests.helpers.drafter import H, V, make_model  # noqa: E402
+from tests.helpers.drafter import H, V, assert_unroll_matches_kv_cache, make_model  # noqa: E402
 
 
 def test_shapes():
@@ -87,13 +87,4 @@ def test_ttt_unroll_equals_kv_cache_drafting_batched(steps):
     lengths = [t, 13]
     with torch.no_grad():
         outs, qpos = model.ttt_forward(aux, ids, steps, query_start=torch.tensor([0, 0]), query_len=t - steps)
-        for row, n in enumerate(lengths):
-            for p in range(n - steps):
-                kv: list = []
-                normed, pre = model.prefill(aux[row:row + 1, : p + 1], ids[row:row + 1, 1 : p + 2], kv)
-                ref, hidden = [normed[0, -1]], pre[:, -1:]
-                for i in range(1, steps):
-                    normed, hidden = model.decode_one_token(ids[row:row + 1, p + 1 + i : p + 2 + i], hidden, p + i, kv)
-                    ref.append(normed[0, 0])
-                for i in range(steps):
-                    torch.testing.assert_close(outs[i][row, p], ref[i], atol=2e-4, rtol=2e-4)
+        assert_unroll_matches_kv_cache(model, aux, ids, steps, outs, lengths)
