@@ -57,7 +57,7 @@ from stage_run import run_stage  # noqa: E402
 
 from eagleflow.config import RunConfig, load_config, parse_overrides  # noqa: E402
 from eagleflow.engines import EngineServer, make_server, server_class  # noqa: E402
-from eagleflow.engines.chat import chat_all  # noqa: E402
+from eagleflow.engines.chat import ChatClient  # noqa: E402
 from eagleflow.engines.launch import served_name, speculative, target_launch  # noqa: E402
 from eagleflow.engines.metrics import latency_from_deltas  # noqa: E402
 from eagleflow.manifest import read_manifest  # noqa: E402
@@ -72,15 +72,19 @@ Client = Callable[[EngineServer, RunConfig, list[Messages]], tuple[int, float]]
 
 
 def stage_client(ignore_eos: bool, per_round: bool) -> Client:
-    """The benchmark stage's `send` at temperature 0, concurrency 1 (eagleflow.stages.benchmark): with
-    `per_round`, one chat_all per round of one prompt, the seconds summed, as its window recorder does."""
+    """The benchmark stage's `send` at temperature 0, concurrency 1 (eagleflow.stages.benchmark): one
+    ChatClient per engine, as the stage keeps one per variant; with `per_round`, one call per round of one
+    prompt, the seconds summed, as its window recorder does."""
 
     def send(server: EngineServer, cfg: RunConfig, prompts: list[Messages]) -> tuple[int, float]:
         tokens, seconds = 0, 0.0
+        client = STAGE_CHAT.get(id(server))
+        if client is None:
+            client = STAGE_CHAT[id(server)] = ChatClient(server.base_url, served_name(cfg), max_concurrency=1,
+                                                              timeout_s=cfg.engine.request_timeout_s)
         for convs in ([[m] for m in prompts] if per_round else [prompts]):
-            results, s = chat_all(server.base_url, served_name(cfg), convs, max_tokens=cfg.benchmark.max_tokens,
-                                  temperature=0.0, concurrency=1, timeout_s=cfg.engine.request_timeout_s,
-                                  extra={"ignore_eos": True} if ignore_eos else None, seed=None)
+            results, s = client.chat(convs, max_tokens=cfg.benchmark.max_tokens, temperature=0.0, concurrency=1,
+                                     extra={"ignore_eos": True} if ignore_eos else None, seed=None)
             errors = [r.error for r in results if r.error]
             if errors:
                 raise SystemExit(f"stage client: {len(errors)} of {len(results)} requests failed; first: "
@@ -92,6 +96,7 @@ def stage_client(ignore_eos: bool, per_round: bool) -> Client:
     return send
 
 
+STAGE_CHAT: dict[int, ChatClient] = {}  # by id(server): a later engine on the same port gets its own
 PLAIN_HTTP: dict[str, httpx.Client] = {}
 
 

@@ -398,6 +398,16 @@ def plan(cfg: RunConfig, facts: HostFacts, progress: Progress | None = None) -> 
                           for c in b.concurrencies) * len(b.temperatures)
         secs, rate = variants * (per_variant + start), f"{DEFAULT_DECODE_TOK_S} tok/s a request, {variants} variants"
         src = SOURCES["benchmark"] + start_note
+    # the triage: one engine load per probe (each alternative backend its own), a few short requests on each
+    tri = b.triage
+    loads = int("verify" in tri.probes) + int("plumbing" in tri.probes) + (
+        tri.max_backend_runs if "backends" in tri.probes else 0)
+    tri_secs = loads * (start + 2 * tri.num_prompts * tri.max_tokens / DEFAULT_DECODE_TOK_S)
+    if tri.when == "always" and loads and not same:
+        secs, rate = secs + tri_secs, rate + f", triage: up to {loads} engine loads"
+    elif tri.when == "auto" and loads:
+        findings.append(f"benchmark: should the triage run (a drafter far below its offline estimate), it adds up "
+                        f"to {loads} engine loads, about {_t(tri_secs)} (benchmark.triage)")
     bench_gpu = _per_gpu(weights + 2 * drafter_params(t, cfg)[0], tp) if weights else None
     add("benchmark", 0, secs, rate, src, *((bench_gpu, tp, f"(weights + bf16 drafter) / TP {tp}") if weights and gpus
                                            else ()))

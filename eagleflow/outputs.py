@@ -200,6 +200,112 @@ class SpeedupRow(BaseModel):
     drafter_vs_current: float | None = None
 
 
+class LosslessCheck(BaseModel):
+    """Speculation at temperature 0 must not change what the target emits: each drafter variant's answers
+    against no speculation's, on the same prompts (free: from the measured windows)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    variant: str
+    prompts: int
+    identical: int = Field(description="Answers equal to no speculation's, character for character.")
+    agreement: float = Field(description="Median over prompts of the share of no speculation's answer reproduced "
+                             "before the first difference (1.0: lossless).")
+
+
+class VerifyProbe(BaseModel):
+    """The verify step alone: speculation with no drafter model (vLLM's ngram prompt lookup) on prompts built to
+    be copied (a held-out prompt P, the target's own answer A, then P again), against the same prompts served
+    without speculation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompts: int
+    method: str = Field(description="The speculative config of the probe engine.")
+    acceptance_rate: float | None = Field(description="Accepted / drafted tokens on the copy prompts.")
+    mean_acceptance_length: float | None = None
+    per_position_acceptance: list[float] | None = None
+    copy_rate: float = Field(description="Median share of its own earlier answer the target repeats without "
+                             "speculation: how much of the drafts a correct verify step can accept.")
+    agreement: float = Field(description="Median share of the no-speculation answer reproduced under speculation "
+                             "before the first difference (1.0: lossless).")
+    sampled_temperature: float | None = Field(None, description="The copy prompts again at this temperature (the "
+                                              "sampled verify path with a distribution as sharp as greedy).")
+    sampled_acceptance_rate: float | None = None
+    sampled_healthy: bool | None = Field(None, description="The sampled path accepts about as much as greedy.")
+    healthy: bool
+    reason: str = Field(description="Why it counts as healthy or not, with the figures.")
+
+
+class LayerMatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    layer_id: int = Field(description="The id the engine was asked to capture (vLLM convention; L = final).")
+    rel_err: float = Field(description="Mean over tokens of |engine - trained| / |trained| at this id.")
+    cosine: float = Field(description="Mean cosine of the engine's state and the trained one at this id.")
+    best_id: int | None = Field(description="The trained id the engine's state is closest to, if any is close.")
+    best_rel_err: float
+
+
+class PlumbingProbe(BaseModel):
+    """The engine's own aux and final states (vLLM extract_hidden_states) for held-out tokens, against the states
+    the drafter was trained on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reference: str = Field(description="The extract stage whose states were compared.")
+    sequences: int
+    tokens: int
+    layers: list[LayerMatch]
+    healthy: bool
+    reason: str
+
+
+class BackendRun(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    target_backend: str = Field(description="--attention-backend of the target ('default': the engine's choice).")
+    draft_backend: str = Field(description="speculative_config.attention_backend ('default': the engine's choice).")
+    first_position_acceptance: float | None = Field(description="Accepted first drafts / drafts, k = 1.")
+    error: str | None = Field(None, description="Why the engine did not serve with these backends.")
+
+
+class BackendProbe(BaseModel):
+    """The same drafter under each alternative attention backend the engine offers for target and draft, k = 1."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    default: BackendRun = Field(description="What the measured run used (its first-position acceptance).")
+    offered: dict[str, list[str]] = Field(description="Backends the engine offers: {'target': [...], 'draft': [...]}.")
+    runs: list[BackendRun]
+    restores: BackendRun | None = Field(None, description="The first alternative that restores acceptance, if any.")
+    reason: str
+
+
+class Triage(BaseModel):
+    """Where serving acceptance is lost: the probes that separate the engine's verify step, its hidden-state
+    plumbing and its attention backend from the drafter (eagleflow.triage)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    variant: str = Field(description="The drafter variant triaged (the one far below its offline estimate).")
+    trigger: str = Field(description="Why the triage ran.")
+    lossless: list[LosslessCheck] = Field(default_factory=list)
+    verify: VerifyProbe | None = None
+    plumbing: PlumbingProbe | None = None
+    backends: BackendProbe | None = None
+    drafter: list[str] = Field(default_factory=list, description="What is known of the drafter: its lineage, the "
+                               "other drafter scored in the same run.")
+    skipped: list[str] = Field(default_factory=list, description="Probes that did not run, and why.")
+    blame: Literal["verify step", "hidden-state plumbing", "attention backend", "the drafter or its data",
+                   "none", "undetermined"]
+    culprit: str = Field(description="The blame as the verdict says it, e.g. 'attention backend FLASHINFER_MLA "
+                         "(TRITON_MLA restores acceptance)'.")
+    evidence: list[str] = Field(description="The figures behind the blame.")
+    advice: str = Field(description="What to do.")
+    seconds: float = 0.0
+
+
 class Verdict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -209,6 +315,8 @@ class Verdict(BaseModel):
     findings: list[str]
     speedups: list[SpeedupRow]
     headline: SpeedupRow | None = Field(None, description="The first setting's speedups.")
+    suspects: list[str] = Field(default_factory=list, description="Drafter variants far below their offline estimate.")
+    triage: Triage | None = Field(None, description="Where the acceptance is lost, when the triage ran.")
 
 
 class ProductionWindow(BaseModel):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eagleflow.outputs import Measurement, ProductionResult, SpeedupRow, Verdict
+from eagleflow.outputs import Measurement, ProductionResult, SpeedupRow, Triage, Verdict
 
 
 def _windows(windows: list[Measurement], variant: str) -> list[Measurement]:
@@ -45,11 +45,15 @@ def speedups(windows: list[Measurement]) -> list[SpeedupRow]:
     return out
 
 
-def judge(windows: list[Measurement], offline: dict[str, float | None], *, suspect_ratio: float) -> Verdict:
+def judge(windows: list[Measurement], offline: dict[str, float | None], *, suspect_ratio: float,
+          sampled_suspect_ratio: float = 0.25, triage: Triage | None = None) -> Verdict:
     """The verdict over every measured window.
 
     offline: the offline acceptance-length estimate of each drafter variant ('drafter', 'current'),
-    None when unknown (a public drafter without one).
+    None when unknown (a public drafter without one). triage: where the probes found the acceptance lost
+    (eagleflow.triage), when they ran: its blame replaces the suspicion with a finding. A drafter whose
+    accepted drafts per step fall at a sampled temperature below `sampled_suspect_ratio` of the greedy ones
+    is suspect too: the offline estimate is greedy, so there the engine's sampled verify path is the suspect.
     """
     rows = speedups(windows)
     head = rows[0] if rows else None
@@ -72,7 +76,22 @@ def judge(windows: list[Measurement], offline: dict[str, float | None], *, suspe
             + (f", below the {suspect_ratio:.0%} that benchmark.suspect_ratio allows" if suspect[v] else "")
         )
 
-    integration_suspect = False
+    cliff: dict[str, str] = {}
+    for v in ("drafter", "current"):
+        al0 = served.get(v)
+        if al0 is None or al0 - 1.0 < 0.2:  # too little greedy acceptance to fall from
+            continue
+        for t in sorted({w.temperature for w in _windows(windows, v)} - {t0}):
+            al = _served_al(windows, v, t)
+            if al is not None and (al - 1.0) < sampled_suspect_ratio * (al0 - 1.0):
+                cliff[v] = (f"{v}: at temperature {t:g} accepted drafts per step fall to {(al - 1) / (al0 - 1):.0%} of "
+                            f"temperature {t0:g}'s ({al:.2f} vs {al0:.2f} acceptance length), below the "
+                            f"{sampled_suspect_ratio:.0%} that benchmark.sampled_suspect_ratio allows: a drafter keeps "
+                            "about the target's own confidence's share, so the engine's sampled verify path is suspect")
+                findings.append(cliff[v])
+                break
+
+    integration_suspect = bool(cliff)
     new_low = suspect.get("drafter", False)
     if new_low:
         cur_al = served.get("current")
@@ -104,6 +123,16 @@ def judge(windows: list[Measurement], offline: dict[str, float | None], *, suspe
                 "for this target before retraining."
             )
 
+    if triage is not None:
+        if triage.blame != "undetermined":  # the probes answered what the suspicion could only guess at
+            findings = [f for f in findings if not f.startswith("ENGINE INTEGRATION SUSPECT")]
+        findings.append(f"TRIAGE of {triage.variant}: {triage.culprit}. {triage.advice}")
+        findings += [f"triage: {e}" for e in triage.evidence]
+        if triage.blame in ("the drafter or its data", "none"):
+            integration_suspect = False  # the probes cleared the engine
+        elif triage.blame in ("verify step", "hidden-state plumbing", "attention backend"):
+            integration_suspect = True
+
     parts = []
     if head and head.drafter_vs_baseline is not None:
         parts.append(f"the new drafter serves {head.drafter_vs_baseline:.2f}x the output tokens/s of no speculation")
@@ -116,14 +145,19 @@ def judge(windows: list[Measurement], offline: dict[str, float | None], *, suspe
         findings.append("slower than no speculation at: " + ", ".join(
             f"temperature {r.temperature:g} / concurrency {r.concurrency} ({r.drafter_vs_baseline:.2f}x)"
             for r in slower))
-    if integration_suspect:
+    if triage is not None and triage.blame not in ("none", "undetermined"):
+        summary += f"; triage blames {triage.culprit}"
+    elif integration_suspect:
         summary += "; the engine integration is suspect (see findings)"
     elif any(suspect.values()):
         summary += "; acceptance is below the offline estimate (see findings)"
+    elif cliff:
+        summary += "; acceptance collapses at temperature > 0 (see findings)"
     elif "drafter" in suspect:
         summary += "; serving acceptance agrees with the offline estimate"
     return Verdict(summary=summary, integration_suspect=integration_suspect, findings=findings, speedups=rows,
-                   headline=head)
+                   headline=head, suspects=[v for v in ("drafter", "current") if suspect.get(v) or v in cliff],
+                   triage=triage)
 
 
 # What a reader of the report wants to know about production (the full record is in the manifest).
@@ -158,6 +192,8 @@ def render_markdown(title: str, windows: list[Measurement], verdict: Verdict, k:
     lines += ["", f"{k} speculative tokens per step; AL = 1 + accepted drafts per verification step. TTFT, ITL "
               "(inter-token latency) and TPOT (time per output token) are means from the engine's own histograms, "
               "acceptance from its counters, over the measured window (warm-up excluded)."]
+    if verdict.triage:
+        lines += ["", *triage_markdown(verdict.triage)]
     if production:
         lines += ["", "## Production", ""]
         shown = production.model_dump(include=set(PRODUCTION_KEYS), exclude_none=True)
@@ -165,3 +201,30 @@ def render_markdown(title: str, windows: list[Measurement], verdict: Verdict, k:
     for n in notes or []:
         lines += ["", n]
     return "\n".join(lines) + "\n"
+
+
+def triage_markdown(t: Triage) -> list[str]:
+    """The triage's blame, its figures per probe, and what did not run."""
+    lines = [f"## Triage of {t.variant}: {t.culprit}", "", f"Why it ran: {t.trigger}.", "", f"**What to do:** {t.advice}", ""]
+    for c in t.lossless:
+        lines.append(f"- lossless at temperature 0 ({c.variant} vs no speculation): {c.identical} of {c.prompts} "
+                     f"answers identical, median agreement {c.agreement:.0%}")
+    if t.verify:
+        v = t.verify
+        lines.append(f"- verify probe ({v.prompts} copy prompts, ngram): agreement {v.agreement:.0%}, acceptance "
+                     f"{_f(v.acceptance_rate, '.0%')}, copy rate {v.copy_rate:.0%}, AL {_f(v.mean_acceptance_length, '.2f')}"
+                     f" -> {'healthy' if v.healthy else 'FAULT'}")
+    if t.plumbing:
+        p = t.plumbing
+        lines += [f"- plumbing probe ({p.tokens} held-out tokens, against {p.reference}) -> "
+                  f"{'healthy' if p.healthy else 'FAULT'}", "",
+                  "| layer id | rel err | cosine | closest trained id |", "|---:|---:|---:|---:|"]
+        lines += [f"| {m.layer_id} | {m.rel_err:.3f} | {m.cosine:.4f} | "
+                  f"{m.best_id if m.best_id is not None else 'none'} ({m.best_rel_err:.3f}) |" for m in p.layers]
+        lines.append("")
+    if t.backends:
+        b = t.backends
+        lines.append(f"- backend probe (k = 1): {b.reason}")
+    lines += [f"- drafter: {f}" for f in t.drafter]
+    lines += [f"- not run: {s}" for s in t.skipped]
+    return lines

@@ -44,7 +44,14 @@ def benchmark_only(params: BenchmarkParams = BenchmarkParams()) -> Report:
         if not config.benchmark.drafter:
             done = finished_upstream(host, config, ("generate", "extract", "train", "export"))
             runs = {s: StageRun(m, cached=True, seconds=0.0) for s, m in done.items()}
-            upstream = {"export": done["export"]}
+            upstream = {"export": done["export"], "extract": done["extract"]}
+        else:
+            # A given drafter needs nothing upstream; the run's own states, if they are on the host, give the
+            # triage's plumbing probe its reference (they are not part of the benchmark's key).
+            try:
+                upstream = {"extract": finished_upstream(host, config, ("generate", "extract"))["extract"]}
+            except FileNotFoundError:
+                upstream = {}
         runs["benchmark"] = run_cached(benchmark, host, config, upstream)
     return publish_report(config, runs)
 

@@ -39,7 +39,9 @@ def run_stages(host: Host, config: RunConfig) -> tuple[dict[str, StageRun], list
         runs["extract"] = windows.run(extract, {"generate": runs["generate"].manifest})
         runs["train"] = windows.run(train, {"extract": runs["extract"].manifest})
         runs["export"] = windows.run(export, {"train": runs["train"].manifest})
-        runs["benchmark"] = windows.run(benchmark, {"export": runs["export"].manifest})
+        # extract rides along (not in the benchmark's key): the triage compares the engine's states with it
+        runs["benchmark"] = windows.run(benchmark, {"export": runs["export"].manifest,
+                                                    "extract": runs["extract"].manifest})
     return runs, windows.records
 
 

@@ -54,13 +54,15 @@ MLA_CONFIG = dict(
     first_k_dense_replace=1,      # layer 0 dense, layers 1-3 MoE
     intermediate_size=384,        # the dense layer's MLP
     # MLA
-    num_attention_heads=2,
-    num_key_value_heads=2,
+    # One head: the (qk_nope, qk_rope, v) = (64, 64, 128) triple is one vLLM 0.26's only MLA prefill on
+    # Hopper (FLASH_ATTN) takes; with two heads its kv_b_proj would push the checkpoint past 5 MB.
+    num_attention_heads=1,
+    num_key_value_heads=1,
     q_lora_rank=None,
     kv_lora_rank=512,
     qk_rope_head_dim=64,          # 512 + 64 = 576, as vLLM's CPU MLA kernel needs
-    qk_nope_head_dim=32,
-    v_head_dim=64,
+    qk_nope_head_dim=64,          # FLASH_ATTN (GPU) MLA prefill: (128, 64, 128), (192, 64, 256) or (64, 64, 128)
+    v_head_dim=128,
     rope_interleave=True,
     # MoE
     n_routed_experts=4,

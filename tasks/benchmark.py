@@ -19,6 +19,7 @@ from tasks.naming import artifact_key
 
 # The files a failed benchmark leaves that explain it, in the order a reader wants them.
 FAILURE_FILES = ("stage.log", "engine-baseline.log", "engine-current.log", "engine-drafter.log",
+                 "engine-triage-verify.log", "plumbing-{key}/engine.log",  # the triage's probe engines
                  "preflight.json", "production.json", "production.restored.json", "production-guardian.log",
                  "production-commands.log")
 MAX_ATTACHED = 200_000  # characters per file; the full file stays on the host, named in the artifact
@@ -27,6 +28,7 @@ MAX_ATTACHED = 200_000  # characters per file; the full file stays on the host, 
 def attach_failure_logs(config: RunConfig, host: Host, stage_dir: str, error: StageFailed) -> None:
     parts = [f"# Benchmark failed on {host.name}", "", "```", str(error)[-4000:], "```"]
     for name in FAILURE_FILES:
+        name = name.format(key=stage_dir.rstrip("/").rsplit("/", 1)[-1])
         path = f"{stage_dir}/{name}"
         if not host.exists(path):
             continue

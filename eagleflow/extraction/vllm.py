@@ -59,9 +59,11 @@ def spool_root(cfg: RunConfig, stage_dir: Path, hidden_size: int) -> Path:
 
 
 @contextmanager
-def serving_for_capture(cfg: RunConfig, stage_dir: Path, hidden_size: int) -> Iterator["EngineStates"]:
+def serving_for_capture(cfg: RunConfig, stage_dir: Path, hidden_size: int, env: dict[str, str] | None = None,
+                        name: str = "target-capture") -> Iterator["EngineStates"]:
     """The target served with capture on; its spool directory is removed on the way out, and at the
-    start when an earlier attempt was killed before it could (in /dev/shm that is memory)."""
+    start when an earlier attempt was killed before it could (in /dev/shm that is memory). `env`: more
+    environment for the engine (the production guardian's token, when the caller stopped production)."""
     spool = spool_root(cfg, stage_dir, hidden_size) / f"eagleflow-spool-{stage_dir.name}"
     shutil.rmtree(spool, ignore_errors=True)
     spool.mkdir(parents=True)
@@ -72,7 +74,7 @@ def serving_for_capture(cfg: RunConfig, stage_dir: Path, hidden_size: int) -> It
         update={"max_model_len": max(spec.engine.max_model_len, cfg.extract.max_seq_len + 1)})
     spec.capture = StateCapture(layer_ids=layer_ids, spool_dir=str(spool))
     try:
-        with make_server(spec, stage_dir / "engine.log", name="target-capture") as server:
+        with make_server(spec, stage_dir / "engine.log", env=env, name=name) as server:
             yield EngineStates(server.base_url, spec.served_model_name, cfg.engine.request_timeout_s,
                                cfg.extract.concurrency)
     finally:

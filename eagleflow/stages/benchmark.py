@@ -38,17 +38,19 @@ import httpx
 
 from eagleflow.config import RunConfig
 from eagleflow.engines import EngineServer, make_server
-from eagleflow.engines.chat import ChatResult, chat_all
+from eagleflow.engines.chat import ChatClient, ChatResult
 from eagleflow.engines.launch import served_name, speculative, target_launch
 from eagleflow.manifest import Manifest, read_manifest
 from eagleflow.outputs import (
-    BenchmarkMetrics, BenchmarkOutputs, ExportOutputs, Measurement, PreflightFinding, ProductionResult,
+    BenchmarkMetrics, BenchmarkOutputs, ExportOutputs, Measurement, PreflightFinding, ProductionResult, Verdict,
 )
 from eagleflow.promotion import PromotionRecord, promotion_record_path
 from eagleflow.prompts import Messages, PromptError, holdout_prompts
 from eagleflow.production import WINDOW_ENV, production_stopped
 from eagleflow.request import StageError, StageRequest
 from eagleflow.stages.common import stage_main
+from eagleflow.triage import CopyReference, TriageInputs, run_triage
+from eagleflow.triage.verify import record_reference
 from eagleflow.verdict import judge, render_markdown
 
 log = logging.getLogger("eagleflow.benchmark")
@@ -64,6 +66,7 @@ class Variant:
     drafter: str | None
     offline_al: float | None = None
     server: EngineServer | None = None
+    client: ChatClient | None = None  # one per engine: every round of every window goes through it
 
 
 @dataclasses.dataclass
@@ -190,6 +193,7 @@ def preflight(request: StageRequest, variants: list[Variant], skip_gpu: bool) ->
     argv += ["--expected-aux", "drafter=" + ",".join(str(i) for i in cfg.target.aux_layer_ids)]
     if cfg.benchmark.draft_attention_backend:
         argv += ["--draft-attention-backend", cfg.benchmark.draft_attention_backend]
+    argv += ["--temperatures", ",".join(f"{t:g}" for t in cfg.benchmark.temperatures)]
     start = time.monotonic()
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     seconds = time.monotonic() - start
@@ -240,10 +244,9 @@ def run(request: StageRequest) -> Manifest:
     rows: dict[tuple[str, float, int], Measurement] = {}
 
     def send(v: Variant, convs: list[Messages], t: float, c: int) -> tuple[list[ChatResult], float]:
-        assert v.server is not None
-        results, seconds = chat_all(v.server.base_url, served_name(cfg), convs, max_tokens=b.max_tokens,
-                                    temperature=t, concurrency=c, timeout_s=cfg.engine.request_timeout_s,
-                                    extra={"ignore_eos": True}, seed=SEED if t > 0 else None)
+        assert v.server is not None and v.client is not None
+        results, seconds = v.client.chat(convs, max_tokens=b.max_tokens, temperature=t, concurrency=c,
+                                         extra={"ignore_eos": True}, seed=SEED if t > 0 else None)
         errors = [r.error for r in results if r.error]
         if errors:
             raise StageError(f"{v.name} (temperature {t:g}, concurrency {c}): {len(errors)} of {len(results)} "
@@ -257,6 +260,16 @@ def run(request: StageRequest) -> Manifest:
         except httpx.HTTPError as exc:
             raise StageError(f"{v.name}: the engine's metrics did not answer ({type(exc).__name__}: {exc})\n"
                              f"{v.server.post_mortem()}") from None
+
+    # The triage's references, taken while the engines are up: the copy prompts served without speculation
+    # (on the baseline engine), and every variant's temperature-0 answers (speculation must not change them).
+    tri = b.triage
+    triage_on = tri.when != "never" and cfg.engine.kind == "vllm"
+    if tri.when != "never" and not triage_on:
+        log.info("triage: not available for engine.kind %s (vLLM's ngram and capture methods)", cfg.engine.kind)
+    copy_ref: CopyReference | None = None
+    t0 = (0.0, min(b.concurrencies)) if 0.0 in b.temperatures else None
+    triage_result = None
 
     groups = [variants] if b.side_by_side else [[v] for v in variants]
     # Inside the pipeline's production window, production is already down and the flow gives it back
@@ -281,6 +294,9 @@ def run(request: StageRequest) -> Manifest:
                 for v in group:
                     assert v.server is not None
                     v.server.wait_healthy()
+                    v.client = stack.enter_context(ChatClient(
+                        v.server.base_url, served_name(cfg), max_concurrency=max(b.concurrencies),
+                        timeout_s=cfg.engine.request_timeout_s))
                     if b.warmup_requests:
                         send(v, prompts[: b.warmup_requests], 0.0, 1)
                 for t, c in settings:
@@ -296,10 +312,23 @@ def run(request: StageRequest) -> Manifest:
                         rows[(v.name, t, c)] = w.measurement(v.server, b.num_speculative_tokens)
                     log.info("measured temperature %g, concurrency %d: %s", t, c, ", ".join(
                         f"{v.name} {rows[(v.name, t, c)].output_tok_s:.1f} tok/s" for v in group))
+                for v in group:
+                    if v.name == "baseline" and triage_on and "verify" in tri.probes:
+                        assert v.server is not None
+                        copy_ref = record_reference(cfg, v.server.base_url, prompts)
+                        copy_ref.save(request.path / "triage-copy-prompts.json")
+        table = [rows[(v.name, t, c)] for v in variants for t, c in settings]
+        offline = {v.name: v.offline_al for v in variants if v.drafter}
+        verdict = judge(table, offline, suspect_ratio=b.suspect_ratio, sampled_suspect_ratio=b.sampled_suspect_ratio)
+        if triage_on and (tri.when == "always" or verdict.suspects):
+            # Still inside the production window: the probes' engines need the GPUs too.
+            triage_result = run_triage(triage_inputs(request, variants, verdict, table, windows, t0, prompts,
+                                                     copy_ref, downtime.engine_env() if downtime else None))
     production = ProductionResult.model_validate(downtime.result) if downtime and downtime.result else None
 
-    table = [rows[(v.name, t, c)] for v in variants for t, c in settings]
-    verdict = judge(table, {v.name: v.offline_al for v in variants if v.drafter}, suspect_ratio=b.suspect_ratio)
+    if triage_result is not None:
+        verdict = judge(table, offline, suspect_ratio=b.suspect_ratio, sampled_suspect_ratio=b.sampled_suspect_ratio,
+                        triage=triage_result)
     log.info("verdict: %s", verdict.summary)
     for f in verdict.findings:
         log.info("  %s", f)
@@ -320,6 +349,30 @@ def run(request: StageRequest) -> Manifest:
     )
     outputs = BenchmarkOutputs(drafter_dir=headline_drafter(variants), num_prompts=len(prompts), report_md="report.md")
     return request.manifest(outputs=outputs, metrics=metrics)
+
+
+def triage_inputs(request: StageRequest, variants: list[Variant], verdict: Verdict, table: list[Measurement],
+                  windows: dict[tuple[str, float, int], WindowRecorder], t0: tuple[float, int] | None,
+                  prompts: list[Messages], copy_ref: CopyReference | None, env: dict[str, str] | None) -> TriageInputs:
+    """The suspect drafter (the new one first), what the run measured, and the references the probes need."""
+    name = verdict.suspects[0] if verdict.suspects else "drafter"
+    v = next(x for x in variants if x.name == name)
+    assert v.drafter is not None
+    if verdict.suspects:
+        why = next((f for f in verdict.findings if f.startswith((f"{name}: served", f"{name}: at temperature"))
+                    and ("allows" in f)), f"{name} is below its estimate")
+        trigger = f"auto: {why}"
+    else:
+        trigger = "always (benchmark.triage.when)"
+    answers = {}
+    if t0 is not None:
+        for x in variants:
+            answers[x.name] = [f"{r.reasoning or ''}\n{r.content or ''}" for r in windows[(x.name, *t0)].results]
+    other = [f for f in verdict.findings if f.startswith("current: served") and name != "current"]
+    return TriageInputs(cfg=request.config, stage_dir=request.path, variant=name, drafter_dir=v.drafter,
+                        trigger=trigger, suspect=bool(verdict.suspects), windows=table, answers=answers,
+                        prompts=prompts, copy_reference=copy_ref, extract=request.upstream.get("extract"),
+                        engine_env=env, other=other)
 
 
 def headline_drafter(variants: list[Variant]) -> str:

