@@ -17,8 +17,8 @@ demo: envs
 	$(VENV)/bin/python -m flows.pipeline configs/demo.yaml
 
 test: envs sshd
-	$(HOSTENV)/bin/python -m pytest -q tests/unit tests/integration tests/benchmarks
-	$(VENV)/bin/python -m pytest -q tests/e2e
+	$(HOSTENV)/bin/python -m pytest -q --durations=15 tests/unit tests/integration tests/benchmarks
+	$(VENV)/bin/python -m pytest -q --durations=15 tests/e2e
 
 envs: controlenv hostenv
 

@@ -25,7 +25,7 @@ STAGE_VERSIONS: dict[str, str] = {
     "generate": "1",
     "extract": "2",  # 2: shards cut by bytes, streamed, sizes and hashes in the index
     "train": "2",  # 2: bounded by steps, not the clock; typed metrics (epochs[].train / .validation)
-    "export": "1",
+    "export": "2",  # 2: an MLA drafter's default rotary written as YaRN with factor 1 (vLLM 0.26 loads no other)
     "benchmark": "2",
 }
 # The cached pipeline stages, in order; `check` runs before them every time and is never cached.

@@ -45,8 +45,9 @@ MLA drafters (`DrafterArch.attention == "mla"`) are vLLM's `Eagle3DeepseekV2ForC
                                                     there is no input_norm in vLLM's MLA drafter
 
 The config carries the MLA dims (kv_lora_rank, q_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
-v_head_dim) and `rope_parameters: {rope_type: default}` (rotary on the rope dims, interleaved); the MoE fields
-are left at DeepseekV2Config's defaults (vLLM's drafter layer is always a dense MLP).
+v_head_dim) and the default rotary on the rope dims (interleaved), written as YaRN with factor 1 (`NEUTRAL_YARN`:
+the same rotation, and the only rope config vLLM 0.26's MLA drafter loads); the MoE fields are left at
+DeepseekV2Config's defaults (vLLM's drafter layer is always a dense MLP).
 """
 
 from __future__ import annotations
@@ -90,6 +91,16 @@ def vllm_weight_names(arch: DrafterArch, vocab: DraftVocab) -> list[str]:
     return sorted(names)
 
 
+def neutral_yarn(arch: DrafterArch) -> dict:
+    """The default rotary embedding written as DeepSeek YaRN with factor 1: the same cos/sin cache and an mscale of
+    1, so the same rotation (checked against vLLM's own DeepseekScalingRotaryEmbedding: identical outputs). vLLM
+    0.26's MLA EAGLE-3 drafter (models/deepseek_eagle3.py) reads `rope_scaling`, which transformers 5 aliases to
+    `rope_parameters` and so is never empty: it takes any rope config for DeepSeek YaRN and failed on the H200
+    with "KeyError: 'factor'" at engine start for `{rope_type: default}`."""
+    return {"rope_type": "yarn", "factor": 1.0, "original_max_position_embeddings": arch.max_position_embeddings,
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": arch.rope_theta}
+
+
 def vllm_config(arch: DrafterArch, aux_layer_ids: list[int], dtype: str = "bfloat16",
                 extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """config.json of the drafter as vLLM 0.32 reads it: a LlamaConfig (or, for MLA, a DeepseekV2Config) plus the
@@ -128,6 +139,7 @@ def vllm_config(arch: DrafterArch, aux_layer_ids: list[int], dtype: str = "bfloa
             "architectures": [VLLM_MLA_ARCHITECTURE],
             "model_type": "deepseek_v2",  # deepseek_v3 would make vLLM treat the draft as MTP
             **common,
+            "rope_parameters": neutral_yarn(arch), "rope_scaling": neutral_yarn(arch),
             "moe_intermediate_size": arch.intermediate_size,
             "num_key_value_heads": arch.num_attention_heads,
             "q_lora_rank": arch.q_lora_rank,

@@ -191,6 +191,8 @@ def check_warm_start(drafter: PublicDrafter, target: TargetHead, aux_layer_ids: 
                 "SGLang/SpecForge configs: output of layer i, one less)")
     rope = drafter.field("rope_scaling") or drafter.field("rope_parameters") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if rope_type == "yarn" and float(rope.get("factor", 0)) == 1.0:
+        rope_type = "default"  # YaRN with factor 1 is the default rotation (eagleflow's own MLA export writes it)
     if drafter.field("norm_output", False):
         warnings.append(f"warm-start drafter {cfg_path} feeds the next drafting step its post-norm output "
                         "(norm_output); eagleflow trains and exports the pre-norm feed, so fine-tuning starts off")

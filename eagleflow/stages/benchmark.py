@@ -315,8 +315,11 @@ def run(request: StageRequest) -> Manifest:
                 for v in group:
                     if v.name == "baseline" and triage_on and "verify" in tri.probes:
                         assert v.server is not None
-                        copy_ref = record_reference(cfg, v.server.base_url, prompts)
-                        copy_ref.save(request.path / "triage-copy-prompts.json")
+                        try:
+                            copy_ref = record_reference(cfg, v.server.base_url, prompts)
+                            copy_ref.save(request.path / "triage-copy-prompts.json")
+                        except StageError as exc:  # the measurement stands; the verify probe says why it is missing
+                            log.warning("triage: no copy prompts recorded: %s", exc)
         table = [rows[(v.name, t, c)] for v in variants for t, c in settings]
         offline = {v.name: v.offline_al for v in variants if v.drafter}
         verdict = judge(table, offline, suspect_ratio=b.suspect_ratio, sampled_suspect_ratio=b.sampled_suspect_ratio)

@@ -104,24 +104,30 @@ def run_triage(x: TriageInputs) -> Triage:
     else:
         facts.append(f"{x.drafter_dir} was not trained by eagleflow (no lineage): its training data is unknown")
 
+    def attempt(name: str, probe):  # a probe whose engine fails is reported, never the end of the benchmark
+        try:
+            return probe()
+        except StageError as exc:
+            skipped.append(f"{name}: {str(exc).splitlines()[0][:600]}")
+            log.warning("triage: the %s probe did not run: %s", name, exc)
+            return None
+
     verify = plumbing = backends = None
     if "verify" in t.probes:
         if x.copy_reference is None:
-            skipped.append("verify: no copy prompts were recorded without speculation")
+            skipped.append("verify: no copy prompts were recorded without speculation (see the stage log)")
         else:
-            verify = verify_probe(x.cfg, x.copy_reference, x.stage_dir, x.engine_env)
+            verify = attempt("verify", lambda: verify_probe(x.cfg, x.copy_reference, x.stage_dir, x.engine_env))
     if "plumbing" in t.probes:
         if reference is None:
             skipped.append("plumbing: no extract stage of this target to compare with (run the pipeline's extract, "
                            "or benchmark a drafter eagleflow trained)")
         else:
-            try:
-                plumbing = plumbing_probe(x.cfg, reference, x.stage_dir, x.engine_env)
-            except StageError as exc:
-                skipped.append(f"plumbing: {exc}")
+            plumbing = attempt("plumbing", lambda: plumbing_probe(x.cfg, reference, x.stage_dir, x.engine_env))
     if "backends" in t.probes:
-        backends = backend_probe(x.cfg, x.drafter_dir, _measured_first_position(x.windows, x.variant),
-                                 offline_first_position(x.drafter_dir), x.prompts, x.stage_dir, x.engine_env)
+        backends = attempt("backends", lambda: backend_probe(
+            x.cfg, x.drafter_dir, _measured_first_position(x.windows, x.variant),
+            offline_first_position(x.drafter_dir), x.prompts, x.stage_dir, x.engine_env))
     b = decide(suspect=x.suspect, lossless=checks, min_agreement=t.min_agreement, verify=verify, plumbing=plumbing,
                backends=backends, other_target=other_target, drafter_facts=facts, skipped=skipped)
     result = Triage(variant=x.variant, trigger=x.trigger, lossless=checks, verify=verify, plumbing=plumbing,

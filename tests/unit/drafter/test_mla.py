@@ -185,7 +185,8 @@ def test_mla_vllm_config_is_a_deepseek_v2_config():
     for key in ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                 "num_attention_heads", "hidden_size", "intermediate_size"):
         assert getattr(hf, key) == cfg[key], key
-    assert hf.rope_parameters["rope_type"] == "default"
+    # the default rotation, as YaRN with factor 1 (the only rope config vLLM 0.26's MLA drafter loads)
+    assert hf.rope_parameters["rope_type"] == "yarn" and hf.rope_parameters["factor"] == 1.0
     assert hf.eagle_config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
 
 

@@ -93,3 +93,17 @@ def test_a_sampled_path_that_rejects_what_greedy_accepts_is_the_verify_step_at_t
                                     "sampled_healthy": False, "healthy": False})
     b = blame(verify=v)
     assert b.blame == "verify step" and b.culprit == "verify step (at temperature > 0; sound when greedy)"
+
+
+def test_the_plumbing_comparison_finds_a_shifted_layer_chunk_by_chunk():
+    import torch
+
+    from eagleflow.triage import plumbing
+
+    g = torch.Generator().manual_seed(0)
+    trained = torch.randn(1300, 4, 16, generator=g)  # [T, 4, H]: more tokens than one chunk
+    engine = trained + 0.001 * torch.randn(trained.shape, generator=g)
+    engine[:, 1] = trained[:, 0]  # the engine's id-2 slot holds what was trained as id 1
+    rel, cos = plumbing.compare(engine, trained)
+    assert rel.shape == (4, 4) and rel[0, 0] < 0.01 and rel[3, 3] < 0.01
+    assert rel[1, 0] < 1e-6 and rel[1, 1] > 0.5 and cos[1, 0] > 0.999
