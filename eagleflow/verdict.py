@@ -170,8 +170,10 @@ def _f(x: Any, fmt: str) -> str:
 
 
 def render_markdown(title: str, windows: list[Measurement], verdict: Verdict, k: int,
-                    production: ProductionResult | None = None, notes: list[str] | None = None) -> str:
-    """The benchmark's table and verdict, for a Prefect artifact and the stage dir."""
+                    production: ProductionResult | None = None, notes: list[str] | None = None,
+                    plots: dict[str, str] | None = None) -> str:
+    """The benchmark's table and verdict, for a Prefect artifact and the stage dir. `plots`: name -> PNG
+    file beside the markdown (the control side inlines them for Prefect)."""
     lines = [f"# {title}", "", f"**Verdict:** {verdict.summary}", ""]
     for f in verdict.findings:
         lines.append(f"- {f}")
@@ -192,6 +194,8 @@ def render_markdown(title: str, windows: list[Measurement], verdict: Verdict, k:
     lines += ["", f"{k} speculative tokens per step; AL = 1 + accepted drafts per verification step. TTFT, ITL "
               "(inter-token latency) and TPOT (time per output token) are means from the engine's own histograms, "
               "acceptance from its counters, over the measured window (warm-up excluded)."]
+    for name, file in (plots or {}).items():
+        lines += ["", f"![{name}]({file})"]
     if verdict.triage:
         lines += ["", *triage_markdown(verdict.triage)]
     if production:

@@ -13,30 +13,20 @@ from __future__ import annotations
 import sys
 
 from prefect import flow
-from pydantic import Field
 
-from eagleflow.config import load_config
 from eagleflow.manifest import Manifest
 from eagleflow.report import Report
 from flows.host_slot import host_slot, stop_jobs_of_run
-from flows.params import RunParams, main_cli
+from flows.params import BenchmarkParams, main_cli
 from tasks.benchmark import benchmark
 from tasks.check import check
 from tasks.dispatch import StageRun, finished_upstream, run_cached
 from tasks.report import publish_report
 
 
-class BenchmarkParams(RunParams):
-    drafter: str | None = Field(
-        None, description="Drafter to measure: a directory on the host (engine format) or an export manifest.json; "
-        "empty: the run config's finished export.",
-    )
-
-
 @flow(name="benchmark", log_prints=True, on_cancellation=[stop_jobs_of_run], on_crashed=[stop_jobs_of_run])
 def benchmark_only(params: BenchmarkParams = BenchmarkParams()) -> Report:
-    overrides = {**params.overrides, **({"benchmark.drafter": params.drafter} if params.drafter else {})}
-    config = load_config(params.config_path, overrides)
+    config = params.load()
     with host_slot(config, f"benchmark {config.name}") as host:
         check(host, config)
         runs: dict[str, StageRun] = {}
@@ -53,10 +43,14 @@ def benchmark_only(params: BenchmarkParams = BenchmarkParams()) -> Report:
             except FileNotFoundError:
                 upstream = {}
         runs["benchmark"] = run_cached(benchmark, host, config, upstream)
-    return publish_report(config, runs)
+        return publish_report(host, config, runs)
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    return main_cli(benchmark_only, __doc__, params_cls=BenchmarkParams, argv=argv, prog=prog, extra_args={
+        "--drafter": "drafter directory or export manifest.json on the host (a relative path is relative to the "
+                     "config file, like the paths in it)"})
 
 
 if __name__ == "__main__":
-    sys.exit(main_cli(benchmark_only, __doc__, params_cls=BenchmarkParams, extra_args={
-        "--drafter": "drafter directory or export manifest.json on the host (a relative path is relative to the "
-                     "config file, like the paths in it)"}))
+    sys.exit(main())

@@ -16,12 +16,12 @@ from prefect import flow
 from pydantic import Field
 
 from eagleflow.config import ConfigError, load_config, parse_overrides
-from flows.params import RunParams
+from flows.params import PlainParams
 from infra.bootstrap import build_parser, render_text
 from tasks.bootstrap import bootstrap_host
 
 
-class BootstrapParams(RunParams):
+class BootstrapParams(PlainParams):
     packages: list[str] | None = Field(
         None, description="pip requirements to install; empty: only the eagleflow wheel; unset: the project's pins."
     )
@@ -30,12 +30,14 @@ class BootstrapParams(RunParams):
 
 @flow(name="bootstrap", log_prints=True)
 def bootstrap(params: BootstrapParams = BootstrapParams()) -> dict[str, Any]:
-    config = load_config(params.config_path, params.overrides)
+    config = params.load()
     return bootstrap_host(config, params.packages, params.base_python)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = build_parser(__doc__)
+    if prog:
+        parser.prog = prog
     args = parser.parse_args(argv)
     if args.no_packages and args.packages:
         parser.error("--package and --no-packages exclude each other")

@@ -1,45 +1,126 @@
-"""The pydantic parameter models of the flows (validation, and a form in the Prefect UI)."""
+"""The pydantic parameter models of the flows: validation, and the form of the Prefect UI's custom run.
+
+The settings an operator changes between runs are typed fields, each the same as one dotted key of
+the run config (`FIELD_KEYS`); everything else goes in `overrides`. A field left empty keeps the
+config's value. `deployments.deploy` shows the chosen config's values as the form's defaults.
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from pydantic import BaseModel, Field
 
-from eagleflow.config import ConfigError, load_config, parse_overrides
+from eagleflow.config import ConfigError, RunConfig, load_config, parse_overrides
+
+# Typed field -> the run config key it sets. One table, so a form value and `--set` are one thing.
+FIELD_KEYS: dict[str, str] = {
+    "epochs": "train.epochs",
+    "num_samples": "generate.num_samples",
+    "temperatures": "benchmark.temperatures",
+    "drafter": "benchmark.drafter",
+    "current_drafter": "benchmark.current_drafter",
+    "host_address": "host.address",
+}
+
+CONFIG_PATH = Field("configs/demo.yaml", description="Run config (YAML) on the machine running the flow; "
+                    "the fields below default to its values.")
+OVERRIDES = Field(default_factory=dict, description='Any other setting, as dotted keys of the run config: '
+                  '{"benchmark.max_tokens": 64, "train.lr": 2e-4}. A typed field above wins over the same key here.')
 
 
-class RunParams(BaseModel):
-    config_path: str = Field("configs/demo.yaml", description="Run config (YAML) on the machine running the flow.")
-    overrides: dict[str, Any] = Field(
-        default_factory=dict, description='Dotted overrides, e.g. {"benchmark.max_tokens": 64, "train.epochs": 2}.'
+class ConfigParams(BaseModel):
+    """A run config and how this run changes it. Each flow's model declares `config_path` first and
+    `overrides` after its typed fields: the order the form shows them in."""
+
+    typed: ClassVar[tuple[str, ...]] = ()  # the FIELD_KEYS fields this flow's form shows
+    if TYPE_CHECKING:
+        config_path: str
+        overrides: dict[str, Any]
+
+    def config_overrides(self) -> dict[str, Any]:
+        """`overrides` with the typed fields that were set laid over them."""
+        typed = {FIELD_KEYS[f]: getattr(self, f) for f in self.typed if getattr(self, f, None) is not None}
+        return {**self.overrides, **typed}
+
+    def load(self, extra: dict[str, Any] | None = None) -> RunConfig:
+        """The run config this run uses (`extra` first: the flow's own defaults, such as a nightly seed)."""
+        return load_config(self.config_path, {**(extra or {}), **self.config_overrides()})
+
+
+class PlainParams(ConfigParams):
+    """A run config and dotted overrides, nothing typed (bootstrap)."""
+
+    config_path: str = CONFIG_PATH
+    overrides: dict[str, Any] = OVERRIDES
+
+
+class RunParams(ConfigParams):
+    """A full run: what an operator changes most, typed; the rest as dotted overrides."""
+
+    typed: ClassVar[tuple[str, ...]] = ("epochs", "num_samples", "temperatures", "current_drafter", "host_address")
+
+    config_path: str = CONFIG_PATH
+    epochs: int | None = Field(None, ge=1, le=1000, description="Training epochs over the generated data (train.epochs).")
+    num_samples: int | None = Field(None, ge=2, description="Prompts to answer, held-out ones included "
+                                    "(generate.num_samples).")
+    temperatures: list[float] | None = Field(None, description="Sampling temperatures the benchmark measures, 0 "
+                                             "greedy (benchmark.temperatures).")
+    current_drafter: str | None = Field(None, description="Production's drafter to compare the new one with: a "
+                                        "directory or export manifest.json on the host (benchmark.current_drafter).")
+    host_address: str | None = Field(None, description="The GPU host to run on, for an SSH host: its name or IP "
+                                     "(host.address; its key must be in host.known_hosts).")
+    overrides: dict[str, Any] = OVERRIDES
+
+
+class BenchmarkParams(ConfigParams):
+    """The benchmark again: which drafter, against what, where; the rest as dotted overrides."""
+
+    typed: ClassVar[tuple[str, ...]] = ("drafter", "temperatures", "current_drafter", "host_address")
+
+    config_path: str = CONFIG_PATH
+    drafter: str | None = Field(
+        None, description="Drafter to measure: a directory on the host (engine format) or an export manifest.json; "
+        "empty: the run config's finished export (benchmark.drafter).",
     )
+    temperatures: list[float] | None = RunParams.model_fields["temperatures"]
+    current_drafter: str | None = RunParams.model_fields["current_drafter"]
+    host_address: str | None = RunParams.model_fields["host_address"]
+    overrides: dict[str, Any] = OVERRIDES
 
 
-def main_cli(flow_fn: Callable[[Any], Any], doc: str | None, params_cls: type[RunParams] = RunParams,
-             extra_args: dict[str, str] | None = None) -> int:
+class RetrainParams(RunParams):
+    """The nightly retrain: a full run's fields and the promotion gate's bars."""
+
+    min_speedup: float = Field(1.0, ge=0, description="Promote only at or above this speedup over no speculation.")
+    min_acceptance_length: float = Field(1.5, ge=1, description="Promote only at or above this mean acceptance length.")
+
+
+def main_cli(flow_fn: Callable[[Any], Any], doc: str | None, params_cls: type[ConfigParams] = RunParams,
+             extra_args: dict[str, str] | None = None, argv: list[str] | None = None, prog: str | None = None) -> int:
     """`python -m flows.<flow> CONFIG [--set a.b=value ...]`: validate first, then run the flow.
 
-    The config is validated before Prefect starts, so a bad field fails in a second, by name.
-    `extra_args` ({"--drafter": help}) become string fields of `params_cls`.
+    The config is validated before Prefect starts, so a bad field fails in a second, by name (exit 2);
+    a flow run that ends other than Completed exits 1. `extra_args` ({"--drafter": help}) become string
+    fields of `params_cls`.
     """
-    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", nargs="?", default="configs/demo.yaml", help="run config (YAML)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a field, e.g. --set benchmark.max_tokens=64 (VALUE is YAML)")
     for flag, help_text in (extra_args or {}).items():
         parser.add_argument(flag, default=None, help=help_text)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     extra = {flag.lstrip("-").replace("-", "_"): getattr(args, flag.lstrip("-").replace("-", "_"))
              for flag in (extra_args or {})}
     try:
-        overrides = parse_overrides(args.set)
-        load_config(args.config, overrides)
+        params = params_cls(config_path=args.config, overrides=parse_overrides(args.set), **extra)
+        params.load()
     except ConfigError as exc:
         print(f"error: {exc}")
         return 2
-    state = flow_fn(params_cls(config_path=args.config, overrides=overrides, **extra), return_state=True)
+    state = flow_fn(params, return_state=True)
     if not state.is_completed():
         print(f"error: the flow run ended {state.name}: {state.message}")
         return 1

@@ -12,7 +12,7 @@ import time
 
 from prefect import flow
 
-from eagleflow.config import RunConfig, load_config
+from eagleflow.config import RunConfig
 from eagleflow.hosts import Host
 from eagleflow.outputs import ProductionWindow
 from eagleflow.report import Report
@@ -47,11 +47,15 @@ def run_stages(host: Host, config: RunConfig) -> tuple[dict[str, StageRun], list
 
 @flow(name="pipeline", log_prints=True, on_cancellation=[stop_jobs_of_run], on_crashed=[stop_jobs_of_run])
 def pipeline(params: RunParams = RunParams()) -> Report:
-    config = load_config(params.config_path, params.overrides)
+    config = params.load()
     with host_slot(config, f"pipeline {config.name}") as host:
         runs, windows = run_stages(host, config)
-    return publish_report(config, runs, windows)
+        return publish_report(host, config, runs, windows)
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    return main_cli(pipeline, __doc__, argv=argv, prog=prog)
 
 
 if __name__ == "__main__":
-    sys.exit(main_cli(pipeline, __doc__))
+    sys.exit(main())

@@ -56,8 +56,8 @@ def make_plan(config: RunConfig, facts: dict) -> CapacityPlan:
     return plan(config, HostFacts.model_validate(facts), Progress.model_validate(facts.get("progress") or {}))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.plan", description=__doc__,
+def main(argv: list[str] | None = None, prog: str = "python -m flows.plan") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", help="run config (YAML)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

@@ -1,54 +1,42 @@
 """The benchmark stage as a Prefect task (upstream: export, unless benchmark.drafter names the drafter).
 
-Its table and verdict become a markdown artifact. When it fails, the engine and guardian logs are
-attached as an artifact too, so the root cause is one click from the failed task, not an SSH away.
+Its table and verdict become a markdown artifact, its pictures inline. When it fails, every engine's
+log and the guardian's are attached as an artifact too (tasks.failures).
 """
 
 from __future__ import annotations
 
-from prefect import get_run_logger, task
+from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from eagleflow.config import RunConfig
-from eagleflow.hosts import Host, StageFailed
+from eagleflow.hosts import Host
 from eagleflow.manifest import Manifest
 from eagleflow.outputs import BenchmarkOutputs
 from tasks.dispatch import STAGE_TASK, dispatch
+from tasks.failures import attach_failure_logs
 from tasks.naming import artifact_key
+from tasks.pictures import data_uri, fetch_images
 
 # The files a failed benchmark leaves that explain it, in the order a reader wants them.
 FAILURE_FILES = ("stage.log", "engine-baseline.log", "engine-current.log", "engine-drafter.log",
                  "engine-triage-verify.log", "plumbing-{key}/engine.log",  # the triage's probe engines
                  "preflight.json", "production.json", "production.restored.json", "production-guardian.log",
                  "production-commands.log")
-MAX_ATTACHED = 200_000  # characters per file; the full file stays on the host, named in the artifact
-
-
-def attach_failure_logs(config: RunConfig, host: Host, stage_dir: str, error: StageFailed) -> None:
-    parts = [f"# Benchmark failed on {host.name}", "", "```", str(error)[-4000:], "```"]
-    for name in FAILURE_FILES:
-        name = name.format(key=stage_dir.rstrip("/").rsplit("/", 1)[-1])
-        path = f"{stage_dir}/{name}"
-        if not host.exists(path):
-            continue
-        text = host.read_text(path)
-        cut = len(text) > MAX_ATTACHED
-        parts += ["", f"## {name}", f"`{host.name}:{path}`" + (f" (last {MAX_ATTACHED} characters)" if cut else ""),
-                  "", "```", text[-MAX_ATTACHED:], "```"]
-    try:
-        create_markdown_artifact("\n".join(parts), key=artifact_key("eagleflow", config.name, "benchmark-failure"),
-                                 description=f"logs of the failed benchmark in {stage_dir}")
-    except Exception as exc:  # noqa: BLE001 - attaching must never hide the failure itself
-        get_run_logger().warning("could not attach the benchmark logs: %s", exc)
 
 
 @task(name="benchmark", **STAGE_TASK, cache_policy=NO_CACHE, task_run_name="benchmark")
 def benchmark(host: Host, config: RunConfig, upstream: dict[str, Manifest],
               env: dict[str, str] | None = None) -> Manifest:
     manifest = dispatch("benchmark", host, config, upstream, env=env,
-                        on_failure=lambda d, exc: attach_failure_logs(config, host, d, exc))
-    text = host.read_text(manifest.path(BenchmarkOutputs.of(manifest).report_md))
+                        on_failure=lambda d, exc: attach_failure_logs(config, host, "benchmark", d, exc, FAILURE_FILES))
+    outputs = BenchmarkOutputs.of(manifest)
+    text = host.read_text(manifest.path(outputs.report_md))
+    # The stage's report.md links its pictures as files beside it; the UI gets them inline.
+    images = fetch_images(host, {n: manifest.path(f) for n, f in outputs.plots.items()})
+    for name, data in images.items():
+        text = text.replace(f"]({outputs.plots[name]})", f"]({data_uri(data)})")
     create_markdown_artifact(text, key=artifact_key("eagleflow", config.name, "benchmark"),
                              description=f"benchmark table and verdict ({manifest.dir})")
     return manifest

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from prefect import Task, get_run_logger
+from prefect.artifacts import create_table_artifact
 from prefect.client.schemas.objects import TaskRun
 from prefect.context import TaskRunContext
 from prefect.states import State
@@ -28,16 +29,18 @@ from eagleflow.config import RunConfig
 from eagleflow.hosts import Host, StageFailed, is_transient
 from eagleflow.manifest import Manifest, required_upstream, stage_dir, stage_key
 from eagleflow.request import StageRequest
+from tasks.failures import attach_failure_logs
 from tasks.naming import flow_run_owner
+from tasks.progress import ProgressArtifacts
 
 
-def _key(stage: str, config: RunConfig, upstream: dict[str, Manifest]) -> str:
+def key_for(stage: str, config: RunConfig, upstream: dict[str, Manifest]) -> str:
     return stage_key(stage, config, {s: upstream[s].key for s in required_upstream(stage, config) if s in upstream})
 
 
 def stage_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     stage = context.task.name
-    return f"eagleflow-{stage}-{_key(stage, parameters['config'], parameters.get('upstream') or {})}"
+    return f"eagleflow-{stage}-{key_for(stage, parameters['config'], parameters.get('upstream') or {})}"
 
 
 def retry_if_transient(task: Task, task_run: TaskRun, state: State) -> bool:
@@ -75,13 +78,14 @@ def dispatch(stage: str, host: Host, config: RunConfig, upstream: dict[str, Mani
              secret_env: dict[str, str] | None = None) -> Manifest:
     """Run `python -m eagleflow.stages.<stage>` on the host; return the manifest it wrote last.
 
-    `on_failure(stage_dir, error)` runs before a failed stage's error is raised (to attach logs).
+    `on_failure(stage_dir, error)` runs before a failed stage's error is raised (to attach logs; by
+    default its stage.log and engine.log, tasks.failures).
     `env`: added to the stage's environment (a production window's token). `secret_env`: the same,
     but handed over in memory only (an API key): never in request.json, the job spec or a log.
     """
     logger = get_run_logger()
     owner, attempt, stamp = _run_ids()
-    key = _key(stage, config, upstream)
+    key = key_for(stage, config, upstream)
     if stage in ALWAYS_RUN:
         key = f"{key}-{stamp}-{attempt.replace('-', '')[-8:]}"  # UUIDv7: the random end
     d = stage_dir(config, stage, key)
@@ -90,19 +94,38 @@ def dispatch(stage: str, host: Host, config: RunConfig, upstream: dict[str, Mani
     # the finished stage: it is finished, never redone.
     if host.exists(manifest_path):
         logger.info("%s %s is already complete on %s: %s", stage, key, host.name, manifest_path)
+        record_stage_dir(stage, key, host, d, "already complete")
         return Manifest.model_validate_json(host.read_text(manifest_path))
     # Atomic (temp + rename): a stage already running read its request when it started.
     request = StageRequest(stage=stage, key=key, dir=d, config=config, upstream=upstream)
     host.write_text(f"{d}/request.json", request.model_dump_json(indent=2))
     logger.info("running %s %s on %s (log: %s/stage.log)", stage, key, host.name, d)
+    record_stage_dir(stage, key, host, d, "ran")
+    progress = ProgressArtifacts(config.name, stage)
     try:
         host.run_job(d, [config.host.python, "-m", f"eagleflow.stages.{stage}", f"{d}/request.json"],
-                     log=logger.info, owner=owner, attempt=attempt, env=env, secret_env=secret_env)
+                     log=lambda line: logger.info(progress.line(line)), owner=owner, attempt=attempt, env=env,
+                     secret_env=secret_env)
     except StageFailed as exc:
         if on_failure is not None:
             on_failure(d, exc)
+        else:
+            attach_failure_logs(config, host, stage, d, exc)
         raise
     return Manifest.model_validate_json(host.read_text(manifest_path))
+
+
+STAGE_RECORD = "eagleflow stage"  # the description that marks a stage record among a run's artifacts
+
+
+def record_stage_dir(stage: str, key: str, host: Host, d: str, how: str) -> None:
+    """A table artifact of the running task (or flow) run: which stage, where on which host. What
+    `eagleflow status` reads back, and what the task's page shows; never the stage's end."""
+    try:
+        create_table_artifact([{"stage": stage, "key": key, "host": host.name, "dir": d, "how": how}],
+                              description=STAGE_RECORD)
+    except Exception as exc:  # noqa: BLE001
+        get_run_logger().warning("no stage record for %s: %s", stage, exc)
 
 
 @dataclass
@@ -116,7 +139,7 @@ class StageRun:
 
 def is_finished(host: Host, config: RunConfig, stage: str, upstream: dict[str, Manifest]) -> bool:
     """Whether the stage's manifest for these inputs is on the host: a run of it is no work."""
-    return stage not in ALWAYS_RUN and host.exists(f"{stage_dir(config, stage, _key(stage, config, upstream))}/manifest.json")
+    return stage not in ALWAYS_RUN and host.exists(f"{stage_dir(config, stage, key_for(stage, config, upstream))}/manifest.json")
 
 
 def run_cached(task: Task, host: Host, config: RunConfig, upstream: dict[str, Manifest] | None = None,
@@ -125,19 +148,22 @@ def run_cached(task: Task, host: Host, config: RunConfig, upstream: dict[str, Ma
     `env` (a production window's) reaches the stage process, not the cache key."""
     upstream = upstream or {}
     stage = task.name
-    present = host.exists(f"{stage_dir(config, stage, _key(stage, config, upstream))}/manifest.json")
+    present = host.exists(f"{stage_dir(config, stage, key_for(stage, config, upstream))}/manifest.json")
     start = time.monotonic()
     state = task.with_options(refresh_cache=not present, retries=config.host.stage_retries)(
         host, config, upstream, **({"env": env} if env else {}), return_state=True)
     manifest = state.result()  # raises the task's exception when it failed
-    return StageRun(manifest, cached=state.name == "Cached", seconds=time.monotonic() - start)
+    cached = state.name == "Cached"
+    if cached:  # the task did not run, so its dispatch said nothing: say where the stage is
+        record_stage_dir(stage, manifest.key, host, manifest.dir, "from cache")
+    return StageRun(manifest, cached=cached, seconds=time.monotonic() - start)
 
 
 def finished_upstream(host: Host, config: RunConfig, stages: tuple[str, ...]) -> dict[str, Manifest]:
     """The manifests of `stages` (in pipeline order) for this config, read from the host, or a clear error."""
     found: dict[str, Manifest] = {}
     for stage in stages:
-        key = _key(stage, config, found)
+        key = key_for(stage, config, found)
         path = f"{stage_dir(config, stage, key)}/manifest.json"
         if not host.exists(path):
             raise FileNotFoundError(

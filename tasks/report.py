@@ -1,4 +1,5 @@
-"""The run report as a Prefect task: report.json on the control side, a markdown artifact, the table printed."""
+"""The run report as a Prefect task: report.json and report.md (with its pictures) on the control side,
+a markdown artifact with the pictures inline, the table printed."""
 
 from __future__ import annotations
 
@@ -7,21 +8,26 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from eagleflow.config import RunConfig
+from eagleflow.hosts import Host
 from eagleflow.outputs import ProductionWindow
 from eagleflow.report import Report, StageTiming, build_report, render_markdown, render_text, write_report
 from tasks.dispatch import StageRun
 from tasks.naming import artifact_key
+from tasks.pictures import data_uri, fetch_images
 
 
 @task(name="report", cache_policy=NO_CACHE)
-def publish_report(config: RunConfig, runs: dict[str, StageRun],
+def publish_report(host: Host, config: RunConfig, runs: dict[str, StageRun],
                    windows: list[ProductionWindow] | None = None) -> Report:
     report = build_report(config.name, {s: r.manifest for s, r in runs.items()},
                           {s: StageTiming(seconds=r.seconds, cached=r.cached) for s, r in runs.items()},
                           production_windows=windows or [])
-    path = write_report(report, config.report_dir)
-    create_markdown_artifact(render_markdown(report), key=artifact_key("eagleflow", config.name),
-                             description=f"eagleflow report {path}")
+    images = fetch_images(host, report.plots)
+    path = write_report(report, config.report_dir, images)
+    create_markdown_artifact(render_markdown(report, {n: data_uri(b) for n, b in images.items()}),
+                             key=artifact_key("eagleflow", config.name), description=f"eagleflow report {path}")
     print(render_text(report))
+    if images:
+        print(f"pictures: {', '.join(f'{n}.png' for n in images)} beside report.md in {path.parent}")
     print(f"report: {path}")
     return report

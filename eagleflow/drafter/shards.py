@@ -41,7 +41,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -146,7 +146,9 @@ class ShardWriter:
 
     def __init__(self, path: str | Path, plan: ShardPlan, metadata: dict[str, str], *,
                  chunk_bytes: int = 64 << 20, pool: int = 8, inflight_bytes: int = 4 << 30,
-                 sync_bytes: int = 512 << 20, hash_threads: int = 4, pinned: bool | None = None) -> None:
+                 sync_bytes: int = 512 << 20, hash_threads: int = 4, pinned: bool | None = None,
+                 on_add: Callable[[int], None] | None = None) -> None:
+        self.on_add = on_add  # called with each sequence's token count once it is queued (progress)
         self.path, self.plan, self.metadata = Path(path), plan, dict(metadata, storage_dtype=plan.storage_dtype)
         self.tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -211,6 +213,8 @@ class ShardWriter:
             ready.record(torch.cuda.current_stream(states.device))
         for start in range(0, n, self._chunk_tokens):
             self._put(self._to_copy, (states[start:start + self._chunk_tokens], ready))
+        if self.on_add is not None:
+            self.on_add(n)
 
     def _put(self, q: queue.Queue, item: Any) -> None:
         while True:  # a bounded queue whose consumer died must not hang the caller

@@ -47,6 +47,7 @@ from eagleflow.drafter.step import autocast_for, make_optimizer
 from eagleflow.drafter.target import arch_for_target
 from eagleflow.drafter.vocab import DraftVocab, count_tokens
 from eagleflow.drafter.warm_start import PublicDrafter, check_warm_start, read_public_drafter, warm_start_arch
+from eagleflow.progress import Progress
 
 log = logging.getLogger("eagleflow.train")
 
@@ -271,6 +272,8 @@ class Trainer:
                  "micro-batches", cfg.epochs, total_steps, cfg.ttt_steps, cfg.batch_tokens, self.dist.world_size,
                  cfg.grad_accum_steps)
         lr = self.lr_at(step, total_steps, train_s)
+        # Rank 0 reports (its own statistics: no collective may hang on a clock one rank reads alone).
+        progress = Progress("train", "steps", total_steps, "steps", start=step) if self.dist.is_main else None
         for epoch in range(at.epoch, cfg.epochs + 1):
             if ended_by:
                 break
@@ -317,6 +320,10 @@ class Trainer:
                 window_s += dt
                 epoch_stats.add(stats)
                 window.add(stats)
+                if progress is not None and progress.due():
+                    now = epoch_stats.summary(cfg.step_loss_decay)
+                    progress.update(step, {"epoch": f"{epoch}/{cfg.epochs}", "loss": round(now["loss"], 4),
+                                           "acc": now["acc"], "tok/s": round(now["tokens"] / max(epoch_s, 1e-9))})
                 if step % cfg.log_every_steps == 0:
                     s = self._reduce(window).summary(cfg.step_loss_decay)
                     log.info("epoch %d step %d/%d lr %.2e loss %.4f acc %s grad_norm %.3f %.0f tok/s",
@@ -331,10 +338,19 @@ class Trainer:
                 break
             result = self._finish_epoch(epoch, total, epoch_s, step, train_s, lr, complete=not ended_by)
             results.append(result)
+            if progress is not None:
+                val = result.validation
+                progress.update(step, {"epoch": f"{epoch}/{cfg.epochs}", "loss": round(result.train["loss"], 4),
+                                       "acc": result.train["acc"], "holdout accept/pos": val.get("accept_pos"),
+                                       "simulated AL": val.get("acceptance_length"),
+                                       "AL by epoch": [r.validation.get("acceptance_length", 0.0) for r in results]},
+                                force=True)
         if not results:
             raise TrainError("no training step ran: train.max_steps or the data left nothing to train on")
         # Highest simulated acceptance length; without a holdout split, the last epoch.
         best = max(results, key=lambda r: (r.validation.get("acceptance_length", 0.0), r.epoch))
+        if progress is not None:
+            progress.finish(step)
         log.info("best epoch %d: simulated acceptance length %s (%s)", best.epoch,
                  best.validation.get("acceptance_length"), best.checkpoint)
         return TrainResult(results, best.epoch, self.vocab.size, self.model.arch.to_dict(), steps=step,

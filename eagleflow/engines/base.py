@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -24,6 +25,7 @@ from eagleflow.engines.launch import LaunchSpec
 from eagleflow.engines.metrics import latency_from_deltas
 from eagleflow.engines.watchdog import FATAL_SETTLE_S, LaunchWatch, LogFollower, root_cause_excerpt, root_cause_line
 from eagleflow.procs import end_process_group
+from eagleflow.progress import Progress
 from eagleflow.request import StageError
 
 log = logging.getLogger("eagleflow.engine")
@@ -44,6 +46,22 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:
         pass
+
+
+# vLLM's loader, one tqdm update per shard: "Loading safetensors checkpoint shards:  50% Completed | 32/64 [...]"
+_SHARDS_LOADED = re.compile(r"Loading \w+ checkpoint shards:.*?(\d+)/(\d+)")
+
+
+def shards_loaded(line: str) -> tuple[int, int] | None:
+    """(loaded, total) from an engine log line of the checkpoint loader, the line's last update."""
+    found = _SHARDS_LOADED.findall(line.rsplit("\r", 1)[-1]) or _SHARDS_LOADED.findall(line)
+    return (int(found[-1][0]), int(found[-1][1])) if found else None
+
+
+def checkpoint_shards(model: str) -> int | None:
+    """How many safetensors files the model directory holds (None: not a local directory)."""
+    path = Path(model)
+    return len(list(path.glob("*.safetensors"))) or None if path.is_dir() else None
 
 
 def port_is_free(host: str, port: int) -> bool:
@@ -152,10 +170,18 @@ class EngineServer(abc.ABC):
         follower = LogFollower(self.log_path)
         watch = LaunchWatch(self.spec.engine.fatal_patterns)
         stall = self.spec.engine.stall_timeout_s
+        # Kimi-K2.5's 64 checkpoint shards take about half an hour: say how far the load is.
+        progress = Progress("engine", f"load-{self.name}", checkpoint_shards(self.spec.model), "checkpoint shards",
+                            label=f"engine {self.name} load", every_s=10.0)
         with httpx.Client(timeout=5.0) as client:
             while True:
                 for line in follower.new_lines():
                     watch.feed(line, self.name)
+                    loaded = shards_loaded(line)
+                    if loaded is not None:
+                        progress.total = progress.total or loaded[1]
+                        progress.done = loaded[0]
+                progress.update(figures={"seconds": round(time.monotonic() - start)})
                 rc = self.proc.poll()
                 if rc is not None:
                     for line in follower.new_lines():
@@ -168,6 +194,7 @@ class EngineServer(abc.ABC):
                     if client.get(f"{self.base_url}{self.health_path}").status_code == 200:
                         log.info("engine %s on port %d healthy after %.1f s", self.name, self.spec.port,
                                  time.monotonic() - start)
+                        progress.finish(progress.total, {"seconds": round(time.monotonic() - start)})
                         return
                 except httpx.TransportError:
                     pass

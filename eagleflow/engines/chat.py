@@ -12,7 +12,7 @@ import ssl
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 
@@ -117,16 +117,20 @@ class ChatClient:
 
     def chat(self, conversations: list[list[dict[str, Any]]], *, max_tokens: int, temperature: float,
              concurrency: int, extra: dict[str, Any] | None = None,
-             seed: int | None = None) -> tuple[list[ChatResult], float]:
+             seed: int | None = None,
+             on_result: Callable[[ChatResult], None] | None = None) -> tuple[list[ChatResult], float]:
         """Send every conversation, at most `concurrency` in flight; the results in order and the wall
-        time in seconds. `seed`: request i gets seed + i."""
+        time in seconds. `seed`: request i gets seed + i. `on_result`: called with each result as it
+        comes (progress), in the order they finish."""
         start = time.perf_counter()
         results = self._runner.run(self._all(conversations, max_tokens=max_tokens, temperature=temperature,
-                                             concurrency=concurrency, extra=extra, seed=seed))
+                                             concurrency=concurrency, extra=extra, seed=seed,
+                                             on_result=on_result))
         return results, time.perf_counter() - start
 
     async def _all(self, conversations: list[list[dict[str, Any]]], *, max_tokens: int, temperature: float,
-                   concurrency: int, extra: dict[str, Any] | None, seed: int | None) -> list[ChatResult]:
+                   concurrency: int, extra: dict[str, Any] | None, seed: int | None,
+                   on_result: Callable[[ChatResult], None] | None = None) -> list[ChatResult]:
         sem = asyncio.Semaphore(concurrency)
         client, base_url = self._client, self.base_url
 
@@ -160,18 +164,25 @@ class ChatClient:
             result.latency_s, result.attempts = latency, attempt
             return result
 
-        return await asyncio.gather(*(one(i, m) for i, m in enumerate(conversations)))
+        async def reported(i: int, messages: list[dict[str, Any]]) -> ChatResult:
+            result = await one(i, messages)
+            if on_result is not None:
+                on_result(result)
+            return result
+
+        return await asyncio.gather(*(reported(i, m) for i, m in enumerate(conversations)))
 
 
 def chat_all(base_url: str, model: str, conversations: list[list[dict[str, Any]]], *, max_tokens: int,
              temperature: float, concurrency: int, timeout_s: float = 600.0,
              extra: dict[str, Any] | None = None, seed: int | None = None,
-             api_key: str | None = None) -> tuple[list[ChatResult], float]:
+             api_key: str | None = None,
+             on_result: Callable[[ChatResult], None] | None = None) -> tuple[list[ChatResult], float]:
     """Send every conversation through a client of its own; return the results in order and the wall time
     in seconds (the client's set-up included). `seed`: request i gets seed + i. `api_key`: sent as a bearer
-    token (production's server)."""
+    token (production's server). `on_result`: see `ChatClient.chat`."""
     start = time.perf_counter()
     with ChatClient(base_url, model, max_concurrency=concurrency, timeout_s=timeout_s, api_key=api_key) as client:
         results, _ = client.chat(conversations, max_tokens=max_tokens, temperature=temperature,
-                                 concurrency=concurrency, extra=extra, seed=seed)
+                                 concurrency=concurrency, extra=extra, seed=seed, on_result=on_result)
     return results, time.perf_counter() - start

@@ -125,5 +125,8 @@ class Host(abc.ABC):
     def read_text(self, path: str) -> str: ...
 
     @abc.abstractmethod
+    def read_bytes(self, path: str) -> bytes: ...
+
+    @abc.abstractmethod
     def write_text(self, path: str, text: str) -> None:
         """Write atomically (temp name, then rename)."""

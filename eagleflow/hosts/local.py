@@ -98,5 +98,8 @@ class LocalHost(Host):
     def read_text(self, path: str) -> str:
         return Path(path).read_text()
 
+    def read_bytes(self, path: str) -> bytes:
+        return Path(path).read_bytes()
+
     def write_text(self, path: str, text: str) -> None:
         write_text_atomic(path, text)

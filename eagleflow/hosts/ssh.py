@@ -401,9 +401,12 @@ class SshHost(Host):
             raise self._fail(f"checking {path}", exc) from None
 
     def read_text(self, path: str) -> str:
+        return self.read_bytes(path).decode()
+
+    def read_bytes(self, path: str) -> bytes:
         try:
             with self._sftp_client().open(path, "r") as f:
-                return f.read().decode()
+                return f.read()
         except FileNotFoundError:
             raise FileNotFoundError(f"{path} does not exist on {self.label}") from None
         except _TRANSPORT_ERRORS as exc:

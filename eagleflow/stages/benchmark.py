@@ -41,12 +41,14 @@ from eagleflow.engines import EngineServer, make_server
 from eagleflow.engines.chat import ChatClient, ChatResult
 from eagleflow.engines.launch import served_name, speculative, target_launch
 from eagleflow.manifest import Manifest, read_manifest
+from eagleflow import plots
 from eagleflow.outputs import (
     BenchmarkMetrics, BenchmarkOutputs, ExportOutputs, Measurement, PreflightFinding, ProductionResult, Verdict,
 )
 from eagleflow.promotion import PromotionRecord, promotion_record_path
 from eagleflow.prompts import Messages, PromptError, holdout_prompts
 from eagleflow.production import WINDOW_ENV, production_stopped
+from eagleflow.progress import Progress
 from eagleflow.request import StageError, StageRequest
 from eagleflow.stages.common import stage_main
 from eagleflow.triage import CopyReference, TriageInputs, run_triage
@@ -272,6 +274,8 @@ def run(request: StageRequest) -> Manifest:
     triage_result = None
 
     groups = [variants] if b.side_by_side else [[v] for v in variants]
+    # Measured requests of every variant at every setting (engine loads between groups count in the rate).
+    progress = Progress("benchmark", "requests", len(variants) * len(settings) * len(prompts), "requests")
     # Inside the pipeline's production window, production is already down and the flow gives it back
     # (our engines inherit the window's token); run alone, the stage stops and restores it itself.
     window = os.environ.get(WINDOW_ENV)
@@ -306,6 +310,8 @@ def run(request: StageRequest) -> Manifest:
                     for r, convs in enumerate(rounds):
                         for v in group if r % 2 == 0 else group[::-1]:
                             windows[(v.name, t, c)].add(*send(v, convs, t, c))
+                            progress.update(progress.done + len(convs),
+                                            {"measuring": f"{v.name} at temperature {t:g}, concurrency {c}"})
                     for v in group:
                         w = windows[(v.name, t, c)]
                         w.after = snapshot(v)
@@ -320,6 +326,7 @@ def run(request: StageRequest) -> Manifest:
                             copy_ref.save(request.path / "triage-copy-prompts.json")
                         except StageError as exc:  # the measurement stands; the verify probe says why it is missing
                             log.warning("triage: no copy prompts recorded: %s", exc)
+        progress.finish()
         table = [rows[(v.name, t, c)] for v in variants for t, c in settings]
         offline = {v.name: v.offline_al for v in variants if v.drafter}
         verdict = judge(table, offline, suspect_ratio=b.suspect_ratio, sampled_suspect_ratio=b.sampled_suspect_ratio)
@@ -335,8 +342,10 @@ def run(request: StageRequest) -> Manifest:
     log.info("verdict: %s", verdict.summary)
     for f in verdict.findings:
         log.info("  %s", f)
+    drawn = plots.draw({"acceptance.png": lambda path: plots.acceptance_by_position(table, path),
+                        "speedup.png": lambda path: plots.speedup_grid(table, path)}, request.path)
     report = render_markdown(f"Benchmark {cfg.name}: {served_name(cfg)}", table, verdict, b.num_speculative_tokens,
-                             production=production)
+                             production=production, plots=drawn)
     (request.path / "report.md").write_text(report)
 
     head_t, head_c = settings[0]
@@ -350,7 +359,8 @@ def run(request: StageRequest) -> Manifest:
         drafters={v.name: v.drafter for v in variants if v.drafter},
         preflight=findings, settings=b,
     )
-    outputs = BenchmarkOutputs(drafter_dir=headline_drafter(variants), num_prompts=len(prompts), report_md="report.md")
+    outputs = BenchmarkOutputs(drafter_dir=headline_drafter(variants), num_prompts=len(prompts), report_md="report.md",
+                               plots=drawn)
     return request.manifest(outputs=outputs, metrics=metrics)
 
 

@@ -31,6 +31,7 @@ from eagleflow.extraction.plan import PlannedShard, plan_shards, target_hidden_s
 from eagleflow.files import read_json, write_json_atomic
 from eagleflow.manifest import Manifest, sha256_file
 from eagleflow.outputs import ExtractMetrics, ExtractOutputs, GenerateOutputs
+from eagleflow.progress import Progress, size
 from eagleflow.request import StageError, StageRequest
 from eagleflow.stages.common import stage_main
 
@@ -150,19 +151,31 @@ def run(request: StageRequest) -> Manifest:
         finisher = ThreadPoolExecutor(1, thread_name_prefix="shard-close")
         stack.callback(finisher.shutdown)
         backend = _Backend(cfg, request.path, stack, hidden)
-        for shard in plan_shards(gen_shards, cfg.extract.max_seq_len,
-                                 bytes_per_token, cfg.extract.shard_bytes):
+        planned = list(plan_shards(gen_shards, cfg.extract.max_seq_len, bytes_per_token, cfg.extract.shard_bytes))
+        finished = {shard.name: _finished(data_dir, shard.name) for shard in planned}
+        progress = Progress("extract", "tokens", sum(s.num_tokens for s in planned), "tokens",
+                            start=sum(s.num_tokens for s in planned if finished[s.name] is not None))
+
+        def on_add(n: int) -> None:
+            progress.done += n
+            if progress.due():
+                progress.update(figures={"tok/s": round(progress.event().rate or 0),
+                                         "written": size((progress.done - progress.start) * bytes_per_token)})
+
+        for shard in planned:
             entry = {"file": f"data/{shard.name}", "split": shard.split, "num_seqs": len(shard.ids),
                      "num_tokens": shard.num_tokens}
             index.append(entry)
-            record = _finished(data_dir, shard.name)
+            record = finished[shard.name]
             if record is not None:
                 entry.update(record)
                 continue
-            backend.start()
-            started = started or time.perf_counter()  # the rate leaves the model's load out
+            if backend.engine is None and backend.hf is None:
+                backend.start()
+                progress.restart_clock()  # the rate leaves the model's load out
+            started = started or time.perf_counter()
             plan = ShardPlan(shard.num_tokens, len(shard.ids), hidden, cfg.extract.storage_dtype)
-            writer = ShardWriter(data_dir / shard.name, plan, {"split": shard.split})
+            writer = ShardWriter(data_dir / shard.name, plan, {"split": shard.split}, on_add=on_add)
             try:
                 backend.extract(shard, writer)
                 if closing is not None:
@@ -174,6 +187,7 @@ def run(request: StageRequest) -> Manifest:
             tokens += shard.num_tokens
         if closing is not None:
             closing.result()
+        progress.finish(figures={"written": size((progress.done - progress.start) * bytes_per_token)})
     seconds = time.perf_counter() - started if started else 0.0
     if tokens:
         log.info("extracted %d tokens in %.1f s: %.0f tok/s (%s)", tokens, seconds, tokens / seconds, backend.device)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ from eagleflow.files import writing
 from eagleflow.config import RunConfig
 from eagleflow.manifest import Manifest, sha256_file
 from eagleflow.outputs import GenerateMetrics, GenerateOutputs
+from eagleflow.progress import Progress
 from eagleflow.prompts import Messages, PromptError, load_prompts, split_indices
 from eagleflow.request import StageError, StageRequest
 from eagleflow.stages.common import stage_main
@@ -124,19 +126,36 @@ class Tally:
     first_error: str | None = None
 
 
-def ask(cfg: RunConfig, answers: Answers, convs: list[Messages], tally: Tally) -> list[ChatResult]:
+def ask(cfg: RunConfig, answers: Answers, convs: list[Messages], tally: Tally,
+        progress: Progress | None = None, base: int = 0) -> list[ChatResult]:
     """Every conversation answered once; against production, what found the server gone is sent again
     once it answers (a restart mid-shard loses no samples and fails nothing)."""
     g = cfg.generate
+    answered = {"n": 0, "tokens": 0, "failed": 0}  # this shard's, for the progress line
+
+    def on_result(r: ChatResult) -> None:
+        if progress is None or r.transient:  # a transient one is sent again: counted when it comes back
+            return
+        answered["n"] += 1
+        answered["tokens"] += r.completion_tokens
+        answered["failed"] += bool(r.error)
+        if progress.due():
+            secs = tally.seconds + (time.perf_counter() - sent_at)
+            progress.update(base + answered["n"], {
+                "output tok/s": round((tally.completion_tokens + answered["tokens"]) / max(secs, 1e-9)),
+                "failed": tally.failed + answered["failed"], "truncated": tally.truncated})
 
     def send(batch: list[Messages]) -> list[ChatResult]:
+        nonlocal sent_at
+        sent_at = time.perf_counter()
         res, secs = chat_all(answers.base_url, served_name(cfg), batch, max_tokens=g.max_tokens,
                              temperature=g.temperature, concurrency=g.concurrency,
                              timeout_s=cfg.engine.request_timeout_s,
-                             api_key=answers.remote.api_key if answers.remote else None)
+                             api_key=answers.remote.api_key if answers.remote else None, on_result=on_result)
         tally.seconds += secs
         return res
 
+    sent_at = time.perf_counter()
     results = send(convs)
     for _ in range(MAX_RESEND_ROUNDS if answers.remote else 0):
         pending = [k for k, r in enumerate(results) if r.transient]
@@ -176,10 +195,13 @@ def run(request: StageRequest) -> Manifest:
     tally = Tally()
     if todo:
         chat_tok = ChatTokenizer(cfg.target.model_path, cfg.target.thinking_start, cfg.target.thinking_end)
+        done_before = sum(len(s) for i, s in enumerate(shards) if i not in set(todo))
+        progress = Progress("generate", "samples", len(samples), "samples", start=done_before)
         with answering_server(request) as answers:
+            progress.restart_clock()  # the engine's load is not generation: its own progress line says it
             for i in todo:
                 convs = [prompts[p] for _, p, _ in shards[i]]
-                results = ask(cfg, answers, convs, tally)
+                results = ask(cfg, answers, convs, tally, progress, base=done_before)
                 rows, errors = _rows(shards[i], convs, results, chat_tok)
                 tally.failed += len(errors)
                 tally.truncated += sum(1 for r in rows if r["truncated"])
@@ -196,6 +218,10 @@ def run(request: StageRequest) -> Manifest:
                 log.info("shard %d/%d: %d samples (%d cut at max_tokens), %.0f output tok/s", i + 1, len(shards),
                          len(rows), sum(1 for r in rows if r["truncated"]),
                          tally.completion_tokens / max(tally.seconds, 1e-9))
+                done_before += len(shards[i])
+                progress.update(done_before, {"output tok/s": round(tally.completion_tokens / max(tally.seconds, 1e-9)),
+                                              "failed": tally.failed, "truncated": tally.truncated}, force=True)
+        progress.finish()
 
     counts = {"train": 0, "holdout": 0}
     tokens = 0

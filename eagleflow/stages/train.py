@@ -99,8 +99,11 @@ def _manifest(request: StageRequest, result: "TrainResult", aux_layer_ids: list[
         steps=result.steps, bounded_by=result.bounded_by,
         draft_vocab_size=result.vocab_size, nproc=request.config.train.nproc,
     )
+    from eagleflow import plots
+
+    drawn = plots.draw({"curves.png": lambda path: plots.training_curves(epochs, path)}, request.path)
     outputs = TrainOutputs(checkpoints=[e.checkpoint for e in result.epochs], best=best.checkpoint,
-                           best_epoch=best.epoch, aux_layer_ids=aux_layer_ids, arch=result.arch)
+                           best_epoch=best.epoch, aux_layer_ids=aux_layer_ids, arch=result.arch, plots=drawn)
     weights = f"{best.checkpoint}/{CHECKPOINT_WEIGHTS}"
     return request.manifest(outputs=outputs, metrics=metrics, hashes={weights: sha256_file(request.path / weights)})
 

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -25,8 +26,10 @@ from tests.conftest import ROOT, free_port
 def prefect_server(tmp_path_factory) -> dict[str, str]:
     home = tmp_path_factory.mktemp("prefect-home")
     port = free_port()
+    # The UI is served too: the browser tests (tests/e2e/ui) read the runs of every test the way an
+    # operator does. Its API address must be given: the UI otherwise calls the default port 4200.
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_UI_ENABLED": "false"}
+           "PREFECT_UI_ENABLED": "true", "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api"}
     env.pop("PREFECT_API_URL", None)
     log = open(home / "server.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
@@ -129,15 +132,63 @@ def run_flow(prefect_server: dict, *args: str, module: str = "flows.pipeline",
     return proc
 
 
+def run_cli(prefect_server: dict, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`eagleflow ARGS`, the control environment's console script, against the test's Prefect server."""
+    env = {**os.environ, **prefect_server, **(env or {})}
+    proc = subprocess.run([str(Path(sys.executable).parent / "eagleflow"), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=1800)
+    print(proc.stdout[-6000:], proc.stderr[-6000:])
+    return proc
+
+
 def last_report(proc: subprocess.CompletedProcess) -> dict:
     """The report.json the flow printed last (`report: PATH`)."""
     line = [x for x in proc.stdout.splitlines() if x.startswith("report: ")][-1]
     return json.loads(Path(line.split("report: ", 1)[1]).read_text())
 
 
+def watch_progress(prefect_server: dict, proc: subprocess.Popen, poll_s: float = 1.0) -> dict[str, list[tuple]]:
+    """While `proc` runs: every distinct (progress, description) each progress artifact showed, by key,
+    read from the server the way the UI reads it."""
+    seen: dict[str, list[tuple]] = {}
+    while proc.poll() is None:
+        try:
+            arts = api(prefect_server, "POST", "/artifacts/filter",
+                       json={"artifacts": {"type": {"any_": ["progress"]}}, "limit": 200}).json()
+        except httpx.HTTPError:
+            arts = []
+        for a in arts:
+            shown = seen.setdefault(a["key"], [])
+            value = (a["data"], a["description"])
+            if not shown or shown[-1] != value:
+                shown.append(value)
+        time.sleep(poll_s)
+    return seen
+
+
 @pytest.fixture(scope="session")
-def first_run(prefect_server, e2e_config) -> dict:
+def first_run_watched(prefect_server, e2e_config) -> dict:
+    """The first pipeline run of e2e_config (every stage computed): its report, its output, and what
+    its progress artifacts showed while it ran."""
+    env = {**os.environ, **prefect_server}
+    proc = subprocess.Popen([sys.executable, "-m", "flows.pipeline", str(e2e_config)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    out: dict[str, str] = {}
+    # The pipes are read beside the watching, so a full pipe never stalls the run.
+    readers = [threading.Thread(target=lambda n=n, f=f: out.__setitem__(n, f.read()), daemon=True)
+               for n, f in (("stdout", proc.stdout), ("stderr", proc.stderr))]
+    for t in readers:
+        t.start()
+    seen = watch_progress(prefect_server, proc)
+    for t in readers:
+        t.join()
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out["stdout"], out["stderr"])
+    print(done.stdout[-6000:], done.stderr[-6000:])
+    assert done.returncode == 0, done.stdout[-3000:]
+    return {"report": last_report(done), "proc": done, "progress": seen}
+
+
+@pytest.fixture(scope="session")
+def first_run(first_run_watched) -> dict:
     """The report of the first pipeline run of e2e_config: every stage computed."""
-    proc = run_flow(prefect_server, str(e2e_config))
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    return last_report(proc)
+    return first_run_watched["report"]

@@ -106,10 +106,15 @@ def test_the_report_says_for_which_stages_and_how_long_production_was_down():
 
 def test_write_report_is_atomic_and_records_its_path(tmp_path):
     r = build_report("demo", _manifests("/w"), TIMINGS)
-    path = write_report(r, tmp_path / "reports")
+    png = b"\x89PNG\r\n\x1a\n" + b"0" * 64
+    path = write_report(r, tmp_path / "reports", {"speedup": png})
     assert r.path == str(path) and path.name == "report.json"
     assert path.parent.parent == tmp_path / "reports" and path.parent.name.startswith("demo-")
     on_disk = json.loads(path.read_text())
     assert on_disk["path"] == str(path)  # the file says where it is
     assert Report.model_validate(on_disk) == r
-    assert [p.name for p in path.parent.iterdir()] == ["report.json"]  # no temp file left beside it
+    # report.md beside it, its picture a file of its own; no temp file left
+    assert sorted(p.name for p in path.parent.iterdir()) == ["report.json", "report.md", "speedup.png"]
+    assert (path.parent / "speedup.png").read_bytes() == png
+    md = (path.parent / "report.md").read_text()
+    assert "![speedup](speedup.png)" in md and "| mean acceptance length |" in md

@@ -114,7 +114,7 @@ def check_final_layer(classes: list[type], num_layers: int, version: str) -> Fin
         where = known[0][1]
         return Finding("final_layer", "warning", f"vLLM {version}'s {where} captures aux states only before each "
                        f"layer (ids 0..{num_layers - 1}): the final state (id {num_layers}) is never handed out, so "
-                       "extract.backend: engine and the triage's hidden-state probe cannot run on this target (the "
+                       "extract.backend: vllm and the triage's hidden-state probe cannot run on this target (the "
                        "capture after the loop came with vLLM PR 46973). Serving a drafter is unaffected. Fix: "
                        "extract with the hf backend, or a vLLM that has the fix")
     return Finding("final_layer", "warning", f"no aux-state capture found in {', '.join(w for _, w in sources)}: "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.conftest import api, run_flow
+from tests.e2e.conftest import api, run_cli, run_flow
 
 pytestmark = pytest.mark.e2e
 
@@ -31,3 +31,14 @@ def test_deployments_register(prefect_server, e2e_config):
         assert d["parameters"]["params"] == {"config_path": str(e2e_config), "overrides": {}}, name
         crons = [s["schedule"].get("cron") for s in d["schedules"]]
         assert crons == (["0 2 * * *"] if name == "eagleflow-nightly" else []), name
+    # The custom-run forms: typed fields whose defaults are the config's values (what the UI shows).
+    form = deps["eagleflow-pipeline"]["parameter_openapi_schema"]["definitions"]["RunParams"]["properties"]
+    assert (form["epochs"]["default"], form["num_samples"]["default"], form["temperatures"]["default"]) == (4, 320, [0.0, 0.7])
+    assert "train.epochs" in form["epochs"]["description"] and form["host_address"]["default"] is None  # local: no address
+    bench = deps["eagleflow-benchmark"]["parameter_openapi_schema"]["definitions"]["BenchmarkParams"]["properties"]
+    assert {"drafter", "temperatures", "current_drafter", "host_address", "overrides"} <= set(bench)
+
+
+def test_deploy_through_the_command_line_refuses_a_bad_override(prefect_server, e2e_config):
+    proc = run_cli(prefect_server, "deploy", str(e2e_config), "--set", "train.epochs=0")
+    assert proc.returncode == 2 and "epochs" in proc.stdout

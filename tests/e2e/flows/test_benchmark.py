@@ -5,8 +5,8 @@ Each fault hits a real `flows.benchmark` run while its engine is serving, with p
 the engine crashes mid-run, the flow run is cancelled from the API (a process worker runs the
 deployment, as from the UI), the flow process is killed outright. Each time production must answer
 healthy again within 60 s and nothing of the benchmark may be left: no process carrying its token,
-no engine pid file, no guardian. Also: an engine that dies while loading fails the task with the
-root cause in the task's own state message, and its log is attached as an artifact.
+no engine pid file, no guardian. (An engine that dies while loading, its root cause in the failed
+task's state and log and its engine log in the failure artifact: tests/e2e/ui, as the operator sees it.)
 
 The benchmark of a finished run reads the session's demo pipeline run (`first_run`,
 tests/e2e/conftest.py); it comes first in this module, before production (a real vLLM server,
@@ -196,25 +196,6 @@ def test_cancelling_the_flow_run_gives_production_back(prefect_server, workdir, 
         wait_until(lambda: api(prefect_server, "GET", f"/flow_runs/{run['id']}").json()["state"]["type"] == "CANCELLED",
                    60, "the flow run Cancelled")
         assert assert_nothing_left(d)["by"] == "guardian"
-
-
-def test_an_engine_dying_while_loading_fails_the_task_with_its_root_cause(prefect_server, workdir, drafter):
-    bad = workdir / "bad-target"
-    bad.mkdir()
-    for f in (ROOT / "demo" / "target").iterdir():
-        (bad / f.name).write_bytes(f.read_bytes())
-    shard = bad / "model.safetensors"
-    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
-    config = write_config(workdir, "dies", drafter, None, **{"target.model_path": str(bad)})
-    flow = start_flow(config, prefect_server)
-    out, _ = flow.communicate(timeout=400)
-    assert flow.returncode == 1, out[-3000:]
-    runs = api(prefect_server, "POST", "/task_runs/filter",
-               json={"task_runs": {"name": {"any_": ["benchmark"]}}, "sort": "EXPECTED_START_TIME_DESC"}).json()
-    failed = next(r for r in runs if r["state"]["type"] == "FAILED")
-    assert "root cause: safetensors" in failed["state"]["message"] and "SafetensorError" in failed["state"]["message"]
-    arts = api(prefect_server, "POST", "/artifacts/filter", json={"artifacts": {"key": {"any_": ["eagleflow-dies-benchmark-failure"]}}}).json()
-    assert any("engine-baseline.log" in (a.get("data") or "") and "SafetensorError" in (a.get("data") or "") for a in arts)
 
 
 def test_killing_the_flow_process_gives_production_back(prefect_server, workdir, drafter, production):

@@ -13,12 +13,13 @@ tests/e2e/deployments/test_deploy.py.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.e2e.conftest import last_report, run_flow
+from tests.e2e.conftest import last_report, run_cli, run_flow
 
 pytestmark = pytest.mark.e2e
 UPSTREAM = ("generate", "extract", "train", "export")
@@ -48,11 +49,38 @@ def test_report_artifact_is_on_the_server(first_run, prefect_server):
     assert arts and "mean acceptance length" in arts[0]["data"] and "**Verdict:**" in arts[0]["data"]
     bench = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["eagleflow-e2e-benchmark"]}}}).json()
     assert bench and "| drafter | 0.7 | 4 |" in bench[0]["data"]
+    # The pictures ride inline: the UI has none of the host's files.
+    for art, names in ((arts[0], ("acceptance", "speedup", "curves")), (bench[0], ("acceptance", "speedup"))):
+        for name in names:
+            assert f"![{name}](data:image/png;base64,iVBORw0KGgo" in art["data"], name
 
 
-def test_second_run_takes_every_stage_before_the_benchmark_from_cache(first_run, prefect_server, e2e_config):
-    proc = run_flow(prefect_server, str(e2e_config))
+def test_report_md_shows_the_plots_beside_report_json(first_run):
+    report_dir = Path(first_run["path"]).parent
+    md = (report_dir / "report.md").read_text()
+    for name in ("acceptance", "speedup", "curves"):
+        assert f"![{name}]({name}.png)" in md
+        png = (report_dir / f"{name}.png").read_bytes()
+        assert png.startswith(b"\x89PNG") and len(png) > 10_000, name
+    # Drawn on the host, beside the figures: the stage dirs hold them too.
+    assert Path(first_run["plots"]["curves"]).parent == Path(first_run["stages"]["train"]["manifest"]).parent
+    assert Path(first_run["plots"]["speedup"]).parent == Path(first_run["stages"]["benchmark"]["manifest"]).parent
+
+
+def _report_shape(out: str) -> list[str]:
+    """The printed report's tables up to the verdict, each line's label only (the figures differ per run)."""
+    lines = out[out.rindex("eagleflow run "):].split("verdict:")[0].splitlines()
+    return [re.split(r"\s{2,}", line.strip())[0] for line in lines if line.strip()]
+
+
+def test_second_run_takes_every_stage_before_the_benchmark_from_cache(first_run_watched, prefect_server, e2e_config):
+    # Through the operator's command line (the control environment's console script), not python -m.
+    proc = run_cli(prefect_server, "run", str(e2e_config))
     assert proc.returncode == 0
+    first = first_run_watched["proc"]
+    # The same report (the flow logs it: Prefect's console handler writes to stderr)
+    assert _report_shape(proc.stdout + proc.stderr) == _report_shape(first.stdout + first.stderr)
+    first_run = first_run_watched["report"]
     r = last_report(proc)
     assert {s: r["stages"][s]["cached"] for s in UPSTREAM} == dict.fromkeys(UPSTREAM, True)
     assert not r["stages"]["benchmark"]["cached"]
@@ -75,6 +103,19 @@ def test_benchmark_change_and_a_vanished_manifest(first_run, prefect_server, e2e
 def test_bad_config_fails_before_any_work(prefect_server, e2e_config):
     proc = run_flow(prefect_server, str(e2e_config), "--set", "generate.holdout=100000")
     assert proc.returncode == 2 and "generate" in proc.stdout and "holdout" in proc.stdout
+    proc = run_cli(prefect_server, "run", str(e2e_config), "--set", "train.epochs=0")
+    assert proc.returncode == 2 and "train" in proc.stdout and "epochs" in proc.stdout
+
+
+def test_status_lists_the_runs_their_stages_and_where_each_stage_dir_is(first_run, prefect_server, e2e_config):
+    proc = run_cli(prefect_server, "status", str(e2e_config), "--limit", "50")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "pipeline  Completed" in out and "config " + str(e2e_config) in out
+    for stage in UPSTREAM:
+        d = str(Path(first_run["stages"][stage]["manifest"]).parent)
+        assert f"localhost:{d} (ran)" in out, stage  # the first run's record of where it ran
+        assert "finished in" in out and d in out.split("stages of e2e on localhost")[1], stage
 
 
 def test_missing_model_path_fails_in_the_check_naming_the_field(prefect_server, e2e_config, e2e_workdir):

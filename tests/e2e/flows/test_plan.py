@@ -74,3 +74,20 @@ def test_the_real_local_host_is_asked(tmp_path):
     assert p["disk_path"] == str(tmp_path)
     assert p["disk_free_bytes"] == pytest.approx(shutil.disk_usage(tmp_path).free, rel=0.01)
     assert Path(p["target"]).name == "target" and p["tokens"]["samples"] == 1150
+
+
+def test_the_command_line_gives_the_same_plan_and_says_what_it_takes():
+    eagleflow = str(Path(sys.executable).parent / "eagleflow")  # the control environment's console script
+    args = ("configs/kimi-k25.yaml", "--json", "--host-facts", str(FACTS))
+    via_cli = subprocess.run([eagleflow, "plan", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert via_cli.returncode == 0, via_cli.stderr
+    assert json.loads(via_cli.stdout) == json.loads(plan_cli(*args).stdout)
+    help_ = subprocess.run([eagleflow, "--help"], capture_output=True, text=True, timeout=60)
+    assert help_.returncode == 0 and all(c in help_.stdout for c in ("run", "benchmark", "plan", "deploy", "status"))
+    # Exit 2 for bad input, from any directory: a wrong command, a wrong flag, a wrong field.
+    assert subprocess.run([eagleflow, "frobnicate"], capture_output=True, text=True, timeout=60).returncode == 2
+    assert subprocess.run([eagleflow, "plan", "--no-such-flag"], capture_output=True, text=True,
+                          timeout=60).returncode == 2
+    bad = subprocess.run([eagleflow, "plan", str(ROOT / "configs" / "kimi-k25.yaml"), "--set", "train.epochs=0"],
+                         cwd="/", capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "epochs" in bad.stderr

@@ -58,3 +58,6 @@ def test_promotion_gate_keeps_the_better_drafter(first_run, prefect_server, e2e_
     faster = {**first_run["drafter"], "variant": "current", "output_tok_s": first_run["drafter"]["output_tok_s"] * 2}
     assert not gate(3.6, 1.3, current=faster)  # production's drafter served faster in the same benchmark
     assert gate(3.2, 1.1) and json.loads(record.read_text())["mean_acceptance_length"] == 3.2
+    # Every promotion, oldest first: what a rollback to the previous drafter reads.
+    history = json.loads((record.parent / "e2e.history.json").read_text())
+    assert [h["mean_acceptance_length"] for h in history] == [3.0, 3.2]

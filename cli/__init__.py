@@ -1,0 +1,1 @@
+"""`eagleflow`, the operator's command line (cli.main)."""

@@ -1,0 +1,146 @@
+"""Where things stand: the latest flow runs with their stages, and where each stage's dir is on which host.
+
+    eagleflow status [CONFIG] [--set KEY=VALUE ...] [--limit N]
+
+From the Prefect server of PREFECT_API_URL (without one, the local ephemeral state in PREFECT_HOME,
+as `make demo` leaves it): the last N eagleflow flow runs (with CONFIG, of that config only), each with its state, start and length, and
+each stage task with its state and the stage dir its dispatch recorded (`tasks.dispatch.record_stage_dir`).
+With CONFIG, also the stages of that config as its host has them now: finished (its manifest is there)
+or not yet, in pipeline order, under the keys the current settings give.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from eagleflow.config import ConfigError, RunConfig, parse_overrides
+from eagleflow.hosts import HostError
+from flows.params import PlainParams
+
+FLOWS = ("pipeline", "retrain", "benchmark", "bootstrap")
+PIPELINE = ("generate", "extract", "train", "export")
+SCAN = 200  # (the server's most) flow runs read to find the last --limit of one config (Prefect filters runs by no parameter)
+
+
+def _when(run: Any) -> str:
+    t = run.start_time or run.expected_start_time
+    return t.strftime("%Y-%m-%d %H:%M:%S UTC") if t else "not started"
+
+
+def _length(seconds: float | None) -> str:
+    from eagleflow.progress import duration
+
+    return duration(seconds) if seconds else "-"
+
+
+def _same_config(run: Any, config_path: str | None) -> bool:
+    if config_path is None:
+        return True
+    path = ((run.parameters or {}).get("params") or {}).get("config_path")
+    return bool(path) and Path(path).resolve() == Path(config_path).resolve()
+
+
+def runs_lines(limit: int, config_path: str | None = None) -> list[str]:
+    """The last `limit` eagleflow flow runs (of `config_path` only, when given), newest first, each with
+    its stage tasks and their dirs."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        ArtifactFilter, ArtifactFilterFlowRunId, FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterId,
+        FlowRunFilterState, FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    from tasks.dispatch import STAGE_RECORD
+
+    with get_client(sync_client=True) as client:
+        flows = {f.id: f.name for f in client.read_flows(flow_filter=FlowFilter(name=FlowFilterName(any_=list(FLOWS))))}
+        if not flows:
+            return ["no eagleflow flow runs on this Prefect server yet"]
+        ours = FlowFilter(name=FlowFilterName(any_=list(FLOWS)))
+        # Runs that started (or wait to), newest first; the schedule's future runs are one line at the end.
+        runs = client.read_flow_runs(flow_filter=ours, sort=FlowRunSort.START_TIME_DESC, limit=SCAN,
+                                     flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+                                         type=FlowRunFilterStateType(not_any_=[StateType.SCHEDULED]))))
+        upcoming = client.read_flow_runs(flow_filter=ours, sort=FlowRunSort.EXPECTED_START_TIME_ASC, limit=1,
+                                         flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+                                             type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))))
+        runs = [r for r in runs if _same_config(r, config_path)][:limit]
+        upcoming = [r for r in upcoming if _same_config(r, config_path)]
+        lines = []
+        for run in runs:
+            params = (run.parameters or {}).get("params") or {}
+            lines.append(f"{run.name}  {flows.get(run.flow_id, '?')}  {run.state_name or '?'}  {_when(run)}  "
+                         f"{_length(run.total_run_time.total_seconds() if run.total_run_time else None)}  "
+                         f"config {params.get('config_path', '?')}  (flow run {run.id})")
+            tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+            records = client.read_artifacts(artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+            where = {}
+            for a in records:
+                if a.description != STAGE_RECORD:
+                    continue
+                data = json.loads(a.data) if isinstance(a.data, str) else a.data  # a table artifact's JSON
+                if isinstance(data, list) and data:
+                    row = data[0]
+                    where[row["stage"]] = f"{row['host']}:{row['dir']} ({row['how']})"
+            for t in sorted(tasks, key=lambda t: t.start_time or t.expected_start_time or run.created):
+                stage = t.task_key.split("-")[0] if t.task_key else t.name
+                name = t.name.split("-")[0]
+                lines.append(f"    {name:10} {t.state_name or '?':10} {_length(t.total_run_time.total_seconds() if t.total_run_time else None):>8}"
+                             f"  {where.get(name, where.get(stage, ''))}")
+        lines += [f"next scheduled: {r.name}  {flows.get(r.flow_id, '?')}  at {_when(r)}" for r in upcoming]
+        return lines
+
+
+def stage_lines(config: RunConfig) -> list[str]:
+    """The config's stages on its host now: each finished one's dir, then the first that is not."""
+    from eagleflow.hosts import make_host
+    from eagleflow.manifest import Manifest, stage_dir
+    from tasks.dispatch import key_for
+
+    lines = [f"stages of {config.name} on {config.host.name} (work root {config.host.work_root}):"]
+    found: dict[str, Manifest] = {}
+    with make_host(config.host) as host:
+        for stage in PIPELINE:
+            key = key_for(stage, config, found)
+            d = stage_dir(config, stage, key)
+            if not host.exists(f"{d}/manifest.json"):
+                lines.append(f"    {stage:10} {key}  not finished: {d}")
+                lines += [f"    {later:10} (waits for {stage})" for later in PIPELINE[PIPELINE.index(stage) + 1:]]
+                break
+            found[stage] = Manifest.model_validate_json(host.read_text(f"{d}/manifest.json"))
+            lines.append(f"    {stage:10} {key}  finished in {_length(found[stage].seconds)}: {d}")
+    return lines
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m flows.status") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", nargs="?", help="run config (YAML): also show its stages on its host")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field (VALUE is YAML)")
+    parser.add_argument("--limit", type=int, default=10, help="flow runs to show (newest first)")
+    args = parser.parse_args(argv)
+    config = None
+    if args.config:
+        try:
+            config = PlainParams(config_path=args.config, overrides=parse_overrides(args.set)).load()
+        except ConfigError as exc:
+            print(f"error: {exc}")
+            return 2
+    print("\n".join(runs_lines(args.limit, args.config)))
+    if config is not None:
+        print()
+        try:
+            print("\n".join(stage_lines(config)))
+        except HostError as exc:
+            print(f"error: {exc}")
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
