@@ -288,6 +288,22 @@ class BenchmarkConfig(_Strict):
         [1, 4], min_length=1, description="Requests in flight, one measured window per value on every variant."
     )
     warmup_requests: int = Field(2, ge=0, description="Requests sent before measuring.")
+    precision: float | None = Field(
+        None, gt=0, lt=1,
+        description="Sequential stopping: a drafter's window stops once the 95% intervals of its paired speedup "
+        "(the same prompts as the baseline's, round by round) and of its acceptance length are each within this "
+        "share of the value (0.03: +-3%), after at least min_requests; num_prompts is then the most it sends. "
+        "None: every window sends all num_prompts (fixed length). The baseline always sends all of them: every "
+        "drafter is paired against it.",
+    )
+    min_requests: int = Field(8, ge=2, description="Sequential stopping: requests a window sends before it may stop.")
+    reuse_for_h: float = Field(
+        168, ge=0,
+        description="The baseline's and the current drafter's measurements are reused for this many hours by later "
+        "runs on the host, while what determines them is unchanged: the engine and its version, its launch "
+        "settings, the target, these benchmark settings, the prompts, and (current) the drafter's files. Older, "
+        "they are measured again. 0: every run measures every variant. The new drafter is always measured.",
+    )
     drafter: str | None = Field(
         None,
         description="The drafter to benchmark as variant 'drafter': a directory on the host in the engine's format, "
@@ -324,6 +340,13 @@ class BenchmarkConfig(_Strict):
         if any(t < 0 or t > 2 for t in v) or len(set(v)) != len(v):
             raise ValueError(f"temperatures must be distinct values in [0, 2], got {v}")
         return v
+
+    @model_validator(mode="after")
+    def _stopping(self) -> "BenchmarkConfig":
+        if self.precision is not None and self.min_requests > self.num_prompts:
+            raise ValueError(f"min_requests ({self.min_requests}) exceeds num_prompts ({self.num_prompts}), the most a "
+                             "window sends: lower min_requests or raise num_prompts")
+        return self
 
     @field_validator("concurrencies")
     @classmethod

@@ -45,6 +45,15 @@ _ENGINE_RUNTIME = ("host", "port", "startup_timeout_s", "stall_timeout_s", "requ
                    "preflight", "min_free_disk_gib", "min_free_gpu_fraction")
 _EXTRACT_RUNTIME = ("spread", "concurrency", "spool_dir")
 _GENERATE_RUNTIME = ("server_wait_s",)
+# What of the engine's launch changes the *data* an upstream stage makes (answers, hidden states): the engine,
+# the context it allows, the model code it trusts, and the flags that change what the model computes. Not its
+# parallelism, memory share, graphs, environment or other flags: they change the speed and the last bits of
+# bf16 arithmetic, never what a drafter learns. Only the benchmark, which measures the engine, is keyed by all.
+_ENGINE_DATA = ("kind", "max_model_len", "trust_remote_code")
+_ENGINE_DATA_GENERATE = _ENGINE_DATA + ("reasoning_parser",)  # it splits the answers into reasoning and content
+DATA_FLAGS = ("--quantization", "-q", "--dtype", "--kv-cache-dtype", "--revision", "--code-revision", "--tokenizer",
+              "--tokenizer-path", "--tokenizer-revision", "--tokenizer-mode", "--chat-template", "--hf-overrides",
+              "--generation-config", "--override-generation-config", "--load-format")
 _TRAIN_RUNTIME = ("nproc", "grad_accum_steps", "num_threads", "log_every_steps", "checkpoint_every_steps",
                   "time_limit_s")  # a cap that fails; raised, the same stage dir resumes
 
@@ -63,12 +72,15 @@ def stage_settings(stage: str, config: RunConfig) -> dict[str, Any]:
     train = {k: v for k, v in c["train"].items() if k not in _TRAIN_RUNTIME}
     if train.get("drafter_arch") == "auto":  # resolved from the target, already in the upstream keys; and the
         del train["drafter_arch"]            # keys of runs trained before the field existed stay as they were
+    data_flags = data_args(c["engine"]["extra_args"])
     prompts = {k: c["generate"][k] for k in ("prompts_path", "num_samples", "holdout", "seed")}
     benchmark = {k: v for k, v in c["benchmark"].items() if not (k == "draft_attention_backend" and v is None)}
     return {
         "check": c,
-        "generate": generate_settings(c, engine_launch),
-        "extract": {"target": c["target"], "engine": engine_launch if c["extract"]["backend"] == "vllm" else None,
+        "generate": generate_settings(c, {**{k: c["engine"][k] for k in _ENGINE_DATA_GENERATE}, "data_args": data_flags}),
+        "extract": {"target": c["target"],
+                    "engine": ({**{k: c["engine"][k] for k in _ENGINE_DATA}, "data_args": data_flags}
+                               if c["extract"]["backend"] == "vllm" else None),
                     "extract": {k: v for k, v in c["extract"].items() if k not in _EXTRACT_RUNTIME}},
         "train": {"train": train},
         "export": {"export": c["export"], "aux_layer_ids": c["target"]["aux_layer_ids"]},
@@ -76,13 +88,25 @@ def stage_settings(stage: str, config: RunConfig) -> dict[str, Any]:
     }[stage]
 
 
-def generate_settings(c: dict[str, Any], engine_launch: dict[str, Any]) -> dict[str, Any]:
-    """The answers depend on the server that gave them: our own launch (engine.*), or production at its URL
-    (its flags are production's, not ours). An own-server run keeps the key it had before `server` existed,
-    so finished runs stay cached."""
+def data_args(extra_args: list[str]) -> list[str]:
+    """The engine arguments among `extra_args` that change what the model computes (DATA_FLAGS), with
+    their values, in order: `--quantization fp8` and `--quantization=fp8` alike."""
+    out: list[str] = []
+    for i, arg in enumerate(extra_args):
+        flag = arg.split("=", 1)[0]
+        if flag in DATA_FLAGS:
+            out.append(arg)
+            if "=" not in arg and i + 1 < len(extra_args) and not extra_args[i + 1].startswith("-"):
+                out.append(extra_args[i + 1])
+    return out
+
+
+def generate_settings(c: dict[str, Any], engine_data: dict[str, Any]) -> dict[str, Any]:
+    """The answers depend on the server that gave them: our own launch (what of engine.* changes answers),
+    or production at its URL (its flags are production's, not ours)."""
     g = {k: v for k, v in c["generate"].items() if k not in _GENERATE_RUNTIME}
     if g.pop("server") == "own":
-        return {"target": c["target"], "engine": engine_launch, "generate": g}
+        return {"target": c["target"], "engine": engine_data, "generate": g}
     return {"target": c["target"], "server": {"production": c["production"]["url"]}, "generate": g}
 
 

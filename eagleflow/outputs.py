@@ -190,6 +190,17 @@ class Measurement(BaseModel):
     num_draft_tokens: float | None = None
     num_accepted_tokens: float | None = None
     source: str | None = Field(None, description="Where acceptance came from when not the engine's counters.")
+    # Rounds: the same held-out prompts sent to every variant (one at concurrency 1, c at concurrency c), in
+    # order; the unit the paired speedup and the intervals are computed over (eagleflow.intervals).
+    round_seconds: list[float] | None = Field(None, description="Wall seconds of each round.")
+    round_tokens: list[int] | None = Field(None, description="Output tokens of each round.")
+    round_drafts: list[float] | None = Field(None, description="Drafting steps in each round (engine counters).")
+    round_accepted: list[float] | None = Field(None, description="Accepted draft tokens in each round.")
+    al_interval: list[float] | None = Field(None, description="95% interval of the acceptance length over rounds.")
+    stopped: str | None = Field(None, description="Why the window ended: 'precision' (benchmark.precision reached "
+                                "after n requests) or 'all prompts'.")
+    measured: str | None = Field(None, description="Set when reused from an earlier run: when and where it was "
+                                 "measured (benchmark.reuse_for_h).")
 
 
 class SpeedupRow(BaseModel):
@@ -200,6 +211,11 @@ class SpeedupRow(BaseModel):
     drafter_vs_baseline: float | None = None
     current_vs_baseline: float | None = None
     drafter_vs_current: float | None = None
+    # 95% intervals of the paired speedups (rounds both variants measured), when their rounds are known
+    drafter_vs_baseline_ci: list[float] | None = None
+    current_vs_baseline_ci: list[float] | None = None
+    drafter_vs_current_ci: list[float] | None = None
+    paired_rounds: int | None = Field(None, description="Rounds the drafter's speedup over the baseline pairs.")
 
 
 class LosslessCheck(BaseModel):
@@ -381,3 +397,7 @@ class BenchmarkMetrics(MetricsRecord):
     drafters: dict[str, str] = Field(description="Each drafter variant's directory.")
     preflight: list[PreflightFinding]
     settings: BenchmarkConfig
+    reused: dict[str, str] = Field(default_factory=dict, description="Variants taken from an earlier run's "
+                                   "measurement (benchmark.reuse_for_h): when and where they were measured.")
+    requests: dict[str, int] = Field(default_factory=dict, description="Requests this run measured, per variant "
+                                     "(all windows; warm-up excluded).")

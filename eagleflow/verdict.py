@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from eagleflow.intervals import Estimate, paired_speedup
 from eagleflow.outputs import Measurement, ProductionResult, SpeedupRow, Triage, Verdict
 
 
@@ -31,16 +32,37 @@ def _served_al(windows: list[Measurement], variant: str, temperature: float) -> 
     return sum(vals) / len(vals) if vals else None
 
 
+def paired(ref: Measurement | None, var: Measurement | None) -> Estimate | None:
+    """`var`'s throughput over `ref`'s on the rounds both measured, with its 95% interval; None when either
+    lacks its rounds (then the windows' throughputs are compared as they are)."""
+    if not (ref and var and ref.round_seconds and var.round_seconds and ref.round_tokens and var.round_tokens):
+        return None
+    return paired_speedup(ref.round_seconds, ref.round_tokens, var.round_seconds, var.round_tokens)
+
+
+def _ratio(ref: Measurement | None, var: Measurement | None) -> tuple[float | None, list[float] | None]:
+    if not (ref and var):
+        return None, None
+    est = paired(ref, var)
+    if est is None:
+        return var.output_tok_s / ref.output_tok_s, None
+    return est.value, ([est.low, est.high] if est.n > 1 else None)
+
+
 def speedups(windows: list[Measurement]) -> list[SpeedupRow]:
-    """Per setting: each drafter's throughput over no speculation and the new drafter's over the current one."""
+    """Per setting: each drafter's throughput over no speculation and the new drafter's over the current one,
+    paired round by round on the prompts both measured (a window that stopped early is compared on its rounds)."""
     out = []
     for t, c in sorted({(w.temperature, w.concurrency) for w in windows}):
         base, cur, new = (_at(windows, v, t, c) for v in ("baseline", "current", "drafter"))
+        dvb, dvb_ci = _ratio(base, new)
+        cvb, cvb_ci = _ratio(base, cur)
+        dvc, dvc_ci = _ratio(cur, new)
+        est = paired(base, new)
         out.append(SpeedupRow(
-            temperature=t, concurrency=c,
-            drafter_vs_baseline=new.output_tok_s / base.output_tok_s if base and new else None,
-            current_vs_baseline=cur.output_tok_s / base.output_tok_s if base and cur else None,
-            drafter_vs_current=new.output_tok_s / cur.output_tok_s if cur and new else None,
+            temperature=t, concurrency=c, drafter_vs_baseline=dvb, current_vs_baseline=cvb, drafter_vs_current=dvc,
+            drafter_vs_baseline_ci=dvb_ci, current_vs_baseline_ci=cvb_ci, drafter_vs_current_ci=dvc_ci,
+            paired_rounds=est.n if est else None,
         ))
     return out
 
@@ -135,7 +157,9 @@ def judge(windows: list[Measurement], offline: dict[str, float | None], *, suspe
 
     parts = []
     if head and head.drafter_vs_baseline is not None:
-        parts.append(f"the new drafter serves {head.drafter_vs_baseline:.2f}x the output tokens/s of no speculation")
+        ci = head.drafter_vs_baseline_ci
+        parts.append(f"the new drafter serves {head.drafter_vs_baseline:.2f}x the output tokens/s of no speculation"
+                     + (f" (95% CI {ci[0]:.2f}-{ci[1]:.2f}, {head.paired_rounds} paired rounds)" if ci else ""))
     if head and head.drafter_vs_current is not None:
         parts.append(f"{head.drafter_vs_current:.2f}x the current drafter's")
     setting = f"(temperature {head.temperature if head else 0:g}, concurrency {head.concurrency if head else 1})"
@@ -177,23 +201,35 @@ def render_markdown(title: str, windows: list[Measurement], verdict: Verdict, k:
     lines = [f"# {title}", "", f"**Verdict:** {verdict.summary}", ""]
     for f in verdict.findings:
         lines.append(f"- {f}")
-    lines += ["", "| variant | temp | conc | output tok/s | vs none | TTFT ms | ITL ms | TPOT ms | AL | "
-              "accept rate | per position |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines += ["", "| variant | temp | conc | requests | output tok/s | vs none | vs none 95% CI | TTFT ms | ITL ms | "
+              "TPOT ms | AL | AL 95% CI | accept rate | per position |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     base = {(w.temperature, w.concurrency): w for w in _windows(windows, "baseline")}
+    reused = []
     for w in windows:
         b = base.get((w.temperature, w.concurrency))
-        ratio = w.output_tok_s / b.output_tok_s if b else None
+        ratio, ci = _ratio(b, w) if b is not w else (None, None)
         pos = w.per_position_acceptance
+        al_ci = w.al_interval
+        requests = f"{w.requests}" + (" (stopped: precision)" if w.stopped == "precision" else "") if w.requests else ""
+        if w.measured and w.variant not in reused:
+            reused.append(w.variant)
         lines.append(
-            f"| {w.variant} | {w.temperature:g} | {w.concurrency} | {w.output_tok_s:.1f} | "
-            f"{_f(ratio, '.2f')}x | {_f(w.ttft_ms, '.0f')} | {_f(w.itl_ms, '.1f')} | "
+            f"| {w.variant}{' (reused)' if w.measured else ''} | {w.temperature:g} | {w.concurrency} | {requests} | "
+            f"{w.output_tok_s:.1f} | {_f(ratio, '.2f') + 'x' if ratio is not None else ''} | "
+            f"{f'{ci[0]:.2f}-{ci[1]:.2f}' if ci else ''} | "
+            f"{_f(w.ttft_ms, '.0f')} | {_f(w.itl_ms, '.1f')} | "
             f"{_f(w.tpot_ms, '.1f')} | {_f(w.mean_acceptance_length, '.2f')} | "
+            f"{f'{al_ci[0]:.2f}-{al_ci[1]:.2f}' if al_ci else ''} | "
             f"{_f(w.acceptance_rate, '.1%')} | {' / '.join(f'{p:.2f}' for p in pos) if pos else ''} |"
         )
     lines += ["", f"{k} speculative tokens per step; AL = 1 + accepted drafts per verification step. TTFT, ITL "
               "(inter-token latency) and TPOT (time per output token) are means from the engine's own histograms, "
-              "acceptance from its counters, over the measured window (warm-up excluded)."]
+              "acceptance from its counters, over the measured window (warm-up excluded). 'vs none' pairs the "
+              "variant's rounds with the baseline's on the same prompts; the 95% intervals are over rounds."]
+    for v in reused:
+        w = next(x for x in windows if x.variant == v)
+        lines.append(f"- {v}: reused, {w.measured}")
     for name, file in (plots or {}).items():
         lines += ["", f"![{name}]({file})"]
     if verdict.triage:

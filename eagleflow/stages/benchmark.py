@@ -40,8 +40,10 @@ from eagleflow.config import RunConfig
 from eagleflow.engines import EngineServer, make_server
 from eagleflow.engines.chat import ChatClient, ChatResult
 from eagleflow.engines.launch import served_name, speculative, target_launch
+from eagleflow.intervals import Estimate, StoppingRule, acceptance_length, paired_speedup
 from eagleflow.manifest import Manifest, read_manifest
-from eagleflow import plots
+from eagleflow import measurements, plots
+from eagleflow.measurements import VariantRecord
 from eagleflow.outputs import (
     BenchmarkMetrics, BenchmarkOutputs, ExportOutputs, Measurement, PreflightFinding, ProductionResult, Verdict,
 )
@@ -69,6 +71,8 @@ class Variant:
     offline_al: float | None = None
     server: EngineServer | None = None
     client: ChatClient | None = None  # one per engine: every round of every window goes through it
+    key: str | None = None  # baseline / current: what determines the measurement (eagleflow.measurements)
+    reused: VariantRecord | None = None  # measured by an earlier run, still valid: no engine for it
 
 
 @dataclasses.dataclass
@@ -83,21 +87,46 @@ class WindowRecorder:
     seconds: float = 0.0
     before: dict[str, float] = dataclasses.field(default_factory=dict)
     after: dict[str, float] = dataclasses.field(default_factory=dict)
+    round_seconds: list[float] = dataclasses.field(default_factory=list)
+    round_tokens: list[int] = dataclasses.field(default_factory=list)
+    round_drafts: list[float] = dataclasses.field(default_factory=list)
+    round_accepted: list[float] = dataclasses.field(default_factory=list)
+    stopped: str | None = None
 
-    def add(self, results: list[ChatResult], seconds: float) -> None:
+    def add(self, results: list[ChatResult], seconds: float, counters: tuple[float, float] | None = None) -> None:
+        """One round: its answers, its wall time and (a drafter) its (drafting steps, accepted drafts)."""
         self.results += results
         self.seconds += seconds
+        self.round_seconds.append(seconds)
+        self.round_tokens.append(sum(r.completion_tokens for r in results))
+        if counters is not None:
+            self.round_drafts.append(counters[0])
+            self.round_accepted.append(counters[1])
+
+    def estimates(self, reference: "Measurement | WindowRecorder | None") -> list[Estimate | None]:
+        """The figures the stopping rule watches: the paired speedup over `reference` (the baseline's rounds)
+        and the acceptance length."""
+        speedup = None
+        if reference is not None and reference.round_seconds and reference.round_tokens:
+            speedup = paired_speedup(reference.round_seconds, reference.round_tokens, self.round_seconds,
+                                     self.round_tokens)
+        return [speedup, acceptance_length(self.round_accepted, self.round_drafts)]
 
     def measurement(self, server: EngineServer, k: int) -> Measurement:
         tokens = sum(r.completion_tokens for r in self.results)
         latency = sorted(r.latency_s for r in self.results if r.latency_s is not None)
+        drafter = self.variant != "baseline"
+        al = acceptance_length(self.round_accepted, self.round_drafts) if drafter else None
         return Measurement(
             variant=self.variant, temperature=self.temperature, concurrency=self.concurrency,
             output_tok_s=tokens / self.seconds, output_tokens=tokens, seconds=self.seconds, requests=len(self.results),
             # Latencies from the engine's own histograms; the client's round trip beside them.
             **server.latency(self.before, self.after),
             client_latency_ms_p50=1000 * statistics.median(latency) if latency else None,
-            **(server.acceptance(self.before, self.after, k) if self.variant != "baseline" else {}),
+            **(server.acceptance(self.before, self.after, k) if drafter else {}),
+            round_seconds=self.round_seconds, round_tokens=self.round_tokens,
+            round_drafts=self.round_drafts if drafter else None, round_accepted=self.round_accepted if drafter else None,
+            al_interval=[al.low, al.high] if al and al.n > 1 else None, stopped=self.stopped,
         )
 
 
@@ -231,6 +260,32 @@ def gpus_free(cfg: RunConfig) -> list[PreflightFinding]:
 # -- measurement -----------------------------------------------------------------------------------
 
 
+def reuse_measurements(cfg: RunConfig, variants: list[Variant], prompts: list[Messages]) -> None:
+    """Key the baseline and the current drafter, and take their measurements from an earlier run when one
+    is still valid (benchmark.reuse_for_h): then no engine loads for them."""
+    version = measurements.engine_version(cfg.engine.kind)
+    for v in variants:
+        if v.name not in ("baseline", "current"):
+            continue
+        v.key = measurements.measurement_key(cfg, v.name, v.drafter, prompts, version)
+        v.reused = measurements.load_reusable(cfg.host.work_root, v.name, v.key, cfg.benchmark.reuse_for_h)
+        if v.reused is not None:
+            log.info("%s: reusing its measurement of %s (%.1f h ago, within benchmark.reuse_for_h %g h): engine, "
+                     "target, settings, prompts%s unchanged", v.name, _when(v.reused.measured_at),
+                     v.reused.age_h(), cfg.benchmark.reuse_for_h, " and drafter files" if v.drafter else "")
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
+
+
+def reused_rows(v: Variant) -> dict[tuple[str, float, int], Measurement]:
+    assert v.reused is not None
+    r = v.reused
+    note = f"measured {_when(r.measured_at)} ({r.age_h():.1f} h ago) in {r.stage_dir}"
+    return {(v.name, w.temperature, w.concurrency): w.model_copy(update={"measured": note}) for w in r.windows}
+
+
 def run(request: StageRequest) -> Manifest:
     cfg = request.config
     b = cfg.benchmark
@@ -238,12 +293,18 @@ def run(request: StageRequest) -> Manifest:
     if len(prompts) < b.num_prompts:
         raise StageError(f"only {len(prompts)} held-out prompts; lower benchmark.num_prompts or raise generate.holdout")
     variants = variants_for(request)
+    reuse_measurements(cfg, variants, prompts)
+    measured = [v for v in variants if v.reused is None]
     has_production = cfg.production.kind != "none"
     findings = preflight(request, variants, skip_gpu=has_production) if cfg.engine.preflight else []
 
     settings = [(t, c) for t in b.temperatures for c in b.concurrencies]
-    windows = {(v.name, t, c): WindowRecorder(v.name, t, c) for v in variants for t, c in settings}
+    windows = {(v.name, t, c): WindowRecorder(v.name, t, c) for v in measured for t, c in settings}
     rows: dict[tuple[str, float, int], Measurement] = {}
+    for v in variants:
+        if v.reused is not None:
+            rows.update(reused_rows(v))
+    rule = StoppingRule(b.precision, b.min_requests)
 
     def send(v: Variant, convs: list[Messages], t: float, c: int) -> tuple[list[ChatResult], float]:
         assert v.server is not None and v.client is not None
@@ -263,6 +324,49 @@ def run(request: StageRequest) -> Manifest:
             raise StageError(f"{v.name}: the engine's metrics did not answer ({type(exc).__name__}: {exc})\n"
                              f"{v.server.post_mortem()}") from None
 
+    def counters(v: Variant, before: dict[str, float], after: dict[str, float]) -> tuple[float, float]:
+        assert v.server is not None
+        got = v.server.acceptance(before, after, b.num_speculative_tokens)
+        return got["num_drafts"], got["num_accepted_tokens"]
+
+    def reference(t: float, c: int) -> Measurement | WindowRecorder | None:
+        """The baseline's rounds at this setting: reused, or measured by this run (first, or beside)."""
+        return rows.get(("baseline", t, c)) or windows.get(("baseline", t, c))
+
+    def measure_setting(group: list[Variant], t: float, c: int) -> None:
+        """Rounds of c held-out prompts, in order, to every variant of the group (side by side: alternating who
+        goes first). The drafters' windows stop together once the stopping rule holds for each of them."""
+        rounds = [prompts[i:i + c] for i in range(0, len(prompts), c)]
+        last = {}
+        for v in group:
+            last[v.name] = windows[(v.name, t, c)].before = snapshot(v)
+        drafters = [v for v in group if v.drafter]
+        sent, why = 0, "all prompts"
+        for r, convs in enumerate(rounds):
+            for v in group if r % 2 == 0 else group[::-1]:
+                results, seconds = send(v, convs, t, c)
+                now = snapshot(v) if v.drafter else last[v.name]
+                windows[(v.name, t, c)].add(results, seconds, counters(v, last[v.name], now) if v.drafter else None)
+                last[v.name] = now
+                progress.update(progress.done + len(convs),
+                                {"measuring": f"{v.name} at temperature {t:g}, concurrency {c}"})
+            sent += len(convs)
+            if drafters and sent < len(prompts) and all(
+                    rule.done(sent, windows[(v.name, t, c)].estimates(reference(t, c))) for v in drafters):
+                why = "precision"
+                break
+        for v in group:
+            w = windows[(v.name, t, c)]
+            w.after = snapshot(v) if not v.drafter else last[v.name]
+            w.stopped = why
+            rows[(v.name, t, c)] = w.measurement(v.server, b.num_speculative_tokens)
+        if why == "precision":
+            progress.update(progress.done + (len(prompts) - sent) * len(group), {"measuring": "stopped early"})
+        log.info("measured temperature %g, concurrency %d: %s", t, c, ", ".join(
+            f"{v.name} {rows[(v.name, t, c)].output_tok_s:.1f} tok/s" for v in group)
+            + (f"; stopped after {sent} of {len(prompts)} requests: within benchmark.precision {b.precision:.0%}"
+               if why == "precision" else ""))
+
     # The triage's references, taken while the engines are up: the copy prompts served without speculation
     # (on the baseline engine), and every variant's temperature-0 answers (speculation must not change them).
     tri = b.triage
@@ -272,10 +376,14 @@ def run(request: StageRequest) -> Manifest:
     copy_ref: CopyReference | None = None
     t0 = (0.0, min(b.concurrencies)) if 0.0 in b.temperatures else None
     triage_result = None
+    base = next(v for v in variants if v.name == "baseline")
+    if base.reused is not None and base.reused.copy_reference:
+        copy_ref = CopyReference(**base.reused.copy_reference)
 
-    groups = [variants] if b.side_by_side else [[v] for v in variants]
-    # Measured requests of every variant at every setting (engine loads between groups count in the rate).
-    progress = Progress("benchmark", "requests", len(variants) * len(settings) * len(prompts), "requests")
+    groups = [measured] if b.side_by_side else [[v] for v in measured]
+    # Requests of every measured variant at every setting, at most (a window may stop early); engine loads
+    # between groups count in the rate.
+    progress = Progress("benchmark", "requests", max(len(measured) * len(settings) * len(prompts), 1), "requests")
     # Inside the pipeline's production window, production is already down and the flow gives it back
     # (our engines inherit the window's token); run alone, the stage stops and restores it itself.
     window = os.environ.get(WINDOW_ENV)
@@ -304,20 +412,7 @@ def run(request: StageRequest) -> Manifest:
                     if b.warmup_requests:
                         send(v, prompts[: b.warmup_requests], 0.0, 1)
                 for t, c in settings:
-                    rounds = [prompts[i:i + c] for i in range(0, len(prompts), c)]
-                    for v in group:
-                        windows[(v.name, t, c)].before = snapshot(v)
-                    for r, convs in enumerate(rounds):
-                        for v in group if r % 2 == 0 else group[::-1]:
-                            windows[(v.name, t, c)].add(*send(v, convs, t, c))
-                            progress.update(progress.done + len(convs),
-                                            {"measuring": f"{v.name} at temperature {t:g}, concurrency {c}"})
-                    for v in group:
-                        w = windows[(v.name, t, c)]
-                        w.after = snapshot(v)
-                        rows[(v.name, t, c)] = w.measurement(v.server, b.num_speculative_tokens)
-                    log.info("measured temperature %g, concurrency %d: %s", t, c, ", ".join(
-                        f"{v.name} {rows[(v.name, t, c)].output_tok_s:.1f} tok/s" for v in group))
+                    measure_setting(group, t, c)
                 for v in group:
                     if v.name == "baseline" and triage_on and "verify" in tri.probes:
                         assert v.server is not None
@@ -326,14 +421,19 @@ def run(request: StageRequest) -> Manifest:
                             copy_ref.save(request.path / "triage-copy-prompts.json")
                         except StageError as exc:  # the measurement stands; the verify probe says why it is missing
                             log.warning("triage: no copy prompts recorded: %s", exc)
+            for v in group:
+                keep_measurement(request, v, rows, windows, t0, copy_ref if v.name == "baseline" else None)
         progress.finish()
         table = [rows[(v.name, t, c)] for v in variants for t, c in settings]
         offline = {v.name: v.offline_al for v in variants if v.drafter}
         verdict = judge(table, offline, suspect_ratio=b.suspect_ratio, sampled_suspect_ratio=b.sampled_suspect_ratio)
         if triage_on and (tri.when == "always" or verdict.suspects):
+            env = downtime.engine_env() if downtime else None
+            if copy_ref is None and "verify" in tri.probes:
+                copy_ref = copy_reference_engine(request, prompts, env)
             # Still inside the production window: the probes' engines need the GPUs too.
             triage_result = run_triage(triage_inputs(request, variants, verdict, table, windows, t0, prompts,
-                                                     copy_ref, downtime.engine_env() if downtime else None))
+                                                     copy_ref, env))
     production = ProductionResult.model_validate(downtime.result) if downtime and downtime.result else None
 
     if triage_result is not None:
@@ -350,18 +450,54 @@ def run(request: StageRequest) -> Manifest:
 
     head_t, head_c = settings[0]
     headline = {v.name: rows[(v.name, head_t, head_c)] for v in variants}
+    head_speedup = verdict.headline.drafter_vs_baseline if verdict.headline else None
     metrics = BenchmarkMetrics(
         # baseline / current / drafter at the first setting: what the report and the promotion gate read
         baseline=headline["baseline"], current=headline.get("current"), drafter=headline["drafter"],
-        speedup=headline["drafter"].output_tok_s / headline["baseline"].output_tok_s,
+        speedup=head_speedup or headline["drafter"].output_tok_s / headline["baseline"].output_tok_s,
         windows=table, verdict=verdict, production=production,
         offline={v.name: v.offline_al for v in variants if v.drafter},
         drafters={v.name: v.drafter for v in variants if v.drafter},
         preflight=findings, settings=b,
+        reused={v.name: headline[v.name].measured or "" for v in variants if v.reused is not None},
+        requests={v.name: sum(w.requests or 0 for w in table if w.variant == v.name) for v in measured},
     )
     outputs = BenchmarkOutputs(drafter_dir=headline_drafter(variants), num_prompts=len(prompts), report_md="report.md",
                                plots=drawn)
     return request.manifest(outputs=outputs, metrics=metrics)
+
+
+def keep_measurement(request: StageRequest, v: Variant, rows: dict[tuple[str, float, int], Measurement],
+                     windows: dict[tuple[str, float, int], WindowRecorder], t0: tuple[float, int] | None,
+                     copy_ref: CopyReference | None) -> None:
+    """Keep a freshly measured baseline or current drafter for later runs (benchmark.reuse_for_h)."""
+    cfg = request.config
+    if v.key is None or v.reused is not None or cfg.benchmark.reuse_for_h <= 0:
+        return
+    mine = [w for (name, _, _), w in rows.items() if name == v.name]
+    answers = [f"{r.reasoning or ''}\n{r.content or ''}" for r in windows[(v.name, *t0)].results] if t0 else None
+    record = VariantRecord(key=v.key, variant=v.name, drafter=v.drafter, measured_at=time.time(),
+                           stage_dir=str(request.path), engine_version=measurements.engine_version(cfg.engine.kind),
+                           windows=mine, answers_t0=answers,
+                           copy_reference=dataclasses.asdict(copy_ref) if copy_ref is not None else None)
+    path = measurements.save(cfg.host.work_root, record)
+    log.info("%s: measurement kept for later runs at %s (reused for %g h)", v.name, path, cfg.benchmark.reuse_for_h)
+
+
+def copy_reference_engine(request: StageRequest, prompts: list[Messages], env: dict[str, str] | None) -> CopyReference | None:
+    """The verify probe's reference when the baseline was reused without one: an engine without speculation,
+    only for it (one load, only when the triage runs)."""
+    cfg = request.config
+    log.info("triage: the reused baseline has no copy-prompt reference; loading the target without speculation for it")
+    try:
+        with make_server(target_launch(cfg, None), request.path / "engine-triage-reference.log", env=env,
+                         name="triage-reference") as server:
+            ref = record_reference(cfg, server.base_url, prompts)
+        ref.save(request.path / "triage-copy-prompts.json")
+        return ref
+    except StageError as exc:  # the verify probe then says why it is missing
+        log.warning("triage: no copy prompts recorded: %s", exc)
+        return None
 
 
 def triage_inputs(request: StageRequest, variants: list[Variant], verdict: Verdict, table: list[Measurement],
@@ -380,7 +516,10 @@ def triage_inputs(request: StageRequest, variants: list[Variant], verdict: Verdi
     answers = {}
     if t0 is not None:
         for x in variants:
-            answers[x.name] = [f"{r.reasoning or ''}\n{r.content or ''}" for r in windows[(x.name, *t0)].results]
+            if x.reused is not None:
+                answers[x.name] = x.reused.answers_t0 or []
+            else:
+                answers[x.name] = [f"{r.reasoning or ''}\n{r.content or ''}" for r in windows[(x.name, *t0)].results]
     other = [f for f in verdict.findings if f.startswith("current: served") and name != "current"]
     return TriageInputs(cfg=request.config, stage_dir=request.path, variant=name, drafter_dir=v.drafter,
                         trigger=trigger, suspect=bool(verdict.suspects), windows=table, answers=answers,

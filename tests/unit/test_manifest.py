@@ -76,10 +76,10 @@ def test_extract_settings_change_extract_and_downstream_and_runtime_ones_nothing
 
 def test_generate_from_production_is_keyed_by_its_url_and_not_by_our_engine_flags():
     base = keys(load_config(ROOT / "configs" / "demo.yaml"))
-    # The settings an own-server generate was keyed by before `server` existed: finished runs stay cached.
     cfg = load_config(ROOT / "configs" / "demo.yaml")
     own = stage_settings("generate", cfg)
     assert set(own) == {"target", "engine", "generate"}
+    assert set(own["engine"]) == {"kind", "max_model_len", "trust_remote_code", "reasoning_parser", "data_args"}
     assert own["generate"] == {k: v for k, v in cfg.generate.model_dump().items() if k not in ("server", "server_wait_s")}
     assert keys(load_config(ROOT / "configs" / "demo.yaml", {"generate.server_wait_s": 60})) == base
     prod = {"generate.server": "production", "production.url": "http://127.0.0.1:8000"}
@@ -88,6 +88,35 @@ def test_generate_from_production_is_keyed_by_its_url_and_not_by_our_engine_flag
     assert keys(load_config(ROOT / "configs" / "demo.yaml", {**prod, "engine.max_model_len": 2048}))["generate"] == a["generate"]
     assert keys(load_config(ROOT / "configs" / "demo.yaml", {**prod, "production.url": "http://10.0.0.2:8000"}))[
         "generate"] != a["generate"]
+
+
+@pytest.mark.parametrize("override", [
+    {"engine.env": {"VLLM_CPU_KVCACHE_SPACE": "2"}},
+    {"engine.enforce_eager": False},
+    {"engine.tensor_parallel_size": 2},
+    {"engine.gpu_memory_utilization": 0.8},
+    {"engine.extra_args": ["--max-num-seqs", "64", "--attention-backend=TRITON_ATTN"]},
+    {"engine.tool_call_parser": "kimi_k2"},
+])
+@pytest.mark.parametrize("backend", ["hf", "vllm"])
+def test_engine_flags_that_change_only_speed_rerun_only_the_benchmark(override, backend):
+    # The benchmark measures the engine: every launch setting is in its key. The data stages' keys hold only
+    # what changes their data, so `eagleflow benchmark CONFIG` still finds the finished drafter after such a change.
+    base = keys(load_config(ROOT / "configs" / "demo.yaml", {"extract.backend": backend}))
+    other = keys(load_config(ROOT / "configs" / "demo.yaml", {"extract.backend": backend, **override}))
+    assert {s for s in base if base[s] != other[s]} == {"benchmark"}, override
+
+
+@pytest.mark.parametrize("args", [["--quantization", "fp8"], ["--kv-cache-dtype=fp8"], ["--max-num-seqs", "8",
+                                                                                           "--dtype", "float16"]])
+def test_engine_flags_that_change_what_the_model_computes_rerun_the_data_stages(args):
+    base = keys(load_config(ROOT / "configs" / "demo.yaml", {"extract.backend": "vllm"}))
+    other = keys(load_config(ROOT / "configs" / "demo.yaml", {"extract.backend": "vllm", "engine.extra_args": args}))
+    assert {s for s in base if base[s] != other[s]} == {"generate", "extract", "train", "export", "benchmark"}
+    # the hf backend runs no engine: its states do not depend on the engine's flags
+    hf = keys(load_config(ROOT / "configs" / "demo.yaml"))
+    hf_other = keys(load_config(ROOT / "configs" / "demo.yaml", {"engine.extra_args": args}))
+    assert {s for s in hf if hf[s] != hf_other[s]} == {"generate", "extract", "train", "export", "benchmark"}
 
 
 def test_engine_port_does_not_change_data_keys():

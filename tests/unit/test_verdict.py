@@ -56,7 +56,7 @@ def test_markdown_table_has_every_window_and_the_verdict():
     # The guardian's record holds more than the report shows (its token, for one): not printed.
     production = ProductionResult.model_validate({"ok": True, "token": "x"})
     md = render_markdown("Benchmark demo", ws, v, 3, production=production)
-    assert "| drafter | 0 | 1 | 140.0 | 1.40x |" in md and "0.90 / 0.80 / 0.60" in md
+    assert "| drafter | 0 | 1 |  | 140.0 | 1.40x |" in md and "0.90 / 0.80 / 0.60" in md
     assert md.count("\n| baseline") == 1 and "**Verdict:**" in md and "- ok: True" in md and "- token:" not in md
 
 
@@ -71,3 +71,24 @@ def test_acceptance_that_collapses_at_a_sampled_temperature_is_suspect():
     ws[-1] = window("drafter", 330, 1.9, t=0.7)
     v = judge(ws, {"drafter": 3.4}, suspect_ratio=0.6, sampled_suspect_ratio=0.25)
     assert v.suspects == [] and not v.integration_suspect
+
+
+def test_a_window_that_stopped_early_is_paired_with_the_baseline_on_its_own_rounds():
+    # The baseline (reused from an earlier night) measured 6 rounds, prompt 3 and 4 slow ones; the drafter stopped
+    # after 4. The throughput of its whole window against the baseline's whole window would mix other prompts.
+    base = window("baseline", 100).model_copy(update=dict(
+        round_seconds=[1.0, 1.0, 3.0, 3.0, 1.0, 1.0], round_tokens=[100] * 6,
+        measured="measured 2026-11-30 02:41 UTC (30.2 h ago) in /w/benchmark/x"))
+    new = window("drafter", 100, 3.0).model_copy(update=dict(
+        round_seconds=[0.5, 0.55, 1.5, 1.45], round_tokens=[100] * 4, stopped="precision", requests=4,
+        al_interval=[2.8, 3.2]))
+    v = judge([base, new], {"drafter": 3.1}, suspect_ratio=0.6)
+    row = v.headline
+    assert row.paired_rounds == 4
+    assert abs(row.drafter_vs_baseline - 8.0 / 4.0) < 1e-9  # sum of the paired baseline rounds / the drafter's
+    lo, hi = row.drafter_vs_baseline_ci
+    assert lo < 2.0 < hi and hi - lo < 0.3  # t(0.975, 3 df) = 3.18
+    assert "95% CI" in v.summary and "4 paired rounds" in v.summary
+    md = render_markdown("Benchmark demo", [base, new], v, 3)
+    assert "| baseline (reused) |" in md and "- baseline: reused, measured 2026-11-30" in md
+    assert "| drafter | 0 | 1 | 4 (stopped: precision) |" in md and "2.80-3.20" in md

@@ -87,7 +87,11 @@ def test_every_variant_and_setting_is_measured_and_production_comes_back(tmp_pat
             else:
                 assert w["num_drafts"] > 0 and 1.0 <= w["mean_acceptance_length"] <= 4.0
                 assert len(w["per_position_acceptance"]) == 3
-        assert m["speedup"] == m["drafter"]["output_tok_s"] / m["baseline"]["output_tok_s"]
+        # every window sent all 4 prompts in rounds of c; the paired speedup over all rounds is the throughput ratio
+        assert all(w["stopped"] == "all prompts" and sum(w["round_tokens"]) == w["output_tokens"] for w in windows)
+        assert all(len(w["round_seconds"]) == 4 // w["concurrency"] for w in windows)
+        assert m["speedup"] == pytest.approx(m["drafter"]["output_tok_s"] / m["baseline"]["output_tok_s"])
+        assert m["reused"] == {} and m["requests"] == {"baseline": 16, "current": 16, "drafter": 16}
         assert m["verdict"]["summary"] and m["offline"] == {"current": None, "drafter": None}
         assert [f for f in m["preflight"] if f["level"] == "error"] == []
         report = (d / "report.md").read_text()
@@ -102,6 +106,30 @@ def test_every_variant_and_setting_is_measured_and_production_comes_back(tmp_pat
         token = json.loads((d / "production.json").read_text())["token"]
         assert processes_with_env("EAGLEFLOW_TOKEN", token) == []
         assert list(d.glob("*.pid")) == []
+
+        # The next run (a nightly) measures only the new drafter: the baseline and the current drafter come from
+        # this run's kept measurements, and the drafter's windows may stop once precise enough.
+        again = bench_config(tmp_path, {"benchmark.drafter": str(drafters["new"]),
+                                        "benchmark.current_drafter": str(drafters["current"]),
+                                        "benchmark.precision": 0.5, "benchmark.min_requests": 2})
+        proc, d2 = start_stage(again)
+        assert proc.wait(timeout=1200) == 0, (d2 / "stage.log").read_text()[-5000:]
+        m2 = json.loads((d2 / "manifest.json").read_text())["metrics"]
+        assert sorted(m2["reused"]) == ["baseline", "current"] and str(d) in m2["reused"]["baseline"]
+        assert sorted(p.name for p in d2.glob("engine-*.log")) == ["engine-drafter.log"]  # one engine load
+        assert list(m2["requests"]) == ["drafter"] and m2["requests"]["drafter"] <= 16
+        first = {(w["variant"], w["temperature"], w["concurrency"]): w for w in windows}
+        for w in m2["windows"]:
+            if w["variant"] != "drafter":  # the very figures the first run measured
+                assert w["measured"] and w["round_seconds"] == first[(w["variant"], w["temperature"], w["concurrency"])]["round_seconds"]
+                continue
+            assert w["stopped"] in ("precision", "all prompts") and len(w["round_drafts"]) == len(w["round_seconds"])
+            if w["stopped"] == "precision":
+                lo, hi = w["al_interval"]
+                assert w["requests"] < 4 and (hi - lo) / 2 <= 0.5 * w["mean_acceptance_length"]
+        row = m2["verdict"]["headline"]
+        assert row["paired_rounds"] == len(m2["drafter"]["round_seconds"])
+        assert "(reused)" in (d2 / "report.md").read_text()
     finally:
         subprocess.run(production["stop_command"], capture_output=True, timeout=60)
 
