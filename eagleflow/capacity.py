@@ -68,7 +68,7 @@ SOURCES = {  # where each default comes from, as a plan states it
     "check": "default: seconds of host checks",
 }
 
-Stage = Literal["check", "generate", "extract", "train", "export", "benchmark"]
+Stage = Literal["check", "select", "generate", "extract", "pool", "train", "export", "benchmark"]
 
 
 class _Model(BaseModel):
@@ -131,6 +131,8 @@ class MeasuredRun(_Model):
     answer_tokens: float | None = Field(None, description="generate: mean output tokens of an answer.")
     seconds: float | None = Field(None, description="Wall time of the stage.")
     settings: dict | None = Field(None, description="benchmark: its settings (a rerun with equal ones is comparable).")
+    round_cv: float | None = Field(None, description="benchmark: the new drafter's per-round spread (sd / mean) of "
+                                   "paired speedup or AL, the larger (eagleflow.intervals.round_spread).")
 
 
 class HostFacts(BaseModel):
@@ -245,7 +247,7 @@ def train_gpu_bytes(t: TargetFacts, cfg: RunConfig) -> tuple[int, str]:
     micro = math.ceil(cfg.train.batch_tokens / (cfg.train.nproc * cfg.train.grad_accum_steps))
     per_token = cfg.train.ttt_steps * ((14 * h + 4 * inter) * 2 + 2 * vd * 4) + 4 * h * 2 + vd * 4
     act = micro * per_token
-    return states + act, (f"weights+grads+AdamW+frozen heads {_b(states)}, activations {_b(act)} "
+    return states + act, (f"weights+grads+AdamW+frozen heads {size_text(states)}, activations {size_text(act)} "
                           f"({micro:,} tokens a micro-batch x {cfg.train.ttt_steps} TTT steps)")
 
 
@@ -260,7 +262,7 @@ def engine_start_s(weights_bytes: int | None) -> float:
     return ENGINE_BASE_START_S + (weights_bytes or 0) * SEED_LOAD_S / SEED_WEIGHTS_BYTES
 
 
-def _b(n: float | None) -> str:
+def size_text(n: float | None) -> str:
     """Bytes in decimal units, as disks are sold: 828.0 GB."""
     if n is None:
         return "?"
@@ -270,11 +272,11 @@ def _b(n: float | None) -> str:
     return f"{n:.0f} B"
 
 
-def _t(s: float) -> str:
+def duration_text(s: float) -> str:
     return f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.0f} min" if s >= 60 else f"{s:.0f} s"
 
 
-def _latest(history: list[MeasuredRun], stage: str, **match: object) -> list[MeasuredRun]:
+def measured_runs(history: list[MeasuredRun], stage: str, **match: object) -> list[MeasuredRun]:
     """Runs of `stage` whose fields equal `match`, newest first."""
     runs = [r for r in history if r.stage == stage and all(getattr(r, k) == v for k, v in match.items())]
     return sorted(runs, key=lambda r: r.created, reverse=True)
@@ -286,7 +288,7 @@ def estimate_tokens(cfg: RunConfig, facts: HostFacts, progress: Progress) -> Tok
         prompt, prompt_src = facts.prompts.mean_tokens, f"{facts.prompts.method} over {facts.prompts.count:,} prompts"
     else:
         prompt, prompt_src = float(DEFAULT_PROMPT_TOKENS), SOURCES["prompt"]
-    measured = [r for r in _latest(facts.history, "generate", target=cfg.target.model_path) if r.answer_tokens]
+    measured = [r for r in measured_runs(facts.history, "generate", target=cfg.target.model_path) if r.answer_tokens]
     if measured:
         answer = sum(r.answer_tokens for r in measured) / len(measured)
         answer_src = f"measured (mean of {len(measured)} run(s): {', '.join(r.run for r in measured[:3])})"
@@ -305,8 +307,8 @@ def estimate_tokens(cfg: RunConfig, facts: HostFacts, progress: Progress) -> Tok
                          tokens=int(g.num_samples * min(prompt + answer, cut)), upper_bound_tokens=upper, exact=False)
 
 
-def _rate(history: list[MeasuredRun], stage: str, default: float, source: str, **match: object) -> tuple[float, str]:
-    for r in _latest(history, stage, **match):
+def measured_rate(history: list[MeasuredRun], stage: str, default: float, source: str, **match: object) -> tuple[float, str]:
+    for r in measured_runs(history, stage, **match):
         if r.tok_s:
             return r.tok_s, f"measured (run {r.run})"
     return default, source
@@ -328,7 +330,7 @@ def plan(cfg: RunConfig, facts: HostFacts, progress: Progress | None = None) -> 
     budget = int(one_gpu * util) if one_gpu else None
     weights, tp = t.weights_bytes, cfg.engine.tensor_parallel_size
     start = engine_start_s(weights)
-    start_note = f"; + {_t(start)} engine start, {SOURCES['engine']}"
+    start_note = f"; + {duration_text(start)} engine start, {SOURCES['engine']}"
     stages: list[StagePlan] = []
 
     def add(stage: Stage, disk: int, seconds: float, rate: str, source: str, gpu: int | None = None,
@@ -342,12 +344,12 @@ def plan(cfg: RunConfig, facts: HostFacts, progress: Progress | None = None) -> 
             fix = (f"raise train.grad_accum_steps or train.nproc about {math.ceil(gpu / limit)}x (activations shrink "
                    "with the micro-batch; a rough estimate)" if stage == "train" else
                    "raise engine.tensor_parallel_size or use a host with bigger GPUs")
-            findings.append(f"{stage}: needs ~{_b(gpu)} on each GPU but one holds {_b(limit)} usable; {fix}")
+            findings.append(f"{stage}: needs ~{size_text(gpu)} on each GPU but one holds {size_text(limit)} usable; {fix}")
 
     add("check", 0, DEFAULT_CHECK_S, "", SOURCES["check"])
     # generate: answers from the target's own server (the production one when generate.server says so)
     own = cfg.generate.server != "production"
-    out_tok_s, src = _rate(hist, "generate", DEFAULT_GENERATE_TOK_S, SOURCES["generate"], target=target)
+    out_tok_s, src = measured_rate(hist, "generate", DEFAULT_GENERATE_TOK_S, SOURCES["generate"], target=target)
     secs = tok.samples * tok.answer_tokens / out_tok_s + (start if own else 0)
     add("generate", int(tok.tokens * PARQUET_BYTES_PER_TOKEN), secs, f"{out_tok_s:,.0f} output tok/s",
         src + (start_note if own else ""),
@@ -355,12 +357,12 @@ def plan(cfg: RunConfig, facts: HostFacts, progress: Progress | None = None) -> 
     # extract
     backend = cfg.extract.backend
     x_bytes = {d: extract_bytes(tok.tokens, tok.samples, h, d) for d in STATE_BYTES}
-    x_tok_s, src = _rate(hist, "extract", DEFAULT_EXTRACT_TOK_S[backend], SOURCES[backend], target=target,
+    x_tok_s, src = measured_rate(hist, "extract", DEFAULT_EXTRACT_TOK_S[backend], SOURCES[backend], target=target,
                          backend=backend)
     if src.startswith("default"):
         disk_bound = DEFAULT_DISK_WRITE_BPS / (state_bytes_per_token(h, dtype) + TOKEN_SIDE_BYTES)
         if disk_bound < x_tok_s:
-            x_tok_s, src = disk_bound, f"default: the disk writes {_b(DEFAULT_DISK_WRITE_BPS)}/s (an H200 host, DESIGN.md)"
+            x_tok_s, src = disk_bound, f"default: the disk writes {size_text(DEFAULT_DISK_WRITE_BPS)}/s (an H200 host, DESIGN.md)"
     if backend == "vllm":
         x_gpu, x_n, x_detail = _per_gpu(weights, tp), tp, f"weights / TP {tp}"
         secs, src = tok.tokens / x_tok_s + start, src + start_note
@@ -376,19 +378,19 @@ def plan(cfg: RunConfig, facts: HostFacts, progress: Progress | None = None) -> 
     trained = cfg.train.epochs * train_tokens
     if cfg.train.max_steps:
         trained = min(trained, cfg.train.max_steps * cfg.train.batch_tokens)
-    tr_tok_s, src = _rate(hist, "train", DEFAULT_TRAIN_TOK_S, SOURCES["train"], target=target)
+    tr_tok_s, src = measured_rate(hist, "train", DEFAULT_TRAIN_TOK_S, SOURCES["train"], target=target)
     tr_gpu, tr_detail = train_gpu_bytes(t, cfg)
     kept = cfg.train.epochs + (1 if cfg.train.checkpoint_every_steps else 0)
     on_gpu = cfg.train.device != "cpu" and bool(gpus)
     add("train", kept * checkpoint_bytes(t, cfg), trained / tr_tok_s, f"{tr_tok_s:,.0f} tok/s x {trained / 1e6:,.1f} M",
         src, *((tr_gpu, cfg.train.nproc, tr_detail) if on_gpu else ()))
     # export: the drafter in bf16
-    ex = [r for r in _latest(hist, "export") if r.seconds]
+    ex = [r for r in measured_runs(hist, "export") if r.seconds]
     add("export", 2 * drafter_params(t, cfg)[0], ex[0].seconds if ex else DEFAULT_EXPORT_S, "",
         f"measured (run {ex[0].run})" if ex else SOURCES["export"])
     # benchmark: each variant's engine start, then every window at the decode rate
     settings = cfg.benchmark.model_dump(mode="json")
-    same = [r for r in _latest(hist, "benchmark", target=target) if r.seconds and r.settings == settings]
+    same = [r for r in measured_runs(hist, "benchmark", target=target) if r.seconds and r.settings == settings]
     variants = 2 + (1 if cfg.benchmark.current_drafter else 0)
     b = cfg.benchmark
     if same:
@@ -407,7 +409,7 @@ def plan(cfg: RunConfig, facts: HostFacts, progress: Progress | None = None) -> 
         secs, rate = secs + tri_secs, rate + f", triage: up to {loads} engine loads"
     elif tri.when == "auto" and loads:
         findings.append(f"benchmark: should the triage run (a drafter far below its offline estimate), it adds up "
-                        f"to {loads} engine loads, about {_t(tri_secs)} (benchmark.triage)")
+                        f"to {loads} engine loads, about {duration_text(tri_secs)} (benchmark.triage)")
     bench_gpu = _per_gpu(weights + 2 * drafter_params(t, cfg)[0], tp) if weights else None
     add("benchmark", 0, secs, rate, src, *((bench_gpu, tp, f"(weights + bf16 drafter) / TP {tp}") if weights and gpus
                                            else ()))
@@ -418,7 +420,7 @@ def plan(cfg: RunConfig, facts: HostFacts, progress: Progress | None = None) -> 
     upper = extract_bytes(tok.upper_bound_tokens, tok.samples, h, dtype)
     if not tok.exact and free is not None and needed - x_bytes[dtype] + upper > free >= needed:
         findings.append(f"extract: if every answer ran to generate.max_tokens ({cfg.generate.max_tokens:,}) the "
-                        f"states would take {_b(upper)}, more than the {_b(free)} free")
+                        f"states would take {size_text(upper)}, more than the {size_text(free)} free")
     if tp > len(gpus) and gpus:
         findings.append(f"engine.tensor_parallel_size is {tp} but the host has {len(gpus)} GPU(s)")
     if not gpus:
@@ -449,17 +451,17 @@ def disk_refusal(p: CapacityPlan, cfg: RunConfig) -> str | None:
     fixes = []
     if p.storage_dtype != "float8_e4m3fn":
         fp8 = p.disk_needed_bytes - x.disk_bytes + p.extract_bytes["float8_e4m3fn"]
-        fixes.append(f"set extract.storage_dtype: float8_e4m3fn (the run then needs {_b(fp8)})")
-    fixes.append(f"put host.work_root on a bigger disk (or free {_b(p.disk_needed_bytes - p.disk_free_bytes)} "
+        fixes.append(f"set extract.storage_dtype: float8_e4m3fn (the run then needs {size_text(fp8)})")
+    fixes.append(f"put host.work_root on a bigger disk (or free {size_text(p.disk_needed_bytes - p.disk_free_bytes)} "
                  f"at {p.disk_path})")
     spare = p.disk_free_bytes - p.disk_reserve_bytes - others
     fit = int(p.tokens.samples * spare / x.disk_bytes) if x.disk_bytes and spare > 0 else 0
     fixes.append(f"lower generate.num_samples (about {fit:,} of {p.tokens.samples:,} fit)")
-    return (f"the extraction will not fit the free disk: this run needs {_b(p.disk_needed_bytes)} "
-            f"({p.disk_needed_bytes:,} bytes) under {cfg.host.work_root} but {_b(p.disk_free_bytes)} "
+    return (f"the extraction will not fit the free disk: this run needs {size_text(p.disk_needed_bytes)} "
+            f"({p.disk_needed_bytes:,} bytes) under {cfg.host.work_root} but {size_text(p.disk_free_bytes)} "
             f"({p.disk_free_bytes:,} bytes) is free at {p.disk_path}. The states of {p.tokens.tokens:,} tokens "
-            f"({what}) x {p.bytes_per_token:,} B in {p.storage_dtype} are {_b(x.disk_bytes)}; the other stages "
-            f"{_b(others)}; {_b(p.disk_reserve_bytes)} stays free (engine.min_free_disk_gib). To fix: "
+            f"({what}) x {p.bytes_per_token:,} B in {p.storage_dtype} are {size_text(x.disk_bytes)}; the other stages "
+            f"{size_text(others)}; {size_text(p.disk_reserve_bytes)} stays free (engine.min_free_disk_gib). To fix: "
             + "; or ".join(fixes) + ".")
 
 
@@ -473,11 +475,11 @@ def states_refusal(tokens: int, sequences: int, hidden_size: int, storage_dtype:
     fixes = ["put host.work_root on a bigger disk", "lower generate.num_samples"]
     if storage_dtype != "float8_e4m3fn":
         fp8 = extract_bytes(tokens, sequences, hidden_size, "float8_e4m3fn") - written + reserve
-        fixes.insert(0, f"set extract.storage_dtype: float8_e4m3fn (needs {_b(fp8)})")
+        fixes.insert(0, f"set extract.storage_dtype: float8_e4m3fn (needs {size_text(fp8)})")
     return (f"the extraction will not fit the free disk: {tokens:,} tokens (exact, from the generate stage) x "
             f"{state_bytes_per_token(hidden_size, storage_dtype) + TOKEN_SIDE_BYTES:,} B in {storage_dtype} need "
-            f"{_b(needed)} ({needed:,} bytes, with {_b(written)} already written and {_b(reserve)} kept free) but "
-            f"{_b(free)} ({free:,} bytes) is free at {path}. To fix: " + "; or ".join(fixes) + ".")
+            f"{size_text(needed)} ({needed:,} bytes, with {size_text(written)} already written and {size_text(reserve)} kept free) but "
+            f"{size_text(free)} ({free:,} bytes) is free at {path}. To fix: " + "; or ".join(fixes) + ".")
 
 
 def render_plan(p: CapacityPlan) -> str:
@@ -490,19 +492,19 @@ def render_plan(p: CapacityPlan) -> str:
         f"+ {t.answer_tokens:,.0f} answer [{t.answer_source}])"
         + ("" if t.exact else f"; at most {t.upper_bound_tokens:,} (every answer at generate.max_tokens)"),
         f"states: {p.bytes_per_token:,} B a token (4 x {p.hidden_size} in {p.storage_dtype}); bf16 "
-        f"{_b(p.extract_bytes['bfloat16'])}, fp8 {_b(p.extract_bytes['float8_e4m3fn'])}",
+        f"{size_text(p.extract_bytes['bfloat16'])}, fp8 {size_text(p.extract_bytes['float8_e4m3fn'])}",
         "",
         f"{'stage':10}{'status':>8}{'disk':>11}{'GPU each':>11}{'GPUs':>5}{'time':>9}  rate / source",
     ]
     for s in p.stages:
-        gpu = _b(s.gpu_bytes) if s.gpu_bytes is not None else "-"
-        lines.append(f"{s.stage:10}{s.status:>8}{_b(s.disk_bytes):>11}{gpu:>11}{s.gpus or '-':>5}{_t(s.seconds):>9}  "
+        gpu = size_text(s.gpu_bytes) if s.gpu_bytes is not None else "-"
+        lines.append(f"{s.stage:10}{s.status:>8}{size_text(s.disk_bytes):>11}{gpu:>11}{s.gpus or '-':>5}{duration_text(s.seconds):>9}  "
                      + "; ".join(x for x in (s.rate, s.source) if x))
-    free = _b(p.disk_free_bytes) if p.disk_free_bytes is not None else "unknown"
-    lines += ["", f"disk: needs {_b(p.disk_needed_bytes)} (with {_b(p.disk_reserve_bytes)} kept free), "
+    free = size_text(p.disk_free_bytes) if p.disk_free_bytes is not None else "unknown"
+    lines += ["", f"disk: needs {size_text(p.disk_needed_bytes)} (with {size_text(p.disk_reserve_bytes)} kept free), "
               f"free {free} at {p.disk_path or '?'}" + (" - DOES NOT FIT" if p.refusal else ""),
-              f"GPU: {_b(p.gpu_budget_bytes)} usable a GPU" if p.gpu_budget_bytes else "GPU: none on the host",
-              f"time: {_t(p.total_seconds)} for the stages to run, one after the other"]
+              f"GPU: {size_text(p.gpu_budget_bytes)} usable a GPU" if p.gpu_budget_bytes else "GPU: none on the host",
+              f"time: {duration_text(p.total_seconds)} for the stages to run, one after the other"]
     lines += [f"  ! {f}" for f in p.findings]
     if p.refusal:
         lines.append(f"refused: {p.refusal}")

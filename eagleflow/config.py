@@ -3,6 +3,10 @@
 Paths under `target`, `generate` and `host` are paths *on the host*. For a local host, relative
 paths are resolved against the directory of the config file, so `configs/demo.yaml` works from any
 working directory.
+
+Long because it is the reference of every setting a run has: one section a class, every field with its
+description, read top to bottom as an operator reads a config (the drafter's own settings are apart, in
+eagleflow.drafter.config, because the trainer reads them without the rest).
 """
 
 from __future__ import annotations
@@ -159,6 +163,12 @@ class GenerateConfig(_Strict):
         "parallel size) on the host's free GPUs.",
     )
     prompts_path: str = Field(description="JSONL on the host; each line {\"messages\": [...]} or {\"prompt\": \"...\"}.")
+    split: Literal["seeded", "train", "holdout"] = Field(
+        "seeded",
+        description="'seeded': num_samples prompts drawn with `seed`, the first `holdout` of them held out. 'train' / "
+        "'holdout': every prompt of prompts_path, all in that split: the nightly pool's batches (flows.retrain sets "
+        "it; num_samples and holdout are then not used).",
+    )
     num_samples: int = Field(ge=2, description="Prompts to answer, held-out ones included.")
     holdout: int = Field(ge=1, description="Samples held out of training: validation and benchmark prompts.")
     max_tokens: int = Field(512, ge=1, description="max_tokens of each answer.")
@@ -181,7 +191,7 @@ class GenerateConfig(_Strict):
 
     @model_validator(mode="after")
     def _split(self) -> "GenerateConfig":
-        if self.holdout >= self.num_samples:
+        if self.split == "seeded" and self.holdout >= self.num_samples:
             raise ValueError(f"holdout ({self.holdout}) must be smaller than num_samples ({self.num_samples})")
         return self
 
@@ -221,6 +231,48 @@ class ExtractConfig(_Strict):
         None,
         description="vllm: where the engine writes one file per request before the stage packs it into a shard and "
         "deletes it. None: /dev/shm when it exists (the states touch the disk once), else the stage directory.",
+    )
+
+
+class NightlyConfig(_Strict):
+    """The nightly retrain (flow `retrain`, deployment eagleflow-nightly): a data pool that grows every night
+    and a drafter that continues from the promoted one (eagleflow.pool).
+
+    The first night (an empty pool) holds out `holdout` prompts for good and generates generate.num_samples
+    less those; it trains with train.* as a full run does. Every later night adds `new_samples` prompts never
+    used before, trains from the promoted drafter's weights (a fresh optimizer and schedule) on them and a
+    replay sample of older nights' data, for `train_steps` steps, and benchmarks only the new drafter."""
+
+    source: str | None = Field(
+        None, description="Prompts on the host: a JSONL file, or a directory of JSONL files the team appends to "
+        "(read in name order; repeats dropped by content). None: generate.prompts_path.",
+    )
+    new_samples: int = Field(1000, ge=1, description="New prompts a night after the first (fewer when the source "
+                             "has fewer unused ones; none: the night trains nothing).")
+    holdout: int | None = Field(
+        None, ge=1, description="Held-out prompts, chosen on the first night (seeded by generate.seed) and fixed "
+        "across nights: the validation split and the benchmark's prompts. None: generate.holdout.",
+    )
+    replay: float = Field(
+        1.0, ge=0, description="Older nights' sequences replayed per new sequence (a seeded sample): old data keeps "
+        "the drafter from drifting to the newest night's prompts. 0: the new batch only.",
+    )
+    train_steps: int = Field(
+        200, ge=1, description="Optimizer steps of a night that continues from the promoted drafter (a night "
+        "without one trains as train.* says). About a third of the first night's steps: on the demo that reached "
+        "and passed the first night's AL every night (a sixth fell short on the second night: docs/benchmarks.md).",
+    )
+    learning_rate: float | None = Field(
+        None, gt=0, description="Peak learning rate of a continuing night. None: a quarter of train.learning_rate "
+        "(on the demo, x1/4 beat x1 and x1/10 at a third of the first night's steps: docs/benchmarks.md).",
+    )
+    rebuild_vocab: bool = Field(
+        False, description="Build the draft vocabulary (d2t/t2d) from tonight's data instead of keeping the promoted "
+        "drafter's.",
+    )
+    pool_budget_gib: float | None = Field(
+        None, gt=0, description="Disk for the pool's states (extracted batches); beyond it the oldest nights' states "
+        "are deleted (their prompts stay used). None: no budget.",
     )
 
 
@@ -434,6 +486,7 @@ class RunConfig(_Strict):
     export: ExportConfig = Field(default_factory=ExportConfig)
     benchmark: BenchmarkConfig = Field(default_factory=BenchmarkConfig)
     production: ProductionConfig = Field(default_factory=ProductionConfig)
+    nightly: NightlyConfig = Field(default_factory=NightlyConfig)
     report_dir: str = Field("reports", description="Where the control side writes report.json (relative: to the config file).")
 
     @field_validator("name")
@@ -499,6 +552,7 @@ def _resolve_local_paths(data: dict[str, Any], base: Path) -> None:
         ("benchmark", "current_drafter"),
         ("benchmark", "drafter"),
         ("extract", "spool_dir"),
+        ("nightly", "source"),
     ]:
         fix(section, key)
     if isinstance(data.get("report_dir"), str) and not Path(data["report_dir"]).is_absolute():

@@ -92,3 +92,22 @@ class StoppingRule:
         if self.precision is None or requests < self.min_requests:
             return False
         return all(e is not None and e.rel_half_width <= self.precision for e in estimates)
+
+
+def round_spread(base_s: Sequence[float], base_tokens: Sequence[int], var_s: Sequence[float],
+                 var_tokens: Sequence[int], accepted: Sequence[float], drafts: Sequence[float]) -> float | None:
+    """The larger relative spread (sd / mean) of a drafter's per-round speedup over the baseline and of its
+    per-round AL: what a window's stopping point depends on (expected rounds ~ (t * spread / precision)^2).
+    None with fewer than 4 paired rounds."""
+    n = min(len(base_s), len(var_s), len(accepted), len(drafts))
+    if n < 4:
+        return None
+    speed = [base_s[i] * var_tokens[i] / base_tokens[i] / var_s[i] for i in range(n) if base_tokens[i] and var_s[i]]
+    al = [1 + accepted[i] / drafts[i] for i in range(n) if drafts[i]]
+    spreads = [_cv(x) for x in (speed, al) if len(x) >= 4]
+    return max(spreads) if spreads else None
+
+
+def _cv(x: list[float]) -> float:
+    mean = sum(x) / len(x)
+    return math.sqrt(sum((v - mean) ** 2 for v in x) / (len(x) - 1)) / mean

@@ -27,6 +27,8 @@ STAGE_VERSIONS: dict[str, str] = {
     "train": "2",  # 2: bounded by steps, not the clock; typed metrics (epochs[].train / .validation)
     "export": "2",  # 2: an MLA drafter's default rotary written as YaRN with factor 1 (vLLM 0.26 loads no other)
     "benchmark": "2",
+    "select": "1",  # the nightly: tonight's new prompts and the fixed holdout (eagleflow.pool)
+    "pool": "1",  # the nightly: the pool's ledger, eviction, and tonight's training index
 }
 # The cached pipeline stages, in order; `check` runs before them every time and is never cached.
 STAGES: tuple[str, ...] = ("generate", "extract", "train", "export", "benchmark")
@@ -37,6 +39,9 @@ UPSTREAM: dict[str, tuple[str, ...]] = {
     "train": ("extract",),
     "export": ("train",),
     "benchmark": ("export",),
+    "select": (),
+    # the nightly's training set: tonight's selection, the holdout's states and the new batch's states
+    "pool": ("select", "holdout", "extract"),
 }
 
 # Settings that change how a stage runs, not what it produces: they stay out of its key, so moving a
@@ -72,8 +77,12 @@ def stage_settings(stage: str, config: RunConfig) -> dict[str, Any]:
     train = {k: v for k, v in c["train"].items() if k not in _TRAIN_RUNTIME}
     if train.get("drafter_arch") == "auto":  # resolved from the target, already in the upstream keys; and the
         del train["drafter_arch"]            # keys of runs trained before the field existed stay as they were
+    if train.get("warm_start_vocab") == "keep":  # the default: keys of runs from before it existed stay
+        del train["warm_start_vocab"]
     data_flags = data_args(c["engine"]["extra_args"])
     prompts = {k: c["generate"][k] for k in ("prompts_path", "num_samples", "holdout", "seed")}
+    if c["generate"]["split"] != "seeded":
+        prompts["split"] = c["generate"]["split"]
     benchmark = {k: v for k, v in c["benchmark"].items() if not (k == "draft_attention_backend" and v is None)}
     return {
         "check": c,
@@ -85,6 +94,10 @@ def stage_settings(stage: str, config: RunConfig) -> dict[str, Any]:
         "train": {"train": train},
         "export": {"export": c["export"], "aux_layer_ids": c["target"]["aux_layer_ids"]},
         "benchmark": {"engine": engine_launch, "benchmark": benchmark, "target": c["target"], "prompts": prompts},
+        "select": {"nightly": c["nightly"], "generate": {k: c["generate"][k] for k in ("prompts_path", "num_samples",
+                                                                                        "holdout", "seed")}},
+        "pool": {"replay": c["nightly"]["replay"], "budget": c["nightly"]["pool_budget_gib"],
+                 "seed": c["generate"]["seed"]},
     }[stage]
 
 
@@ -105,6 +118,8 @@ def generate_settings(c: dict[str, Any], engine_data: dict[str, Any]) -> dict[st
     """The answers depend on the server that gave them: our own launch (what of engine.* changes answers),
     or production at its URL (its flags are production's, not ours)."""
     g = {k: v for k, v in c["generate"].items() if k not in _GENERATE_RUNTIME}
+    if g.get("split") == "seeded":  # the split of every run before pool batches existed: their keys stay
+        del g["split"]
     if g.pop("server") == "own":
         return {"target": c["target"], "engine": engine_data, "generate": g}
     return {"target": c["target"], "server": {"production": c["production"]["url"]}, "generate": g}
@@ -143,6 +158,14 @@ class Manifest(BaseModel):
     seconds: float = Field(0.0, description="Wall time the stage took on the host.")
     created: float = Field(default_factory=time.time, description="Unix time the manifest was written.")
     code_version: str = Field(__version__, description="eagleflow version that wrote it.")
+    content_key: str | None = Field(
+        None, description="A stage that runs every time but whose output is a function of what it read (select: "
+        "the prompts it chose): the hash of that output, which downstream keys use instead of `key`.")
+
+    @property
+    def downstream_key(self) -> str:
+        """What a downstream stage's key hashes: the content key when there is one, else the stage key."""
+        return self.content_key or self.key
 
     def path(self, rel: str) -> str:
         return f"{self.dir}/{rel}"

@@ -1,9 +1,11 @@
 """Measurements the benchmark reuses across runs: the baseline's, and the current drafter's.
 
 A nightly measures only what changed: the new drafter. No speculation and production's drafter read
-the same on the same engine, target, settings and prompts, so their windows are kept on the host at
-`<work_root>/measurements/<variant>/<key>.json` (written atomically, after the whole variant was measured)
-and reused for `benchmark.reuse_for_h` hours. The key hashes everything that determines them:
+the same on the same engine, target, settings and prompts, so every measured variant's windows are kept
+on the host at `<work_root>/measurements/{baseline,drafter}/<key>.json` (written atomically, after the
+whole variant was measured) and reused for `benchmark.reuse_for_h` hours: the baseline, and a drafter
+measured before as 'current' or as a night's new drafter (promoted, it is the next night's current).
+The new drafter itself is always measured. The key hashes everything that determines them:
 
 - the engine: its distribution and installed version on the host, and every launch setting (flags,
   environment, parallelism, graphs: all change speed), the target, and the dtype;
@@ -44,7 +46,7 @@ class VariantRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     key: str = Field(description="What determines the measurement, hashed (see the module doc).")
-    variant: str = Field(description="'baseline' or 'current'.")
+    variant: str = Field(description="The variant it was measured as: 'baseline', 'current' or 'drafter'.")
     drafter: str | None = Field(None, description="The drafter directory when it was measured (None: baseline).")
     measured_at: float = Field(description="Unix time the measurement ended.")
     stage_dir: str = Field(description="The benchmark stage directory that measured it (its engine log is there).")
@@ -99,14 +101,19 @@ def measurement_key(cfg: RunConfig, variant: str, drafter_dir: str | None, promp
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def record_path(work_root: str, variant: str, key: str) -> Path:
-    return Path(work_root) / "measurements" / variant / f"{key}.json"
+def record_path(work_root: str, kind: str, key: str) -> Path:
+    """kind: 'baseline', or 'drafter' for any drafter (tonight's new drafter is tomorrow's current one)."""
+    return Path(work_root) / "measurements" / kind / f"{key}.json"
 
 
-def load_reusable(work_root: str, variant: str, key: str, max_age_h: float) -> VariantRecord | None:
+def kind_of(drafter_dir: str | None) -> str:
+    return "baseline" if drafter_dir is None else "drafter"
+
+
+def load_reusable(work_root: str, kind: str, key: str, max_age_h: float) -> VariantRecord | None:
     """The kept record for `key` while younger than `max_age_h`; None when absent, stale or unreadable
     (a record from an older eagleflow is measured again, never half-trusted)."""
-    path = record_path(work_root, variant, key)
+    path = record_path(work_root, kind, key)
     if max_age_h <= 0 or not path.is_file():
         return None
     try:
@@ -117,6 +124,6 @@ def load_reusable(work_root: str, variant: str, key: str, max_age_h: float) -> V
 
 
 def save(work_root: str, record: VariantRecord) -> Path:
-    path = record_path(work_root, record.variant, record.key)
+    path = record_path(work_root, kind_of(record.drafter), record.key)
     write_json_atomic(path, record.model_dump(mode="json"))
     return path

@@ -162,6 +162,42 @@ class ExportMetrics(MetricsRecord):
     acceptance_length_sim: float | None = Field(None, description="Its simulated acceptance length on the holdout.")
 
 
+# -- the nightly pool (eagleflow.pool) --------------------------------------------------------------
+
+
+class SelectOutputs(Record):
+    """Tonight's new prompts and the fixed held-out ones (the select stage)."""
+
+    pool_dir: str = Field(description="The pool's directory on the host (<work_root>/nightly/<run name>).")
+    holdout_file: str = Field(description="The held-out prompts (absolute path), written on the first night only.")
+    holdout_id: str = Field(description="Hash of the held-out prompts: the same every night.")
+    holdout_count: int
+    batch_file: str | None = Field(None, description="Tonight's new prompts (absolute path); None: no unused prompt.")
+    batch_id: str | None = None
+    batch_count: int = 0
+    first_night: bool = Field(description="The pool held no batch before tonight.")
+    reused_batch: bool = Field(False, description="This flow run had already chosen this batch (a retry).")
+    source_prompts: int = Field(description="Distinct prompts in the source.")
+    repeats: int = Field(description="Repeated prompts dropped (same content).")
+    unused_after: int = Field(description="Distinct prompts still unused after tonight.")
+    pool_batches: list[str] = Field(description="Batches of earlier nights whose states are still kept.")
+
+
+class PoolMetrics(MetricsRecord):
+    """What the pool stage assembled tonight (its outputs are an extract index: ExtractOutputs)."""
+
+    new_sequences: int = Field(description="Train sequences of tonight's batch.")
+    new_tokens: int
+    replay_sequences: int = Field(description="Sequences sampled from earlier nights' batches.")
+    replay_tokens: int
+    holdout_sequences: int
+    batches: int = Field(description="Batches whose states the pool keeps after tonight (tonight's included).")
+    samples: int = Field(description="Samples of those batches.")
+    pool_bytes: int = Field(description="Bytes of their states.")
+    budget_bytes: int | None = Field(None, description="nightly.pool_budget_gib in bytes.")
+    evicted: list[str] = Field(default_factory=list, description="Batches whose states were deleted tonight.")
+
+
 # -- benchmark ------------------------------------------------------------------------------------
 
 

@@ -24,7 +24,8 @@ from eagleflow.capacity import MeasuredRun, Progress, PromptFacts, TargetFacts
 from eagleflow.config import RunConfig
 from eagleflow.hostfacts import collect
 from eagleflow.manifest import Manifest, stage_dir, stage_key
-from eagleflow.outputs import ExtractMetrics, GenerateMetrics, GenerateOutputs, TrainMetrics
+from eagleflow.intervals import round_spread
+from eagleflow.outputs import BenchmarkMetrics, ExtractMetrics, GenerateMetrics, GenerateOutputs, TrainMetrics
 from eagleflow.prompts import PromptError, load_prompts
 
 HISTORY_PER_STAGE = 20  # newest manifests read per stage
@@ -81,8 +82,22 @@ def _measured(stage: str, manifest: Manifest, config: dict[str, Any]) -> Measure
     if stage == "train":
         return MeasuredRun(**run, tok_s=TrainMetrics.of(manifest).tokens_per_s)
     if stage == "benchmark":
-        return MeasuredRun(**run, settings=config.get("benchmark"))
+        return MeasuredRun(**run, settings=config.get("benchmark"), round_cv=_round_cv(BenchmarkMetrics.of(manifest)))
     return MeasuredRun(**run)
+
+
+def _round_cv(m: BenchmarkMetrics) -> float | None:
+    """The new drafter's per-round spread at the first setting (a reused baseline's rounds pair it too)."""
+    head = m.windows[0] if m.windows else None
+    base = next((w for w in m.windows if w.variant == "baseline" and head and
+                 (w.temperature, w.concurrency) == (head.temperature, head.concurrency)), None)
+    new = next((w for w in m.windows if w.variant == "drafter" and base and
+                (w.temperature, w.concurrency) == (base.temperature, base.concurrency)), None)
+    if not (base and new and base.round_seconds and base.round_tokens and new.round_seconds and new.round_tokens
+            and new.round_accepted and new.round_drafts):
+        return None
+    return round_spread(base.round_seconds, base.round_tokens, new.round_seconds, new.round_tokens,
+                        new.round_accepted, new.round_drafts)
 
 
 def run_history(work_root: str) -> list[MeasuredRun]:

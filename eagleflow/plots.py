@@ -2,7 +2,8 @@
 
 - train: `curves.png`, loss (training and holdout) and simulated acceptance length per epoch;
 - benchmark: `acceptance.png`, per-position acceptance by variant at each temperature, and
-  `speedup.png`, each drafter's output tok/s over no speculation by temperature x concurrency.
+  `speedup.png`, each drafter's output tok/s over no speculation by temperature x concurrency;
+- the nightly: `al-by-night.png`, holdout and served AL night by night (`python -m eagleflow.plots nights`).
 
 The stage lists them in its outputs (`plots`); the control side copies them next to report.md and
 inlines them in the Prefect artifacts. Drawing is never the stage's end: a plot that fails is a
@@ -109,6 +110,35 @@ def speedup_grid(windows: Sequence[Any], path: Path) -> Path | None:
     return _save(fig, plt, path)
 
 
+def al_by_night(nights: Sequence[Any], path: Path) -> Path | None:
+    """The nightly retrain's acceptance length night by night, on the same held-out prompts: the trainer's
+    simulated AL and the engine's served AL (with its 95% interval), with each night's pool size."""
+    plt = _pyplot()
+    rows = [n if isinstance(n, dict) else n.model_dump() for n in nights]
+    if not rows:
+        return None
+    x = [r["night"] for r in rows]
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(rows) + 3), 3.4))
+    held = [(r["night"], r["holdout_al"]) for r in rows if r.get("holdout_al") is not None]
+    if held:
+        ax.plot(*zip(*held), "s--", color=COLORS["current"], label="holdout (trainer)")
+    served = [r for r in rows if r.get("served_al") is not None]
+    if served:
+        ci = [r.get("served_al_ci") or [r["served_al"], r["served_al"]] for r in served]
+        ax.errorbar([r["night"] for r in served], [r["served_al"] for r in served],
+                    yerr=[[r["served_al"] - c[0] for r, c in zip(served, ci)],
+                          [c[1] - r["served_al"] for r, c in zip(served, ci)]],
+                    fmt="o-", color=COLORS["drafter"], capsize=3, label="served (engine, 95% CI)")
+    for r in rows:
+        ax.annotate(f"{r.get('pool_samples', 0):,} samples", (r["night"], ax.get_ylim()[0]), textcoords="offset points",
+                    xytext=(0, 4), ha="center", fontsize=7, color="#555555")
+    ax.set_xticks(x)
+    ax.set(title="acceptance length by night (the same held-out prompts)", xlabel="night", ylabel="AL")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, plt, path)
+
+
 def _save(fig: Any, plt: Any, path: Path) -> Path:
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp")
@@ -128,3 +158,22 @@ def draw(plots: dict[str, Any], out_dir: Path) -> dict[str, str]:
         except Exception as exc:  # noqa: BLE001 - a picture must never cost the stage its figures
             log.warning("could not draw %s: %s: %s", name, type(exc).__name__, exc)
     return drawn
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m eagleflow.plots nights NIGHTS_JSON OUT_PNG`: the AL-by-night picture of the nightly pool
+    (the control side has no matplotlib; it asks the host to draw)."""
+    import json
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3 or args[0] != "nights":
+        print("usage: python -m eagleflow.plots nights NIGHTS_JSON OUT_PNG", file=sys.stderr)
+        return 2
+    drawn = al_by_night(json.loads(Path(args[1]).read_text()), Path(args[2]))
+    print(drawn or "nothing to draw")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

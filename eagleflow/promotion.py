@@ -61,8 +61,13 @@ def decide(report: Report, promoted: PromotionRecord | None, gate: PromotionGate
     if report.verdict is not None and report.verdict.integration_suspect:
         reasons.append("the benchmark found the engine integration suspect (serving acceptance far below the "
                        "offline estimate): fix the engine side before promoting")
-    current = report.current  # production's drafter, measured in this very benchmark
-    if current is not None and report.drafter.output_tok_s < current.output_tok_s:
+    current = report.current  # production's drafter, in this benchmark (measured now, or reused from a night before)
+    head = report.verdict.headline if report.verdict is not None else None
+    paired = head.drafter_vs_current if head is not None else None
+    if current is not None and paired is not None and paired < 1.0:
+        # the same prompts, round by round: a window that stopped early compares on the rounds both measured
+        reasons.append(f"{paired:.2f}x the current drafter's output tok/s on the same prompts in the same benchmark")
+    elif current is not None and paired is None and report.drafter.output_tok_s < current.output_tok_s:
         reasons.append(f"{report.drafter.output_tok_s:.1f} output tok/s < the current drafter's "
                        f"{current.output_tok_s:.1f} in the same benchmark")
     if promoted is not None and al < promoted.mean_acceptance_length:

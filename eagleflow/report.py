@@ -11,9 +11,10 @@ from eagleflow.capacity import CapacityPlan, render_plan
 from eagleflow.files import write_bytes_atomic, write_json_atomic, write_text_atomic
 from eagleflow.manifest import Manifest
 from eagleflow.outputs import (
-    BenchmarkMetrics, BenchmarkOutputs, BestEpoch, CheckMetrics, Measurement, ProductionResult, ProductionWindow, TrainMetrics,
-    TrainOutputs, Verdict,
+    BenchmarkMetrics, BenchmarkOutputs, BestEpoch, CheckMetrics, Measurement, ProductionResult,
+    ProductionWindow, TrainMetrics, TrainOutputs, Verdict,
 )
+from eagleflow.pool import NightRecord
 
 
 class StageSummary(BaseModel):
@@ -60,7 +61,10 @@ class Report(BaseModel):
     capacity: CapacityPlan | None = Field(None, description="The check stage's capacity plan, when it ran.")
     stages: dict[str, StageSummary]
     plots: dict[str, str] = Field(default_factory=dict, description="The run's pictures on the host: name -> path "
-                                  "(curves from train; acceptance and speedup from the benchmark).")
+                                  "(curves from train; acceptance and speedup from the benchmark; the nightly's AL "
+                                  "by night).")
+    nights: list[NightRecord] = Field(default_factory=list, description="The nightly retrain: every night so far, "
+                                      "tonight last (AL by night on the fixed held-out prompts).")
     path: str | None = Field(None, description="Where report.json was written.")
 
 
@@ -70,7 +74,8 @@ class StageTiming(BaseModel):
 
 
 def build_report(run_name: str, manifests: dict[str, Manifest], timings: dict[str, StageTiming],
-                 production_windows: list[ProductionWindow] | None = None) -> Report:
+                 production_windows: list[ProductionWindow] | None = None, nights: list[NightRecord] | None = None,
+                 plots_on_host: dict[str, str] | None = None) -> Report:
     bench = BenchmarkMetrics.of(manifests["benchmark"])
     offline = None
     plots: dict[str, str] = {}
@@ -79,6 +84,7 @@ def build_report(run_name: str, manifests: dict[str, Manifest], timings: dict[st
         offline = OfflineEstimate(best_epoch=train.best_epoch, best=train.best)
         plots.update({n: manifests["train"].path(f) for n, f in TrainOutputs.of(manifests["train"]).plots.items()})
     plots.update({n: manifests["benchmark"].path(f) for n, f in BenchmarkOutputs.of(manifests["benchmark"]).plots.items()})
+    plots.update(plots_on_host or {})
     return Report(
         run=run_name,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -93,7 +99,7 @@ def build_report(run_name: str, manifests: dict[str, Manifest], timings: dict[st
                             compute_seconds=manifests[s].seconds, manifest=f"{manifests[s].dir}/manifest.json")
             for s, t in timings.items()
         },
-        plots=plots,
+        plots=plots, nights=nights or [],
     )
 
 
@@ -153,6 +159,34 @@ def _production_lines(report: Report) -> list[str]:
     return lines
 
 
+def _night_lines(report: Report) -> list[str]:
+    """The nightly: what tonight added and reused, and the acceptance length night by night."""
+    if not report.nights:
+        return []
+    n = report.nights[-1]
+    lines = [f"night {n.night}: {n.new_samples:,} new samples generated and extracted ({n.new_tokens:,} train tokens), "
+             f"{n.replay_sequences:,} older sequences replayed; the pool keeps {n.pool_samples:,} samples "
+             f"({n.pool_bytes / 1e9:.2f} GB of states)"
+             + (f", {len(n.evicted)} batch(es) evicted for the budget" if n.evicted else ""),
+             f"trained {n.train_steps or 0:,} steps " + (f"from the promoted drafter {n.warm_start}" if n.warm_start
+                                                          else "as a full run (no promoted drafter to continue)"),
+             f"benchmark: {n.benchmark_requests or 0:,} requests measured; baseline {n.baseline}",
+             "",
+             f"{'night':>5}  {'date':20}{'new':>7}{'pool':>8}{'steps':>7}{'holdout AL':>12}{'served AL':>11}"
+             f"{'95% CI':>13}{'speedup':>9}  promoted"]
+    for r in report.nights:
+        ci = f"{r.served_al_ci[0]:.2f}-{r.served_al_ci[1]:.2f}" if r.served_al_ci else "-"
+        lines.append(f"{r.night:>5}  {r.date:20}{r.new_samples:>7,}{r.pool_samples:>8,}{r.train_steps or 0:>7,}"
+                     f"{_num(r.holdout_al):>12}{_num(r.served_al):>11}{ci:>13}"
+                     f"{(f'{r.speedup:.2f}x' if r.speedup else '-'):>9}  "
+                     f"{'-' if r.promoted is None else 'yes' if r.promoted else 'no'}")
+    return lines
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
 def _verdict_lines(report: Report) -> list[str]:
     v = report.verdict
     if v is None:
@@ -170,6 +204,8 @@ def render_text(report: Report) -> str:
         lines += [""] + _verdict_lines(report)
     if _production_lines(report):
         lines += [""] + _production_lines(report)
+    if report.nights:
+        lines += [""] + _night_lines(report)
     if report.capacity:
         lines += ["", render_plan(report.capacity)]
     lines += ["", f"{'stage':12}{'seconds':>10}{'cached':>8}{'compute s':>12}"]
@@ -178,7 +214,7 @@ def render_text(report: Report) -> str:
 
 
 PLOT_TITLES = {"acceptance": "Per-position acceptance by variant", "speedup": "Speedup by temperature x concurrency",
-               "curves": "Training curves"}
+               "curves": "Training curves", "al-by-night": "Acceptance length by night"}
 
 
 def render_markdown(report: Report, images: dict[str, str] | None = None) -> str:
@@ -196,6 +232,8 @@ def render_markdown(report: Report, images: dict[str, str] | None = None) -> str
         md += ["", f"**{PLOT_TITLES.get(name, name)}**", "", f"![{name}]({src})"]
     if _production_lines(report):
         md += [""] + [f"- {line}" for line in _production_lines(report)]
+    if report.nights:
+        md += ["", "**AL by night** (the same held-out prompts every night)", "", "```", *_night_lines(report), "```"]
     if report.capacity:
         md += ["", "**Capacity plan** (the check stage's estimate before the run)", "", "```",
                render_plan(report.capacity), "```"]

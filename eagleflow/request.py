@@ -28,7 +28,10 @@ class StageError(RuntimeError):
 class StageRequest(BaseModel):
     """Written by the control side into the stage directory before the stage starts."""
 
-    stage: str = Field(description="The stage to run (generate, extract, train, export, benchmark, check).")
+    stage: str = Field(description="The stage to run (check, select, generate, extract, pool, train, export, "
+                       "benchmark).")
+    run: str = Field("", description="The flow run that asked for it (select: a retry of that run takes the same "
+                     "batch).")
     key: str = Field(description="The stage key: hash of its settings, upstream keys and code version.")
     dir: str = Field(description="The stage directory on the host.")
     config: RunConfig = Field(description="The whole validated run config.")
@@ -39,12 +42,13 @@ class StageRequest(BaseModel):
         return Path(self.dir)
 
     def manifest(self, outputs: BaseModel | dict, metrics: BaseModel | dict | None = None,
-                 hashes: dict[str, str] | None = None, seconds: float = 0.0) -> Manifest:
+                 hashes: dict[str, str] | None = None, seconds: float = 0.0, content_key: str | None = None) -> Manifest:
         """The stage's manifest; `outputs` and `metrics` are its typed records (eagleflow.outputs)."""
         return Manifest(
             stage=self.stage, key=self.key, dir=self.dir,
             upstream={s: m.key for s, m in self.upstream.items()},
             outputs=_as_dict(outputs), metrics=_as_dict(metrics), hashes=hashes or {}, seconds=seconds,
+            content_key=content_key,
         )
 
 

@@ -125,5 +125,8 @@ def main_cli(flow_fn: Callable[[Any], Any], doc: str | None, params_cls: type[Co
         print(f"error: the flow run ended {state.name}: {state.message}")
         return 1
     report = state.result()
+    if report is None:  # a nightly with nothing new to train on: its log says why
+        print("no report: nothing ran past the selection of new prompts")
+        return 0
     print(f"report: {report.path}")  # the last line: where the run's report.json is
     return 0

@@ -1,4 +1,5 @@
-"""The capacity plan alone: each stage's disk, GPU memory and time for a run config on its host.
+"""The capacity plan alone: each stage's disk, GPU memory and time for a run config on its host, and beside
+it a night of the nightly retrain (eagleflow.nightplan).
 
     python -m flows.plan CONFIG [--set KEY=VALUE ...] [--json] [--host-facts FILE.json]
 
@@ -28,6 +29,7 @@ from pydantic import ValidationError
 from eagleflow.capacity import CapacityPlan, HostFacts, Progress, plan, render_plan
 from eagleflow.config import ConfigError, RunConfig, load_config, parse_overrides
 from eagleflow.hosts import HostError, make_host
+from eagleflow.nightplan import plan_nightly, render_nightly
 
 FACTS_TIMEOUT_S = 300  # hostfacts imports torch (a few seconds); reading a few hundred manifests is quick
 
@@ -80,7 +82,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m flows.plan") -> i
     except (PlanError, HostError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(result.model_dump_json(indent=2) if args.json else render_plan(result))
+    nightly = plan_nightly(config, HostFacts.model_validate(facts), result)
+    if args.json:
+        print(json.dumps({**result.model_dump(mode="json"), "nightly": nightly.model_dump(mode="json")}, indent=2))
+    else:
+        print(render_plan(result) + "\n" + render_nightly(nightly, result))
     return 1 if result.refusal else 0
 
 

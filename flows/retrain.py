@@ -1,25 +1,155 @@
-"""Nightly retrain: fresh data (a new generation seed per night), the full pipeline, a promotion gate."""
+"""Nightly retrain: a data pool that grows, continual training, a benchmark that measures only what changed.
+
+    python -m flows.retrain configs/demo.yaml      (the deployment eagleflow-nightly runs it at 02:00 UTC)
+
+One night (eagleflow.pool, docs/nightly.md):
+1. `select` takes tonight's new prompts from the source (nightly.source): the first ones in source order
+   never used before, repeats dropped by content. The held-out prompts were chosen on the first night
+   and stay the same every night: the benchmark's prompts and the trainer's validation split.
+2. generate and extract run on tonight's batch only; the held-out batch's stages, and every earlier
+   night's, are cache hits (their keys follow their prompts' contents).
+3. `pool` records the batch, evicts the oldest nights' states beyond nightly.pool_budget_gib, and writes
+   tonight's training index: the new batch, a replay sample of older nights, the held-out split.
+4. train: the first night as train.* says (a full run); later nights from the promoted drafter's weights
+   with a fresh optimizer, for nightly.train_steps steps.
+5. benchmark: the baseline and the current drafter are reused from earlier nights while nothing that
+   determines them changed (benchmark.reuse_for_h); only the new drafter is measured, and its windows
+   stop once benchmark.precision is reached.
+6. The report (with AL by night) and the promotion gate.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+import sys
+import time
+from dataclasses import dataclass, field
 
-from prefect import flow
+from prefect import flow, get_run_logger
 
-from eagleflow.promotion import PromotionGate
+from eagleflow.config import RunConfig
+from eagleflow.hosts import Host
+from eagleflow.outputs import (
+    BenchmarkMetrics, GenerateOutputs, PoolMetrics, ProductionWindow, SelectOutputs, TrainMetrics,
+)
+from eagleflow.pool import NightRecord, batch_config, continuing_train_config
+from eagleflow.promotion import PromotionGate, PromotionRecord, promotion_record_path
+from eagleflow.report import Report
 from flows.host_slot import host_slot, stop_jobs_of_run
-from flows.params import RetrainParams
-from flows.pipeline import run_stages
+from flows.params import RetrainParams, main_cli
+from tasks.benchmark import benchmark
+from tasks.check import check
+from tasks.dispatch import StageRun, run_cached
+from tasks.export import export
+from tasks.extract import extract
+from tasks.generate import generate
+from tasks.naming import flow_run_owner
+from tasks.nightly import record_night, record_promotion
+from tasks.pool import pool
+from tasks.production import production_windows
 from tasks.promote import promote
 from tasks.report import publish_report
+from tasks.select import select
+from tasks.train import train
+
+
+@dataclass
+class Night:
+    """What one night ran: its stages (by label), production windows, tonight's selection and what it continued from."""
+
+    runs: dict[str, StageRun]
+    selection: SelectOutputs
+    windows: list[ProductionWindow] = field(default_factory=list)
+    warm_start: str | None = None
+
+
+def promoted_drafter(host: Host, config: RunConfig) -> str | None:
+    """The drafter the gate promoted last, when its directory is still on the host."""
+    path = promotion_record_path(config.host.work_root, config.name)
+    if not host.exists(path):
+        return None
+    drafter = PromotionRecord.model_validate_json(host.read_text(path)).drafter_dir
+    return drafter if host.exists(f"{drafter}/config.json") else None
+
+
+def run_night(host: Host, config: RunConfig) -> Night:
+    """The night's stages, in order; each cached one taken from cache while its manifest is on the host."""
+    start = time.monotonic()
+    runs: dict[str, StageRun] = {"check": StageRun(check(host, config), cached=False, seconds=time.monotonic() - start)}
+    runs["select"] = run_cached(select, host, config)
+    sel = SelectOutputs.of(runs["select"].manifest)
+    night = Night(runs, sel)
+    if sel.batch_file is None:
+        return night
+    held = batch_config(config, sel.holdout_file, "holdout")  # the benchmark's prompts too
+    new = batch_config(config, sel.batch_file, "train")
+    promoted = None if sel.first_night else promoted_drafter(host, config)
+    with production_windows(host, config) as windows:
+        runs["generate: holdout"] = run_cached(generate, host, held, label="generate: holdout")
+        runs["generate"] = run_cached(generate, host, new, label=f"generate: batch {sel.batch_id}")
+        runs["extract: holdout"] = windows.run(extract, {"generate": runs["generate: holdout"].manifest}, config=held,
+                                               label="extract: holdout")
+        runs["extract"] = windows.run(extract, {"generate": runs["generate"].manifest}, config=new,
+                                      label=f"extract: batch {sel.batch_id}")
+        runs["pool"] = run_cached(pool, host, config, {"select": runs["select"].manifest,
+                                                       "holdout": runs["extract: holdout"].manifest,
+                                                       "extract": runs["extract"].manifest})
+        data = runs["pool"].manifest
+        tonight = held
+        if promoted:
+            pm = PoolMetrics.of(data)
+            tonight = continuing_train_config(held, promoted, pm.new_tokens + pm.replay_tokens)
+            night.warm_start = promoted
+        runs["train"] = windows.run(train, {"extract": data}, config=tonight)
+        runs["export"] = windows.run(export, {"train": runs["train"].manifest}, config=tonight)
+        runs["benchmark"] = windows.run(benchmark, {"export": runs["export"].manifest, "extract": data}, config=tonight)
+    night.windows = windows.records
+    return night
+
+
+def night_record(night: Night) -> NightRecord:
+    """Tonight's line of the record of nights (its number is set when it is recorded)."""
+    runs = night.runs
+    pm = PoolMetrics.of(runs["pool"].manifest)
+    tm = TrainMetrics.of(runs["train"].manifest)
+    bm = BenchmarkMetrics.of(runs["benchmark"].manifest)
+    head = bm.verdict.headline
+    return NightRecord(
+        night=0, run=flow_run_owner(), date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        batch=night.selection.batch_id, new_samples=GenerateOutputs.of(runs["generate"].manifest).num_train,
+        new_tokens=pm.new_tokens, replay_sequences=pm.replay_sequences, pool_samples=pm.samples,
+        pool_bytes=pm.pool_bytes, evicted=pm.evicted, train_steps=tm.steps, warm_start=night.warm_start,
+        holdout_al=tm.best.acceptance_length, served_al=bm.drafter.mean_acceptance_length,
+        served_al_ci=bm.drafter.al_interval, speedup=head.drafter_vs_baseline if head else bm.speedup,
+        speedup_ci=head.drafter_vs_baseline_ci if head else None, benchmark_requests=sum(bm.requests.values()),
+        baseline=f"reused: {bm.reused['baseline']}" if "baseline" in bm.reused else "measured tonight",
+    )
 
 
 @flow(name="retrain", log_prints=True, on_cancellation=[stop_jobs_of_run], on_crashed=[stop_jobs_of_run])
-def retrain(params: RetrainParams = RetrainParams()) -> bool:
-    # A new seed each night draws a new sample of prompts (and so new data); same night, same run.
-    seed = int(dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d"))
-    config = params.load({"generate.seed": seed})
+def retrain(params: RetrainParams = RetrainParams()) -> Report | None:
+    """Tonight's report (None: no new prompt, nothing ran past select); the promotion decision is an artifact."""
+    config = params.load()
     gate = PromotionGate(min_speedup=params.min_speedup, min_acceptance_length=params.min_acceptance_length)
     with host_slot(config, f"retrain {config.name}") as host:
-        report = publish_report(host, config, *run_stages(host, config))
-        return promote(host, config, report, gate)
+        night = run_night(host, config)
+        sel = night.selection
+        if "benchmark" not in night.runs:
+            get_run_logger().warning("no unused prompt in the source (%d distinct, all used or held out): nothing "
+                                     "new to train on tonight; append prompts to %s", sel.source_prompts,
+                                     config.nightly.source or config.generate.prompts_path)
+            return None
+        nights, picture = record_night(host, config, sel.pool_dir, night_record(night))
+        report = publish_report(host, config, night.runs, night.windows, nights=nights,
+                                plots={"al-by-night": picture} if picture else None)
+        promoted = promote(host, config, report, gate)
+        record_promotion(host, sel.pool_dir, nights[-1].run, promoted)
+        return report
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    return main_cli(retrain, __doc__, params_cls=RetrainParams, argv=argv, prog=prog)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -35,7 +35,8 @@ from tasks.progress import ProgressArtifacts
 
 
 def key_for(stage: str, config: RunConfig, upstream: dict[str, Manifest]) -> str:
-    return stage_key(stage, config, {s: upstream[s].key for s in required_upstream(stage, config) if s in upstream})
+    return stage_key(stage, config, {s: upstream[s].downstream_key for s in required_upstream(stage, config)
+                                     if s in upstream})
 
 
 def stage_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
@@ -58,7 +59,7 @@ def retry_if_transient(task: Task, task_run: TaskRun, state: State) -> bool:
 STAGE_TASK = dict(retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=retry_if_transient)
 
 # Measurements and checks are facts about now: they run every time, each in a directory of its own.
-ALWAYS_RUN = ("check", "benchmark")
+ALWAYS_RUN = ("check", "benchmark", "select")
 
 
 def _run_ids() -> tuple[str, str, str]:
@@ -97,7 +98,7 @@ def dispatch(stage: str, host: Host, config: RunConfig, upstream: dict[str, Mani
         record_stage_dir(stage, key, host, d, "already complete")
         return Manifest.model_validate_json(host.read_text(manifest_path))
     # Atomic (temp + rename): a stage already running read its request when it started.
-    request = StageRequest(stage=stage, key=key, dir=d, config=config, upstream=upstream)
+    request = StageRequest(stage=stage, key=key, dir=d, config=config, upstream=upstream, run=owner)
     host.write_text(f"{d}/request.json", request.model_dump_json(indent=2))
     logger.info("running %s %s on %s (log: %s/stage.log)", stage, key, host.name, d)
     record_stage_dir(stage, key, host, d, "ran")
@@ -143,14 +144,16 @@ def is_finished(host: Host, config: RunConfig, stage: str, upstream: dict[str, M
 
 
 def run_cached(task: Task, host: Host, config: RunConfig, upstream: dict[str, Manifest] | None = None,
-               env: dict[str, str] | None = None) -> StageRun:
+               env: dict[str, str] | None = None, label: str | None = None) -> StageRun:
     """Call a stage task, honouring a cache hit only if its manifest still exists on the host.
-    `env` (a production window's) reaches the stage process, not the cache key."""
+    `env` (a production window's) reaches the stage process, not the cache key. `label`: the task run's
+    name when a flow runs the stage more than once (the nightly's 'generate: holdout')."""
     upstream = upstream or {}
     stage = task.name
     present = host.exists(f"{stage_dir(config, stage, key_for(stage, config, upstream))}/manifest.json")
     start = time.monotonic()
-    state = task.with_options(refresh_cache=not present, retries=config.host.stage_retries)(
+    options: dict[str, Any] = {"task_run_name": label} if label else {}
+    state = task.with_options(refresh_cache=not present, retries=config.host.stage_retries, **options)(
         host, config, upstream, **({"env": env} if env else {}), return_state=True)
     manifest = state.result()  # raises the task's exception when it failed
     cached = state.name == "Cached"

@@ -100,19 +100,22 @@ class Windows:
     def active(self) -> bool:
         return self.config.production.kind != "none"
 
-    def run(self, stage_task: Task, upstream: dict[str, Manifest] | None = None) -> StageRun:
-        """Run a stage task, inside a window when it needs the GPUs and has work to do."""
-        stage, upstream = stage_task.name, upstream or {}
-        if (not self.active or not needs_gpus(stage, self.config)
-                or is_finished(self.host, self.config, stage, upstream)):
+    def run(self, stage_task: Task, upstream: dict[str, Manifest] | None = None, config: RunConfig | None = None,
+            label: str | None = None) -> StageRun:
+        """Run a stage task, inside a window when it needs the GPUs and has work to do. `config`: the stage's own
+        when it is not the flow's (a nightly pool batch); `label`: its task run's name."""
+        stage, upstream, config = stage_task.name, upstream or {}, config or self.config
+        if (not self.active or not needs_gpus(stage, config)
+                or is_finished(self.host, config, stage, upstream)):
             if self.open is not None:
-                self.stages.append(stage)
-            return run_cached(stage_task, self.host, self.config, upstream, env=self.open["env"] if self.open else None)
+                self.stages.append(label or stage)
+            return run_cached(stage_task, self.host, config, upstream, env=self.open["env"] if self.open else None,
+                              label=label)
         if self.open is None:
-            self.open = stop_production(self.host, self.config, stage)
-        self.stages.append(stage)
+            self.open = stop_production(self.host, self.config, label or stage)
+        self.stages.append(label or stage)
         try:
-            return run_cached(stage_task, self.host, self.config, upstream, env=self.open["env"])
+            return run_cached(stage_task, self.host, config, upstream, env=self.open["env"], label=label)
         finally:
             if self.config.production.window == "stage":
                 self.close()

@@ -10,6 +10,7 @@ from prefect.cache_policies import NO_CACHE
 from eagleflow.config import RunConfig
 from eagleflow.hosts import Host
 from eagleflow.outputs import ProductionWindow
+from eagleflow.pool import NightRecord
 from eagleflow.report import Report, StageTiming, build_report, render_markdown, render_text, write_report
 from tasks.dispatch import StageRun
 from tasks.naming import artifact_key
@@ -18,10 +19,12 @@ from tasks.pictures import data_uri, fetch_images
 
 @task(name="report", cache_policy=NO_CACHE)
 def publish_report(host: Host, config: RunConfig, runs: dict[str, StageRun],
-                   windows: list[ProductionWindow] | None = None) -> Report:
+                   windows: list[ProductionWindow] | None = None, nights: list[NightRecord] | None = None,
+                   plots: dict[str, str] | None = None) -> Report:
+    """`nights`: the nightly's record of nights; `plots`: more pictures on the host (name -> path)."""
     report = build_report(config.name, {s: r.manifest for s, r in runs.items()},
                           {s: StageTiming(seconds=r.seconds, cached=r.cached) for s, r in runs.items()},
-                          production_windows=windows or [])
+                          production_windows=windows or [], nights=nights, plots_on_host=plots)
     images = fetch_images(host, report.plots)
     path = write_report(report, config.report_dir, images)
     create_markdown_artifact(render_markdown(report, {n: data_uri(b) for n, b in images.items()}),

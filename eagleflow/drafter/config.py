@@ -132,6 +132,11 @@ class TrainConfig(BaseModel):
         "lm_head rows stay aligned.",
     )
 
+    warm_start_vocab: Literal["keep", "rebuild"] = Field(
+        "keep", description="With warm_start: 'keep' its draft vocabulary (d2t/t2d); 'rebuild' one from this run's "
+        "data (draft_vocab_size), carrying the warm start's lm_head rows for the target ids both hold.",
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _renamed(cls, data: object) -> object:

@@ -6,7 +6,8 @@ A shard (safetensors, see `eagleflow.drafter.shards`) packs sequences along the 
 where hidden_states[:, 0:3] are the aux states (vLLM convention) and hidden_states[:, 3] is the
 final layer's output before the final norm. `index.json` lists the shards, their split and what
 was written (size, sampled and full sha256): every shard is checked against it (size and sampled
-hash) before training reads it.
+hash) before training reads it. An entry's `file` may be absolute (the nightly pool's index names the
+shards of several extract stages) and may carry `select`, the sequence indices of a replay sample.
 
 Sequences are read from the memory-mapped shard on demand (the OS page cache keeps a small
 dataset in memory), so a dataset larger than RAM trains too.
@@ -34,6 +35,7 @@ class ShardInfo:
     split: str
     num_seqs: int
     num_tokens: int
+    select: tuple[int, ...] | None = None  # only these sequences of the shard (a replay sample); None: all
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,8 @@ def read_index(path: str | Path, stage_dir: str | Path | None = None) -> Extract
     raw = json.loads(path.read_text())
     bases = ([Path(stage_dir)] if stage_dir is not None else []) + [path.parent]
     try:
-        shards = [ShardInfo(_shard_path(s["file"], bases), s["split"], int(s["num_seqs"]), int(s["num_tokens"]))
+        shards = [ShardInfo(_shard_path(s["file"], bases), s["split"], int(s["num_seqs"]), int(s["num_tokens"]),
+                            tuple(int(i) for i in s["select"]) if s.get("select") is not None else None)
                   for s in raw["shards"]]
         index = ExtractIndex(shards, [int(i) for i in raw["aux_layer_ids"]], int(raw["final_layer_id"]),
                              int(raw["hidden_size"]))
@@ -93,6 +96,7 @@ class SequenceStore:
     """Random access to the sequences of some shards."""
 
     def __init__(self, shards: list[ShardInfo], max_seq_len: int, max_seqs: int | None = None) -> None:
+        selects = [set(s.select) if s.select is not None else None for s in shards]
         self.paths = [s.path for s in shards]
         self._handles: dict[int, object] = {}
         self.refs: list[SeqRef] = []
@@ -117,8 +121,9 @@ class SequenceStore:
             self._ids.append(ids.to(torch.int64))
             self._mask.append(mask.to(torch.bool))
             start = 0
-            for n in lens.tolist():
-                if n >= 3:  # a drafter position needs a next token and a label
+            for j, n in enumerate(lens.tolist()):
+                # a drafter position needs a next token and a label; a replay sample keeps its sequences only
+                if n >= 3 and (selects[i] is None or j in selects[i]):
                     self.refs.append(SeqRef(i, start, min(int(n), max_seq_len)))
                 start += int(n)
         if max_seqs is not None:

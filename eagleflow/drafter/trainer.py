@@ -138,7 +138,8 @@ class Trainer:
         self.train_data, self.val_data = self._setup_data()
         self._train_lengths = self.train_data.lengths()
         warm = self._read_warm_start()
-        self.vocab = warm.vocab if warm else self._setup_vocab(self.train_data)
+        keep = warm is not None and self.cfg.warm_start_vocab == "keep"
+        self.vocab = warm.vocab if keep else self._setup_vocab(self.train_data)
         self.model = self._setup_model(warm)
         self.optimizer = self._setup_optimizer(self.model)
         self.vocab_rows = self.vocab.draft_to_target.to(self.device)
@@ -201,8 +202,13 @@ class Trainer:
         model.init_from_target(self.target, self.vocab.draft_to_target)
         if warm:
             where = ", ".join(str(f) for f in warm.weight_files)
+            weights = warm.weights
+            if self.cfg.warm_start_vocab == "rebuild" and "lm_head.weight" in weights:
+                weights = dict(weights)
+                old_head = weights.pop("lm_head.weight")  # [V_draft_old, H]: rows of the old draft vocabulary
+                self._carry_head_rows(model, warm.vocab, old_head)
             try:
-                missing, unexpected = model.load_state_dict(warm.weights, strict=False)
+                missing, unexpected = model.load_state_dict(weights, strict=False)
             except RuntimeError as exc:
                 raise TrainError(f"warm-start drafter {where} ({warm.layout} layout) does not fit: {exc}") from None
             missing = [m for m in missing if m != "lm_head.weight"]  # a shared lm_head: keep the target's rows
@@ -214,6 +220,19 @@ class Trainer:
         log.info("drafter: %s, %d trainable parameters, device %s, %d torch threads, %d rank(s)", arch, n,
                  self.device, torch.get_num_threads(), self.dist.world_size)
         return model.to(self.device)
+
+    def _carry_head_rows(self, model: Eagle3Drafter, old_vocab: DraftVocab, old_head: torch.Tensor) -> None:
+        """A rebuilt draft vocabulary keeps the warm start's lm_head rows for the target ids both vocabularies
+        hold; the new ids keep the rows `init_from_target` gave them."""
+        old_row = {int(t): i for i, t in enumerate(old_vocab.draft_to_target.tolist())}
+        new_ids = self.vocab.draft_to_target.tolist()
+        pairs = [(i, old_row[int(t)]) for i, t in enumerate(new_ids) if int(t) in old_row]
+        if pairs:
+            dst, src = (torch.tensor(x) for x in zip(*pairs))
+            with torch.no_grad():
+                model.lm_head.weight[dst] = old_head[src].to(model.lm_head.weight.dtype)
+        log.info("draft vocabulary rebuilt from this run's data: %d of %d ids carried over from the warm start",
+                 len(pairs), len(new_ids))
 
     def _setup_optimizer(self, model: Eagle3Drafter) -> torch.optim.Optimizer:
         return make_optimizer(model, self.cfg)

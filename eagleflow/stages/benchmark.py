@@ -48,7 +48,7 @@ from eagleflow.outputs import (
     BenchmarkMetrics, BenchmarkOutputs, ExportOutputs, Measurement, PreflightFinding, ProductionResult, Verdict,
 )
 from eagleflow.promotion import PromotionRecord, promotion_record_path
-from eagleflow.prompts import Messages, PromptError, holdout_prompts
+from eagleflow.prompts import Messages, PromptError, holdout_prompts, load_prompts
 from eagleflow.production import WINDOW_ENV, production_stopped
 from eagleflow.progress import Progress
 from eagleflow.request import StageError, StageRequest
@@ -138,6 +138,8 @@ def benchmark_prompts(cfg: RunConfig) -> list[Messages]:
     so a benchmark of a given drafter needs no generate stage."""
     g = cfg.generate
     try:
+        if g.split == "holdout":  # the nightly pool's fixed held-out prompts, in their order
+            return load_prompts(g.prompts_path)[: cfg.benchmark.num_prompts]
         return holdout_prompts(g.prompts_path, g.num_samples, g.holdout, g.seed, cfg.benchmark.num_prompts)
     except PromptError as exc:
         raise StageError(str(exc)) from None
@@ -261,14 +263,16 @@ def gpus_free(cfg: RunConfig) -> list[PreflightFinding]:
 
 
 def reuse_measurements(cfg: RunConfig, variants: list[Variant], prompts: list[Messages]) -> None:
-    """Key the baseline and the current drafter, and take their measurements from an earlier run when one
-    is still valid (benchmark.reuse_for_h): then no engine loads for them."""
+    """Key every variant; take the baseline's and the current drafter's measurements from an earlier run when
+    one is still valid (benchmark.reuse_for_h): then no engine loads for them. The new drafter is always
+    measured (and kept: promoted, it is the next night's current drafter)."""
     version = measurements.engine_version(cfg.engine.kind)
     for v in variants:
-        if v.name not in ("baseline", "current"):
-            continue
         v.key = measurements.measurement_key(cfg, v.name, v.drafter, prompts, version)
-        v.reused = measurements.load_reusable(cfg.host.work_root, v.name, v.key, cfg.benchmark.reuse_for_h)
+        if v.name == "drafter":
+            continue
+        v.reused = measurements.load_reusable(cfg.host.work_root, measurements.kind_of(v.drafter), v.key,
+                                              cfg.benchmark.reuse_for_h)
         if v.reused is not None:
             log.info("%s: reusing its measurement of %s (%.1f h ago, within benchmark.reuse_for_h %g h): engine, "
                      "target, settings, prompts%s unchanged", v.name, _when(v.reused.measured_at),
@@ -282,8 +286,10 @@ def _when(t: float) -> str:
 def reused_rows(v: Variant) -> dict[tuple[str, float, int], Measurement]:
     assert v.reused is not None
     r = v.reused
-    note = f"measured {_when(r.measured_at)} ({r.age_h():.1f} h ago) in {r.stage_dir}"
-    return {(v.name, w.temperature, w.concurrency): w.model_copy(update={"measured": note}) for w in r.windows}
+    note = (f"measured {_when(r.measured_at)} ({r.age_h():.1f} h ago) in {r.stage_dir}"
+            + (f" as variant '{r.variant}'" if r.variant != v.name else ""))
+    return {(v.name, w.temperature, w.concurrency): w.model_copy(update={"measured": note, "variant": v.name})
+            for w in r.windows}
 
 
 def run(request: StageRequest) -> Manifest:
@@ -470,7 +476,7 @@ def run(request: StageRequest) -> Manifest:
 def keep_measurement(request: StageRequest, v: Variant, rows: dict[tuple[str, float, int], Measurement],
                      windows: dict[tuple[str, float, int], WindowRecorder], t0: tuple[float, int] | None,
                      copy_ref: CopyReference | None) -> None:
-    """Keep a freshly measured baseline or current drafter for later runs (benchmark.reuse_for_h)."""
+    """Keep a freshly measured variant for later runs (benchmark.reuse_for_h)."""
     cfg = request.config
     if v.key is None or v.reused is not None or cfg.benchmark.reuse_for_h <= 0:
         return

@@ -178,19 +178,23 @@ def run(request: StageRequest) -> Manifest:
     g = cfg.generate
     try:
         prompts = load_prompts(g.prompts_path)
-        train_idx, holdout_idx = split_indices(len(prompts), g.num_samples, g.holdout, g.seed)
+        if g.split == "seeded":
+            train_idx, holdout_idx = split_indices(len(prompts), g.num_samples, g.holdout, g.seed)
     except PromptError as exc:
         raise StageError(str(exc)) from None
-    # sample_id 0..holdout-1 are held out, the rest train.
-    samples = [(i, p, "holdout") for i, p in enumerate(holdout_idx)]
-    samples += [(len(holdout_idx) + i, p, "train") for i, p in enumerate(train_idx)]
+    if g.split == "seeded":
+        # sample_id 0..holdout-1 are held out, the rest train.
+        samples = [(i, p, "holdout") for i, p in enumerate(holdout_idx)]
+        samples += [(len(holdout_idx) + i, p, "train") for i, p in enumerate(train_idx)]
+    else:  # a nightly pool batch: every prompt of the file, all in one split
+        samples = [(i, i, g.split) for i in range(len(prompts))]
     shards = [samples[s:s + g.shard_size] for s in range(0, len(samples), g.shard_size)]
     data_dir = request.path / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     shard_paths = [data_dir / f"shard-{i:05d}.parquet" for i in range(len(shards))]
     todo = [i for i, p in enumerate(shard_paths) if not p.exists()]
-    log.info("%d samples (%d held out) in %d shards; %d shards to generate", len(samples), g.holdout,
-             len(shards), len(todo))
+    log.info("%d samples (%d held out) in %d shards; %d shards to generate", len(samples),
+             sum(1 for x in samples if x[2] == "holdout"), len(shards), len(todo))
 
     tally = Tally()
     if todo:
@@ -230,9 +234,10 @@ def run(request: StageRequest) -> Manifest:
         for split in t.column("split").to_pylist():
             counts[split] += 1
         tokens += sum(len(x) for x in t.column("input_ids").to_pylist())
-    if counts["train"] == 0 or counts["holdout"] == 0:
+    needed = ("train", "holdout") if g.split == "seeded" else (g.split,)
+    if any(counts[s] == 0 for s in needed):
         raise StageError(f"after dropping failed answers, train={counts['train']} holdout={counts['holdout']}; "
-                         "both splits need samples")
+                         + ("both splits need samples" if g.split == "seeded" else f"the {g.split} batch has none"))
     rel = [str(p.relative_to(request.path)) for p in shard_paths]
     return request.manifest(
         outputs=GenerateOutputs(shards=rel, num_train=counts["train"], num_holdout=counts["holdout"], num_tokens=tokens),

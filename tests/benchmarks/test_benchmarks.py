@@ -10,6 +10,7 @@ then the benchmark stage's two variants), serving_client.py --quick one (the dem
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -121,3 +122,26 @@ def test_serving_client_puts_the_stage_client_beside_a_plain_one(tmp_path):
     # --interleave: each client's round is the sum of its turns, one per prompt
     assert result["interleave"] is True and [p["client"] for p in engine["passes"]] == ["stage", "stage-1call", "plain"]
     assert "| baseline-eager_config | no | plain |" in out
+
+
+def test_stopping_rule_compares_fixed_replayed_and_sequential_windows(tmp_path):
+    """A fresh drafter (tests/make_drafter.py) against no speculation, 6 prompts x 16 tokens at one setting: the
+    fixed run, the rule replayed on its rounds, and the sequential run reusing its baseline."""
+    import yaml
+
+    from tests.make_drafter import make_drafter
+
+    drafter = make_drafter(tmp_path / "drafter")
+    data = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
+    data["engine"]["port"] = free_port()
+    data["benchmark"].update(max_tokens=16, temperatures=[0.0], concurrencies=[1], warmup_requests=1)
+    for section, key in (("host", "python"), ("target", "model_path"), ("generate", "prompts_path")):
+        data[section][key] = os.path.normpath(ROOT / "configs" / data[section][key])  # a venv's python stays a link
+    config = tmp_path / "demo.yaml"
+    config.write_text(yaml.safe_dump(data))
+    out = run([sys.executable, BENCH / "stopping_rule.py", config, drafter, "--out", tmp_path / "out",
+               "--num-prompts", "6", "--precision", "0.5", "--min-requests", "2"], timeout=900)
+    result = json.loads((tmp_path / "out" / "stopping_rule.json").read_text())
+    (row,) = result["rows"]
+    assert row["fixed"]["requests"] == 6 and 2 <= row["replayed"]["requests"] <= 6
+    assert "same verdict:" in out and "| 0 | 1 |" in out

@@ -5,6 +5,7 @@ run once per session, in a work root of its own."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -94,6 +95,24 @@ def deployed_worker(prefect_server: dict, config: Path, pool: str, log_path: Pat
             os.killpg(worker.pid, signal.SIGKILL)
             worker.wait()
         log.close()
+
+
+def wait_flow_run(prefect_server: dict, run_id: str, timeout_s: float = 900) -> dict:
+    """The flow run once it is final (Completed, Failed, Crashed or Cancelled), read from the API."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        run = api(prefect_server, "GET", f"/flow_runs/{run_id}").json()
+        if run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            return run
+        time.sleep(3)
+    raise AssertionError(f"flow run {run_id} not finished after {timeout_s:.0f} s")
+
+
+def newest_report(report_dir: Path, after: float) -> dict:
+    """The report.json a run wrote under `report_dir` after `after` (a Unix time), the newest."""
+    found = [p for p in Path(report_dir).glob("*/report.json") if p.stat().st_mtime >= after]
+    assert found, f"no report.json under {report_dir} since the run started"
+    return json.loads(max(found, key=lambda p: p.stat().st_mtime).read_text())
 
 
 # -- the demo pipeline, run once ------------------------------------------------------------------
@@ -192,3 +211,51 @@ def first_run_watched(prefect_server, e2e_config) -> dict:
 def first_run(first_run_watched) -> dict:
     """The report of the first pipeline run of e2e_config: every stage computed."""
     return first_run_watched["report"]
+
+
+# -- the nightly retrain, three nights ------------------------------------------------------------
+
+NIGHT_PROMPTS = (212, 100, 100)  # the source as it grows: the first night holds out 12 and trains on 200
+
+
+@pytest.fixture(scope="session")
+def nightly_runs(prefect_server, tmp_path_factory) -> dict:
+    """The `eagleflow-nightly` deployment run three times by a process worker, as the schedule does, on the
+    demo with a prompt source (a directory of JSONL files) that grows between nights. Its reports, run ids,
+    and the held-out prompts' sha256 after each night."""
+    work = tmp_path_factory.mktemp("nightly")
+    source = work / "source"
+    source.mkdir()
+    lines = (ROOT / "demo" / "prompts.jsonl").read_text().splitlines(keepends=True)
+    data = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
+    data["name"] = "nightly-e2e"
+    data["host"].update(name="nightly-e2e", work_root=str(work / "runs"), python=str(ROOT / ".hostenv" / "bin" / "python"))
+    data["target"]["model_path"] = str(ROOT / "demo" / "target")
+    data["generate"].update(prompts_path=str(ROOT / "demo" / "prompts.jsonl"), num_samples=NIGHT_PROMPTS[0],
+                            holdout=12, shard_size=160)
+    data["engine"]["port"] = free_port()
+    data["train"].update(epochs=4)
+    data["benchmark"].update(num_prompts=12, max_tokens=64, warmup_requests=1, temperatures=[0.0], concurrencies=[1],
+                             precision=0.05, min_requests=6)
+    data["nightly"] = {"source": str(source), "new_samples": NIGHT_PROMPTS[1], "replay": 1.0, "train_steps": 40,
+                       "learning_rate": 0.0005}
+    data["report_dir"] = str(work / "reports")
+    config = work / "nightly.yaml"
+    config.write_text(yaml.safe_dump(data))
+    holdout = work / "runs" / "nightly" / "nightly-e2e" / "holdout.jsonl"
+    nights: list[dict] = []
+    start = 0
+    with deployed_worker(prefect_server, config, "eagleflow-nightly-e2e", work / "worker.log") as w:
+        dep = w["deployments"]["eagleflow-nightly"]
+        for night, count in enumerate(NIGHT_PROMPTS, 1):
+            (source / f"prompts-{night}.jsonl").write_text("".join(lines[start:start + count]))
+            start += count
+            began = time.time()
+            run = api(prefect_server, "POST", f"/deployments/{dep['id']}/create_flow_run", json={"parameters": {
+                "params": {"config_path": str(config), "min_speedup": 0.0, "min_acceptance_length": 1.0,
+                           "overrides": {}}}}).json()
+            done = wait_flow_run(prefect_server, run["id"], timeout_s=1500)
+            assert done["state"]["type"] == "COMPLETED", (done["state"], (work / "worker.log").read_text()[-5000:])
+            nights.append({"id": run["id"], "report": newest_report(work / "reports", began),
+                           "holdout_sha256": hashlib.sha256(holdout.read_bytes()).hexdigest()})
+    return {"config": config, "work": work, "nights": nights}

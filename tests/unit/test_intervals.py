@@ -7,7 +7,9 @@ from __future__ import annotations
 import math
 import random
 
-from eagleflow.intervals import StoppingRule, acceptance_length, paired_speedup, ratio_of_sums, t975
+import pytest
+
+from eagleflow.intervals import StoppingRule, acceptance_length, paired_speedup, ratio_of_sums, round_spread, t975
 
 
 def test_ratio_of_sums_and_its_interval():
@@ -63,3 +65,12 @@ def test_stopping_rule():
     assert not rule.done(8, [tight, None])
     assert not StoppingRule(None, 2).done(100, [tight])  # fixed length
     assert t975(1) == 12.706 and t975(1000) == 1.96
+
+
+def test_round_spread_is_the_larger_of_the_speedup_and_al_spreads():
+    base, toks = [1.0] * 6, [100] * 6
+    steady = [0.5] * 6  # 2x on every round
+    al_drafts, al_acc = [10.0] * 6, [10.0, 30.0, 10.0, 30.0, 10.0, 30.0]  # AL 2, 4, 2, 4, ...
+    spread = round_spread(base, toks, steady, toks, al_acc, al_drafts)
+    assert spread == pytest.approx(1.0954451 / 3, rel=1e-6)  # the AL's: sd 1.095 over mean 3; the speedup's is 0
+    assert round_spread(base[:3], toks[:3], steady[:3], toks[:3], al_acc[:3], al_drafts[:3]) is None

@@ -80,7 +80,7 @@ def test_generate_from_production_is_keyed_by_its_url_and_not_by_our_engine_flag
     own = stage_settings("generate", cfg)
     assert set(own) == {"target", "engine", "generate"}
     assert set(own["engine"]) == {"kind", "max_model_len", "trust_remote_code", "reasoning_parser", "data_args"}
-    assert own["generate"] == {k: v for k, v in cfg.generate.model_dump().items() if k not in ("server", "server_wait_s")}
+    assert own["generate"] == {k: v for k, v in cfg.generate.model_dump().items() if k not in ("server", "server_wait_s", "split")}
     assert keys(load_config(ROOT / "configs" / "demo.yaml", {"generate.server_wait_s": 60})) == base
     prod = {"generate.server": "production", "production.url": "http://127.0.0.1:8000"}
     a = keys(load_config(ROOT / "configs" / "demo.yaml", prod))

