@@ -56,6 +56,9 @@ class VariantRecord(BaseModel):
     copy_reference: dict[str, Any] | None = Field(
         None, description="baseline: the verify probe's copy prompts and the answers without speculation "
         "(eagleflow.triage.verify.CopyReference).")
+    copy_settings: dict[str, Any] | None = Field(
+        None, description="The triage settings the copy reference was made with (num_prompts, max_tokens): "
+        "another run uses it only with the same.")
 
     def age_h(self, now: float | None = None) -> float:
         return ((now or time.time()) - self.measured_at) / 3600

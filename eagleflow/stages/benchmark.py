@@ -383,7 +383,7 @@ def run(request: StageRequest) -> Manifest:
     t0 = (0.0, min(b.concurrencies)) if 0.0 in b.temperatures else None
     triage_result = None
     base = next(v for v in variants if v.name == "baseline")
-    if base.reused is not None and base.reused.copy_reference:
+    if base.reused is not None and base.reused.copy_reference and base.reused.copy_settings == copy_settings(cfg):
         copy_ref = CopyReference(**base.reused.copy_reference)
 
     groups = [measured] if b.side_by_side else [[v] for v in measured]
@@ -485,9 +485,15 @@ def keep_measurement(request: StageRequest, v: Variant, rows: dict[tuple[str, fl
     record = VariantRecord(key=v.key, variant=v.name, drafter=v.drafter, measured_at=time.time(),
                            stage_dir=str(request.path), engine_version=measurements.engine_version(cfg.engine.kind),
                            windows=mine, answers_t0=answers,
-                           copy_reference=dataclasses.asdict(copy_ref) if copy_ref is not None else None)
+                           copy_reference=dataclasses.asdict(copy_ref) if copy_ref is not None else None,
+                           copy_settings=copy_settings(cfg) if copy_ref is not None else None)
     path = measurements.save(cfg.host.work_root, record)
     log.info("%s: measurement kept for later runs at %s (reused for %g h)", v.name, path, cfg.benchmark.reuse_for_h)
+
+
+def copy_settings(cfg: RunConfig) -> dict[str, int]:
+    """What a copy reference depends on beyond the baseline's key (the triage's own settings)."""
+    return {"num_prompts": cfg.benchmark.triage.num_prompts, "max_tokens": cfg.benchmark.triage.max_tokens}
 
 
 def copy_reference_engine(request: StageRequest, prompts: list[Messages], env: dict[str, str] | None) -> CopyReference | None:

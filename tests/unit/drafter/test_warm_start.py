@@ -113,3 +113,29 @@ def test_warm_start_vocab_from_t2d_and_inconsistent_lm_head(tmp_path):
     save_file(tensors, str(public / "model.safetensors"))
     with pytest.raises(FormatError, match="lm_head.weight has 10 rows"):
         read_public_drafter(public)
+
+
+def test_a_rebuilt_draft_vocabulary_carries_the_warm_starts_rows_for_the_ids_both_hold(tmp_path):
+    """warm_start_vocab 'rebuild' (nightly.rebuild_vocab): the vocabulary comes from this run's data, every
+    other weight from the warm start, and the lm_head row of a target id both vocabularies hold is the warm
+    start's row for that id."""
+    from eagleflow.drafter.trainer import Trainer
+
+    root = write_synthetic(tmp_path / "syn")
+    index = read_index(root / "data" / "index.json", stage_dir=root)
+    target = read_target_head(root / "target")
+    model = make_model(seed=3, draft_vocab_size=16)
+    old = DraftVocab(torch.tensor([0, 2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 33, 35, 37, 39]), V)
+    public = write_public_drafter(tmp_path / "public", "vllm", model, old)
+    cfg = TrainConfig(warm_start=str(public), warm_start_vocab="rebuild", draft_vocab_size=16, num_threads=1)
+    trainer = Trainer(cfg, target, index, tmp_path / "train", [1, 2, 3]).setup()
+    new_ids = trainer.vocab.draft_to_target.tolist()
+    assert new_ids != old.draft_to_target.tolist()  # built from the synthetic data's counts
+    old_row = {t: i for i, t in enumerate(old.draft_to_target.tolist())}
+    shared = [(i, old_row[t]) for i, t in enumerate(new_ids) if t in old_row]
+    assert shared
+    head = model.state_dict()["lm_head.weight"].to(torch.bfloat16).float()
+    for i, j in shared:
+        torch.testing.assert_close(trainer.model.lm_head.weight[i].detach(), head[j])
+    fc = model.state_dict()["fc.weight"].to(torch.bfloat16).float()
+    torch.testing.assert_close(trainer.model.state_dict()["fc.weight"], fc)  # the rest: the warm start's
