@@ -2,60 +2,28 @@
 real headless Chromium (Debian's /usr/bin/chromium, driven by Playwright), the deployments registered
 from this checkout and a process worker running what the UI triggers.
 
-The four scenarios of the people who use it: a custom run of eagleflow-pipeline from its form (typed
-fields, the config's values as defaults, a changed value that reaches the run); the nightly retrain's
-schedule and a promotion decision on its run page; a failed run whose failed task shows the root
-cause at the end of its log and whose failure artifact holds the engine's log; eagleflow-benchmark
-with a `drafter` that re-measures without any upstream stage. Each page is saved as a screenshot
+The scenarios of the people who use it: a custom run of eagleflow-pipeline from its form (typed
+fields, the config's values as defaults, a changed value that reaches the run); a failed run whose
+failed task shows the root cause at the end of its log and whose failure artifact holds the engine's
+log; eagleflow-benchmark with a `drafter` that re-measures without any upstream stage (the nightly's
+schedule and a night's promotion decision: test_nightly_ui.py). Each page is saved as a screenshot
 under test-output/ui/ (a person can open them) and checked for the text it must show.
 """
 
 from __future__ import annotations
 
-import json
-import re
 import shutil
-import time
-from pathlib import Path
 from typing import Iterator
 
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
 
 from tests.conftest import ROOT
-from tests.e2e.conftest import api, deployed_worker, wait_flow_run
+from tests.e2e.conftest import api, deployed_worker
+from tests.e2e.ui.pages import artifact_of, open_run, prop, scroll_logs_to_end, shot, submit, task_runs, wait_final
 
 pytestmark = pytest.mark.e2e
 
-CHROMIUM = "/usr/bin/chromium"
-# A closed network: without these Chromium keeps trying Google's services (and is refused, many at a time).
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
-SHOTS = ROOT / "test-output" / "ui"
-RUN_TIMEOUT_S = 900  # a benchmark-only run is about a minute here; the worker starts a flow process first
 QUICK = {"benchmark.concurrencies": [1]}  # one concurrency: every run here is as short as it can be
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    assert Path(CHROMIUM).exists(), "Debian's chromium is missing: `make browser` installs it"
-    shutil.rmtree(SHOTS, ignore_errors=True)
-    SHOTS.mkdir(parents=True)
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        yield b
-        b.close()
-
-
-@pytest.fixture()
-def page(browser: Browser) -> Iterator[Page]:
-    # Tall: Prefect's pages scroll inside a container of their own, which a full-page screenshot does not
-    # unroll, so what a screenshot should show must fit the window.
-    ctx = browser.new_context(viewport={"width": 1400, "height": 2400})
-    ctx.set_default_timeout(30_000)
-    pg = ctx.new_page()
-    yield pg
-    ctx.close()
 
 
 @pytest.fixture(scope="module")
@@ -64,70 +32,6 @@ def ui(prefect_server, e2e_config, first_run, tmp_path_factory) -> Iterator[dict
     log = tmp_path_factory.mktemp("ui-worker") / "worker.log"
     with deployed_worker(prefect_server, e2e_config, "eagleflow-ui", log) as w:
         yield {"deployments": w["deployments"], "base": prefect_server["PREFECT_API_URL"].removesuffix("/api")}
-
-
-def shot(page: Page, name: str) -> Path:
-    path = SHOTS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
-    print(f"screenshot: {path}")
-    return path
-
-
-def prop(page: Page, label: str):
-    """One field of Prefect's schema form, by its label ("Epochs (Optional)")."""
-    return page.locator(".schema-form-property").filter(has=page.locator(
-        ".schema-form-property__label", has_text=re.compile(rf"^{label}( \(Optional\))?$", re.I))).last
-
-
-def submit(page: Page) -> str:
-    """Submit the custom-run form; the id of the flow run it created."""
-    with page.expect_response(lambda r: r.url.endswith("/create_flow_run") and r.request.method == "POST") as created:
-        page.get_by_role("button", name="Submit").click()
-    assert created.value.status == 201, created.value.text()
-    return created.value.json()["id"]
-
-
-def wait_final(prefect_server: dict, run_id: str, timeout_s: float = RUN_TIMEOUT_S) -> dict:
-    return wait_flow_run(prefect_server, run_id, timeout_s)
-
-
-def task_runs(prefect_server: dict, run_id: str) -> dict[str, dict]:
-    """The flow run's task runs by task ("check-a1f" and "check" are both the check task)."""
-    runs = api(prefect_server, "POST", "/task_runs/filter", json={"flow_runs": {"id": {"any_": [run_id]}}}).json()
-    return {re.sub(r"-[0-9a-f]{3}$", "", r["name"]): r for r in runs}
-
-
-def artifact_of(prefect_server: dict, run_id: str, key: str) -> dict:
-    arts = api(prefect_server, "POST", "/artifacts/filter",
-               json={"artifacts": {"key": {"any_": [key]}, "flow_run_id": {"any_": [run_id]}}}).json()
-    assert arts, f"no artifact {key} of flow run {run_id}"
-    return arts[0]
-
-
-def open_run(page: Page, ui: dict, run_id: str, tab: str | None = None) -> None:
-    """The flow run's page, on `tab` ("Task Runs", "Artifacts") as a person clicks it."""
-    page.goto(f"{ui['base']}/runs/flow-run/{run_id}")
-    page.locator(".state-badge").first.wait_for()
-    if tab:
-        page.locator(".p-tab", has_text=re.compile(rf"^{tab}$")).first.click()
-
-
-def scroll_logs_to_end(page: Page, until: str, timeout_s: float = 60) -> list[str]:
-    """Scroll the log list to its end, as a person does (it loads 50 rows at a time), until a row
-    matching the regex `until` is there; the rows' texts, in order."""
-    page.locator(".log-row").first.wait_for()
-    found = re.compile(until)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        rows = page.locator(".log-row .log-row__content").all_inner_texts()
-        if any(found.search(r) for r in rows):
-            page.locator(".log-row").last.scroll_into_view_if_needed()
-            return rows
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no log row matches {until!r} after scrolling; the last: {rows[-3:]}")
-        page.locator(".log-row").last.scroll_into_view_if_needed()
-        page.mouse.wheel(0, 5000)
-        page.wait_for_timeout(300)
 
 
 def test_a_custom_run_of_the_pipeline_from_its_form(page, ui, prefect_server, first_run):
@@ -163,37 +67,6 @@ def test_a_custom_run_of_the_pipeline_from_its_form(page, ui, prefect_server, fi
         page.locator("a[href*='/runs/task-run/']", has_text=stage).first.wait_for()
     assert page.locator(".state-badge").first.inner_text().strip() == "Completed"
     shot(page, "1-pipeline-run-page")
-
-
-def test_the_nightly_schedule_and_a_promotion_decision_on_its_run_page(page, ui, prefect_server, nightly_runs):
-    dep = ui["deployments"]["eagleflow-nightly"]
-    page.goto(f"{ui['base']}/deployments/deployment/{dep['id']}")
-    schedule = page.locator(".deployment-schedule-card__content")
-    schedule.wait_for()
-    assert "At 02:00 AM every day" in schedule.inner_text()
-    shot(page, "2-nightly-deployment-schedule")
-
-    # The third night of the session's nightly (tests/e2e/flows/test_nightly.py), as the operator opens it.
-    run = {"id": nightly_runs["nights"][-1]["id"]}
-    decision = artifact_of(prefect_server, run["id"], "eagleflow-nightly-e2e-promotion")
-    heading = decision["data"].splitlines()[0]
-    # The decision the gate took, as the record of nights on the host keeps it.
-    nights = json.loads((nightly_runs["work"] / "runs" / "nightly" / "nightly-e2e" / "nights.json").read_text())
-    assert heading.startswith("# Promoted:" if nights[-1]["promoted"] else "# Not promoted"), (heading, nights[-1])
-    report = artifact_of(prefect_server, run["id"], "eagleflow-nightly-e2e")["data"]
-    assert "AL by night" in report and "![al-by-night](data:image/png;base64," in report
-
-    open_run(page, ui, run["id"])  # the Logs tab: the decision is a line of the promote task, near the end
-    scroll_logs_to_end(page, r"^(promoted /|not promoted: )")
-    shot(page, "2-nightly-run-logs")
-    open_run(page, ui, run["id"], "Artifacts")
-    card = page.locator("a[href*='/artifacts/artifact/']", has_text="promotion").first
-    card.wait_for()
-    card.click()
-    body = page.locator(".artifact-data-markdown")
-    body.wait_for()
-    assert heading.lstrip("# ") in body.inner_text() and "the bars: speedup >=" in body.inner_text()
-    shot(page, "2-nightly-promotion-decision")
 
 
 def test_a_failed_run_shows_its_root_cause_and_the_engine_log(page, ui, prefect_server, e2e_config, first_run,

@@ -1,0 +1,48 @@
+"""The nightly retrain as the operator sees it in the Prefect UI (Debian's Chromium, Playwright): the
+`eagleflow-nightly` deployment's schedule, and the third night of the session's nightly
+(`nightly_runs`, tests/e2e/conftest.py; tests/e2e/flows/test_nightly.py) with its promotion decision in the
+run's log and artifacts, the very decision the gate took, and its report with AL by night."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.e2e.conftest import api
+from tests.e2e.ui.pages import artifact_of, open_run, scroll_logs_to_end, shot
+
+pytestmark = pytest.mark.e2e
+
+
+def test_the_nightly_schedule_and_a_promotion_decision_on_its_run_page(page, prefect_server, nightly_runs):
+    base = prefect_server["PREFECT_API_URL"].removesuffix("/api")
+    deps = api(prefect_server, "POST", "/deployments/filter",
+               json={"deployments": {"name": {"any_": ["eagleflow-nightly"]}}}).json()
+    page.goto(f"{base}/deployments/deployment/{deps[0]['id']}")
+    schedule = page.locator(".deployment-schedule-card__content")
+    schedule.wait_for()
+    assert "At 02:00 AM every day" in schedule.inner_text()
+    shot(page, "2-nightly-deployment-schedule")
+
+    run_id = nightly_runs["nights"][-1]["id"]
+    decision = artifact_of(prefect_server, run_id, "eagleflow-nightly-e2e-promotion")
+    heading = decision["data"].splitlines()[0]
+    # The decision the gate took, as the record of nights on the host keeps it.
+    nights = json.loads((nightly_runs["work"] / "runs" / "nightly" / "nightly-e2e" / "nights.json").read_text())
+    assert heading.startswith("# Promoted:" if nights[-1]["promoted"] else "# Not promoted"), (heading, nights[-1])
+    report = artifact_of(prefect_server, run_id, "eagleflow-nightly-e2e")["data"]
+    assert "AL by night" in report and "![al-by-night](data:image/png;base64," in report
+
+    ui = {"base": base}
+    open_run(page, ui, run_id)  # the Logs tab: the decision is a line of the promote task, near the end
+    scroll_logs_to_end(page, r"^(promoted /|not promoted: )")
+    shot(page, "2-nightly-run-logs")
+    open_run(page, ui, run_id, "Artifacts")
+    card = page.locator("a[href*='/artifacts/artifact/']", has_text="promotion").first
+    card.wait_for()
+    card.click()
+    body = page.locator(".artifact-data-markdown")
+    body.wait_for()
+    assert heading.lstrip("# ") in body.inner_text() and "the bars: speedup >=" in body.inner_text()
+    shot(page, "2-nightly-promotion-decision")
