@@ -112,7 +112,7 @@ def main() -> int:
     scratch = train(base, whole_pool(reports, args.out / "scratch-data"), args.out / "scratch")
     rows.append({"night": len(reports), "recipe": f"from scratch on the whole pool ({len(reports)} nights)", **scratch})
     print()
-    print(f"| night | recipe | steps | holdout AL | vs night 1 | seconds |")
+    print("| night | recipe | steps | holdout AL | vs night 1 | seconds |")
     print("|---:|---|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['night']} | {r['recipe']} | {r['steps']} | {r['holdout_al']:.3f} | "

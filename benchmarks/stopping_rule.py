@@ -97,7 +97,7 @@ def main() -> int:
                      "sequential": {"requests": live.requests, "speedup": srow.drafter_vs_baseline,
                                     "speedup_ci": srow.drafter_vs_baseline_ci, "al": live.mean_acceptance_length,
                                     "al_ci": live.al_interval, "stopped": live.stopped}})
-    print(f"| temp | conc | fixed: requests, speedup, AL | the rule on the same rounds | sequential, live |")
+    print("| temp | conc | fixed: requests, speedup, AL | the rule on the same rounds | sequential, live |")
     print("|---:|---:|---|---|---|")
     for r in rows:
         cells = []

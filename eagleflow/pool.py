@@ -25,7 +25,6 @@ import hashlib
 import json
 import random
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -54,14 +53,11 @@ class PoolBatch(BaseModel):
 
 
 class Ledger(BaseModel):
-    """ledger.json: the pool's batches, oldest first, and what each night trained on."""
+    """ledger.json: the pool's batches, oldest first (what each night made of them: nights.json, NightRecord)."""
 
     model_config = ConfigDict(extra="forbid")
 
     batches: list[PoolBatch] = Field(default_factory=list)
-    nights: list[dict[str, Any]] = Field(default_factory=list, description="One entry a night: its batch, what it "
-                                         "trained on, its drafter's holdout and served acceptance (the report's "
-                                         "AL by night).")
 
     def used(self) -> set[str]:
         return {h for b in self.batches for h in b.prompts}
