@@ -117,12 +117,18 @@ def plan_nightly(cfg: RunConfig, facts: HostFacts, full: CapacityPlan) -> Nightl
     add("benchmark", 0, start + warm + windows, f"the new drafter only, {how}, {DEFAULT_DECODE_TOK_S} tok/s a request",
         SOURCES["benchmark"] + start_note)
 
-    gpu = {"extract": backend == "vllm" or cfg.extract.device != "cpu", "pool": True, "train": cfg.train.device != "cpu",
-           "export": True, "benchmark": True}
-    first_gpu = next((i for i, s in enumerate(stages) if gpu.get(s.stage) and s.stage in ("extract", "train", "benchmark")), None)
-    down = [s.stage for s in stages[first_gpu:]] if first_gpu is not None and cfg.production.kind != "none" else []
-    if cfg.production.window == "stage":
-        down = [s for s in down if s in ("extract", "train", "benchmark") and gpu[s]]
+    # The stages that take production's GPUs (the flows' rule, tasks.production.needs_gpus): one window from the
+    # first of them to the end of the night, or (production.window 'stage') a window around each.
+    takes_gpus = {"extract": backend == "vllm" or cfg.extract.device != "cpu", "train": cfg.train.device != "cpu",
+                  "benchmark": True}
+    gpu_stages = [s.stage for s in stages if takes_gpus.get(s.stage)]
+    order = [s.stage for s in stages]
+    if cfg.production.kind == "none" or not gpu_stages:
+        down: list[str] = []
+    elif cfg.production.window == "stage":
+        down = gpu_stages
+    else:
+        down = order[order.index(gpu_stages[0]):]
     budget = int(n.pool_budget_gib * 2**30) if n.pool_budget_gib else None
     first_bytes = int(full.extract_bytes[cfg.extract.storage_dtype] * (tok.samples - (n.holdout or cfg.generate.holdout))
                       / max(tok.samples, 1))

@@ -57,6 +57,15 @@ def start_stage(cfg: RunConfig) -> tuple[subprocess.Popen, Path]:
     return proc, d
 
 
+def nightly_benchmark(tmp: Path, drafter: Path, current: Path) -> tuple[Path, dict]:
+    """The benchmark stage as a nightly runs it (no production, the stopping rule on); its dir and metrics."""
+    cfg = bench_config(tmp, {"benchmark.drafter": str(drafter), "benchmark.current_drafter": str(current),
+                             "benchmark.precision": 0.5, "benchmark.min_requests": 2})
+    proc, d = start_stage(cfg)
+    assert proc.wait(timeout=1200) == 0, (d / "stage.log").read_text()[-5000:]
+    return d, json.loads((d / "manifest.json").read_text())["metrics"]
+
+
 def test_every_variant_and_setting_is_measured_and_production_comes_back(tmp_path, drafters):
     port = free_port()
     production = prod_service_config(tmp_path, port, sys.executable, orphan_grace_s=5)
@@ -110,12 +119,7 @@ def test_every_variant_and_setting_is_measured_and_production_comes_back(tmp_pat
 
         # The next run (a nightly) measures only the new drafter: the baseline and the current drafter come from
         # this run's kept measurements, and the drafter's windows may stop once precise enough.
-        again = bench_config(tmp_path, {"benchmark.drafter": str(drafters["new"]),
-                                        "benchmark.current_drafter": str(drafters["current"]),
-                                        "benchmark.precision": 0.5, "benchmark.min_requests": 2})
-        proc, d2 = start_stage(again)
-        assert proc.wait(timeout=1200) == 0, (d2 / "stage.log").read_text()[-5000:]
-        m2 = json.loads((d2 / "manifest.json").read_text())["metrics"]
+        d2, m2 = nightly_benchmark(tmp_path, drafters["new"], drafters["current"])
         assert sorted(m2["reused"]) == ["baseline", "current"] and str(d) in m2["reused"]["baseline"]
         assert sorted(p.name for p in d2.glob("engine-*.log")) == ["engine-drafter.log"]  # one engine load
         assert list(m2["requests"]) == ["drafter"] and m2["requests"]["drafter"] <= 16
@@ -133,12 +137,7 @@ def test_every_variant_and_setting_is_measured_and_production_comes_back(tmp_pat
         assert "(reused)" in (d2 / "report.md").read_text()
 
         # Tonight's new drafter is tomorrow's current one: its measurement is reused under its new role.
-        third = bench_config(tmp_path, {"benchmark.drafter": str(drafters["newer"]),
-                                        "benchmark.current_drafter": str(drafters["new"]),
-                                        "benchmark.precision": 0.5, "benchmark.min_requests": 2})
-        proc, d3 = start_stage(third)
-        assert proc.wait(timeout=1200) == 0, (d3 / "stage.log").read_text()[-5000:]
-        m3 = json.loads((d3 / "manifest.json").read_text())["metrics"]
+        d3, m3 = nightly_benchmark(tmp_path, drafters["newer"], drafters["new"])
         assert sorted(m3["reused"]) == ["baseline", "current"] and "as variant 'drafter'" in m3["reused"]["current"]
         assert str(d2) in m3["reused"]["current"]
         assert sorted(p.name for p in d3.glob("engine-*.log")) == ["engine-drafter.log"]
