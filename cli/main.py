@@ -6,6 +6,8 @@
     eagleflow deploy CONFIG [--pool NAME] [--set ...]          register the deployments on the Prefect server
     eagleflow status [CONFIG] [--set ...] [--limit N]          runs, their stages, each stage dir on its host
     eagleflow bootstrap CONFIG [...]                           create or update the host environment
+    eagleflow promote CONFIG --drafter DIR [--set ...]         deploy a drafter to production (canary, rollback)
+    eagleflow rollback CONFIG [--why TEXT] [--set ...]         production back to its last good drafter
 
 Exit status: 0 done, 1 a stage (or the run) failed, 2 bad input (a config field, a path, a flag).
 `python -m flows.pipeline`, `flows.benchmark`, `flows.plan`, `flows.bootstrap` and `deployments.deploy`
@@ -20,10 +22,11 @@ import sys
 USAGE = __doc__.split("\n\n")[1]
 
 
-# command -> the module whose `main(argv, prog)` it is; imported when chosen, so `eagleflow plan`
+# command -> the module whose `main(argv, prog)` it is (or module:function); imported when chosen, so `eagleflow plan`
 # does not pay for Prefect's import and `--help` for none.
 COMMANDS = {"run": "flows.pipeline", "benchmark": "flows.benchmark", "plan": "flows.plan",
-            "deploy": "deployments.deploy", "status": "flows.status", "bootstrap": "flows.bootstrap"}
+            "deploy": "deployments.deploy", "status": "flows.status", "bootstrap": "flows.bootstrap",
+            "promote": "flows.deploy:promote_main", "rollback": "flows.deploy:rollback_main"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown command {name!r}; one of: {', '.join(COMMANDS)} (eagleflow --help)", file=sys.stderr)
         return 2
     try:
-        return importlib.import_module(COMMANDS[name]).main(rest, f"eagleflow {name}")
+        module, _, func = COMMANDS[name].partition(":")
+        return getattr(importlib.import_module(module), func or "main")(rest, f"eagleflow {name}")
     except SystemExit as exc:  # argparse: --help is 0, a bad flag 2
         return exc.code if isinstance(exc.code, int) else 2
     except KeyboardInterrupt:

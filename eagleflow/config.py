@@ -457,8 +457,31 @@ class ProductionConfig(_Strict):
         "lease is free), the net ends the benchmark and restores production.",
     )
 
+    promote: Literal["record", "deploy"] = Field(
+        "record",
+        description="What the nightly's promotion does. 'record': write the promoted record only (production's launch "
+        "is the operator's to change). 'deploy': production's launch reads its drafter from the link "
+        "<work_root>/production/<name>/drafter; promoting switches the link inside the production window, so "
+        "production comes back with the new drafter, then the canary measures production through its endpoint and "
+        "rolls back to the last good drafter when it serves below the bar.",
+    )
+    canary_prompts: int = Field(16, ge=1, description="deploy: held-out prompts the canary sends to production (one "
+                                "at a time, greedy).")
+    canary_max_tokens: int | None = Field(None, ge=1, description="deploy: tokens per canary request (default: "
+                                          "benchmark.max_tokens).")
+    canary_tolerance: float = Field(
+        0.1, ge=0, lt=1,
+        description="deploy: a new drafter whose acceptance length or output tok/s on production is more than this "
+        "fraction below the last good drafter's canary is rolled back (as is one below the promotion gate's AL).",
+    )
+
     @model_validator(mode="after")
     def _kind(self) -> "ProductionConfig":
+        if self.promote == "deploy" and self.kind == "none":
+            raise ValueError("production.promote 'deploy' needs a production service to restart (production.kind "
+                             "'systemd' or 'command')")
+        if self.promote == "deploy" and not self.url:
+            raise ValueError("production.promote 'deploy' needs production.url: the canary measures production there")
         if self.kind == "systemd" and not self.unit:
             raise ValueError("production.unit is required when production.kind is 'systemd'")
         if self.kind == "command" and not (self.start_command and self.stop_command):

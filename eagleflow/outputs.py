@@ -385,6 +385,8 @@ class ProductionWindow(BaseModel):
     healthy_after_s: float | None = Field(None, description="Seconds from the start command to healthy.")
     summary: str = Field("", description="The guardian's line: restored, never stopped, or why not healthy.")
     dir: str | None = Field(None, description="The window's directory on the host (its logs and records).")
+    rolled_back: str | None = Field(None, description="Production did not come back with the drafter deployed in this "
+                                    "window: the guardian pointed it back at the last good one, and why.")
 
 
 class ProductionResult(BaseModel):

@@ -77,3 +77,28 @@ def decide(report: Report, promoted: PromotionRecord | None, gate: PromotionGate
     record = PromotionRecord(drafter_dir=report.drafter_dir, mean_acceptance_length=al, speedup=report.speedup,
                              report=report.path, run=report.run, created=report.created)
     return Decision(promote=True, reasons=[], record=record)
+
+
+def judge_canary(canary: dict, previous: dict | None, gate: PromotionGate, tolerance: float) -> list[str]:
+    """Why production serves the deployed drafter worse than the bar (empty: it stays).
+
+    `canary`: production's figures with it (eagleflow.production.canary); `previous`: the last good drafter's
+    canary on the same production, when there is one. Acceptance is judged first: it is production's own count,
+    hardly touched by other traffic; speed only beyond `tolerance`, since other traffic moves it."""
+    reasons = []
+    if canary.get("errors"):
+        reasons.append(f"{canary['errors']} of {canary.get('requests')} canary requests failed: {canary.get('first_error')}")
+    al = float(canary.get("mean_acceptance_length") or 0.0)
+    if al < gate.min_acceptance_length:
+        reasons.append(f"production's acceptance length {al:.2f} < the bar {gate.min_acceptance_length}"
+                       + (" (acceptance 0: the drafter's weights are not in use)" if al <= 1.0 else ""))
+    if previous:
+        prev_al, prev_tok = float(previous.get("mean_acceptance_length") or 0), float(previous.get("output_tok_s") or 0)
+        if al < prev_al * (1 - tolerance):
+            reasons.append(f"production's acceptance length {al:.2f} < the last good drafter's {prev_al:.2f} "
+                           f"(tolerance {tolerance:.0%})")
+        tok = float(canary.get("output_tok_s") or 0)
+        if tok < prev_tok * (1 - tolerance):
+            reasons.append(f"production's {tok:.1f} output tok/s < the last good drafter's {prev_tok:.1f} "
+                           f"(tolerance {tolerance:.0%})")
+    return reasons

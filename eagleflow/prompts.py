@@ -69,3 +69,12 @@ def holdout_prompts(path: str | Path, num_samples: int, holdout: int, seed: int,
     prompts = load_prompts(path)
     _, held = split_indices(len(prompts), num_samples, holdout, seed)
     return [prompts[i] for i in held[:n]]
+
+
+def run_holdout(g: Any, n: int | None) -> list[Messages]:
+    """The held-out prompts of a run config's `generate` section `g`, the first `n`: the same seeded split the
+    generate stage holds out (so measuring a drafter needs no generate stage), or the nightly pool's fixed
+    held-out file in its order. The benchmark's prompts, and the production canary's."""
+    if g.split == "holdout":
+        return load_prompts(g.prompts_path)[:n]
+    return holdout_prompts(g.prompts_path, g.num_samples, g.holdout, g.seed, n)

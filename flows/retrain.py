@@ -23,18 +23,19 @@ from __future__ import annotations
 import datetime as dt
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from prefect import flow, get_run_logger
 
 from eagleflow.config import RunConfig
 from eagleflow.hosts import Host
 from eagleflow.outputs import (
-    BenchmarkMetrics, GenerateOutputs, PoolMetrics, ProductionWindow, SelectOutputs, TrainMetrics,
+    BenchmarkMetrics, GenerateOutputs, PoolMetrics, SelectOutputs, TrainMetrics,
 )
 from eagleflow.pool import NightRecord, batch_config, continuing_train_config
 from eagleflow.promotion import PromotionGate, PromotionRecord, promotion_record_path
-from eagleflow.report import Report
+from eagleflow.report import Report, build_report
+from flows.deploy import deploy_and_verify
 from flows.host_slot import host_slot, stop_jobs_of_run
 from flows.params import RetrainParams, main_cli
 from tasks.benchmark import benchmark
@@ -46,7 +47,7 @@ from tasks.generate import generate
 from tasks.naming import flow_run_owner
 from tasks.nightly import record_night, record_promotion
 from tasks.pool import pool
-from tasks.production import production_windows
+from tasks.production import Windows, production_windows
 from tasks.promote import promote
 from tasks.report import publish_report
 from tasks.select import select
@@ -55,11 +56,10 @@ from tasks.train import train
 
 @dataclass
 class Night:
-    """What one night ran: its stages (by label), production windows, tonight's selection and what it continued from."""
+    """What one night ran: its stages (by label), tonight's selection and what it continued from."""
 
     runs: dict[str, StageRun]
     selection: SelectOutputs
-    windows: list[ProductionWindow] = field(default_factory=list)
     warm_start: str | None = None
 
 
@@ -72,7 +72,7 @@ def promoted_drafter(host: Host, config: RunConfig) -> str | None:
     return drafter if host.exists(f"{drafter}/config.json") else None
 
 
-def run_night(host: Host, config: RunConfig) -> Night:
+def run_night(host: Host, config: RunConfig, windows: Windows) -> Night:
     """The night's stages, in order; each cached one taken from cache while its manifest is on the host."""
     start = time.monotonic()
     runs: dict[str, StageRun] = {"check": StageRun(check(host, config), cached=False, seconds=time.monotonic() - start)}
@@ -84,26 +84,24 @@ def run_night(host: Host, config: RunConfig) -> Night:
     held = batch_config(config, sel.holdout_file, "holdout")  # the benchmark's prompts too
     new = batch_config(config, sel.batch_file, "train")
     promoted = None if sel.first_night else promoted_drafter(host, config)
-    with production_windows(host, config) as windows:
-        runs["generate: holdout"] = run_cached(generate, host, held, label="generate: holdout")
-        runs["generate"] = run_cached(generate, host, new, label=f"generate: batch {sel.batch_id}")
-        runs["extract: holdout"] = windows.run(extract, {"generate": runs["generate: holdout"].manifest}, config=held,
-                                               label="extract: holdout")
-        runs["extract"] = windows.run(extract, {"generate": runs["generate"].manifest}, config=new,
-                                      label=f"extract: batch {sel.batch_id}")
-        runs["pool"] = run_cached(pool, host, config, {"select": runs["select"].manifest,
-                                                       "holdout": runs["extract: holdout"].manifest,
-                                                       "extract": runs["extract"].manifest})
-        data = runs["pool"].manifest
-        tonight = held
-        if promoted:
-            pm = PoolMetrics.of(data)
-            tonight = continuing_train_config(held, promoted, pm.new_tokens + pm.replay_tokens)
-            night.warm_start = promoted
-        runs["train"] = windows.run(train, {"extract": data}, config=tonight)
-        runs["export"] = windows.run(export, {"train": runs["train"].manifest}, config=tonight)
-        runs["benchmark"] = windows.run(benchmark, {"export": runs["export"].manifest, "extract": data}, config=tonight)
-    night.windows = windows.records
+    runs["generate: holdout"] = run_cached(generate, host, held, label="generate: holdout")
+    runs["generate"] = run_cached(generate, host, new, label=f"generate: batch {sel.batch_id}")
+    runs["extract: holdout"] = windows.run(extract, {"generate": runs["generate: holdout"].manifest}, config=held,
+                                           label="extract: holdout")
+    runs["extract"] = windows.run(extract, {"generate": runs["generate"].manifest}, config=new,
+                                  label=f"extract: batch {sel.batch_id}")
+    runs["pool"] = run_cached(pool, host, config, {"select": runs["select"].manifest,
+                                                   "holdout": runs["extract: holdout"].manifest,
+                                                   "extract": runs["extract"].manifest})
+    data = runs["pool"].manifest
+    tonight = held
+    if promoted:
+        pm = PoolMetrics.of(data)
+        tonight = continuing_train_config(held, promoted, pm.new_tokens + pm.replay_tokens)
+        night.warm_start = promoted
+    runs["train"] = windows.run(train, {"extract": data}, config=tonight)
+    runs["export"] = windows.run(export, {"train": runs["train"].manifest}, config=tonight)
+    runs["benchmark"] = windows.run(benchmark, {"export": runs["export"].manifest, "extract": data}, config=tonight)
     return night
 
 
@@ -131,20 +129,37 @@ def retrain(params: RetrainParams = RetrainParams()) -> Report | None:
     """Tonight's report (None: no new prompt, nothing ran past select); the promotion decision is an artifact."""
     config = params.load()
     gate = PromotionGate(min_speedup=params.min_speedup, min_acceptance_length=params.min_acceptance_length)
+    deploy = config.production.promote == "deploy"
     with host_slot(config, f"retrain {config.name}") as host:
-        night = run_night(host, config)
-        sel = night.selection
-        if "benchmark" not in night.runs:
-            get_run_logger().warning("no unused prompt in the source (%d distinct, all used or held out): nothing "
-                                     "new to train on tonight; append prompts to %s", sel.source_prompts,
-                                     config.nightly.source or config.generate.prompts_path)
-            return None
-        nights, picture = record_night(host, config, sel.pool_dir, night_record(night))
-        report = publish_report(host, config, night.runs, night.windows, nights=nights,
+        with production_windows(host, config) as windows:
+            night = run_night(host, config, windows)
+            sel = night.selection
+            if "benchmark" not in night.runs:
+                get_run_logger().warning("no unused prompt in the source (%d distinct, all used or held out): nothing "
+                                         "new to train on tonight; append prompts to %s", sel.source_prompts,
+                                         config.nightly.source or config.generate.prompts_path)
+                return None
+            nights, picture = record_night(host, config, sel.pool_dir, night_record(night))
+            if deploy:
+                # Decided while production is still down: a promoted drafter goes in before production comes
+                # back, so the load that restores production is the one that serves (and measures) it.
+                promoted = promote(host, config, build_report(config.name, {s: r.manifest for s, r in night.runs.items()},
+                                                              {}, nights=nights), gate)
+                if promoted:
+                    promoted = deploy_night(host, config, windows, gate)
+        report = publish_report(host, config, night.runs, windows.records, nights=nights,
                                 plots={"al-by-night": picture} if picture else None)
-        promoted = promote(host, config, report, gate)
+        if not deploy:
+            promoted = promote(host, config, report, gate)
         record_promotion(host, sel.pool_dir, nights[-1].run, promoted)
         return report
+
+
+def deploy_night(host: Host, config: RunConfig, windows: Windows, gate: PromotionGate) -> bool:
+    """The promoted drafter into production (eagleflow.production.deployed): whether it serves there after its canary."""
+    record = PromotionRecord.model_validate_json(host.read_text(promotion_record_path(config.host.work_root, config.name)))
+    done = deploy_and_verify(host, config, windows, record.drafter_dir, record.model_dump(mode="json"), gate)
+    return done.serving
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:

@@ -68,7 +68,8 @@ def restore_production(host: Host, config: RunConfig, window: dict[str, Any], st
     """Release the window and wait until its holder says production is back (or why not)."""
     d = window["dir"]
     host.write_text(f"{d}/window.release", "")
-    deadline = time.monotonic() + config.production.restore_timeout_s + CLOSE_MARGIN_S
+    # twice: a deployed drafter's start that fails, then the guardian's rollback and second start
+    deadline = time.monotonic() + 2 * config.production.restore_timeout_s + CLOSE_MARGIN_S
     while True:
         rc, out, _ = host.exec([config.host.python, "-m", WINDOW_CLI, "status", d], timeout=60)
         status = json.loads(out.strip().splitlines()[-1]) if rc == 0 and out.strip() else {}
@@ -119,6 +120,14 @@ class Windows:
         finally:
             if self.config.production.window == "stage":
                 self.close()
+
+    def hold(self, label: str) -> str:
+        """Open a window for `label` unless one is open (a deploy restarts production even when no stage ran);
+        return its directory on the host."""
+        if self.open is None:
+            self.open = stop_production(self.host, self.config, label)
+        self.stages.append(label)
+        return self.open["dir"]
 
     def close(self) -> None:
         if self.open is not None:

@@ -72,6 +72,9 @@ class Downtime:
             return "production was not running before the benchmark; it was left stopped"
         if not r.get("started"):
             return "production was never stopped; it answers healthy"
+        if r.get("rolled_back"):
+            return (f"production restored with the last good drafter, healthy after {r['healthy_after_s']:.1f} s: "
+                    f"{r['rolled_back']}")
         return f"production restored, healthy after {r['healthy_after_s']:.1f} s"
 
 
@@ -195,7 +198,8 @@ def production_stopped(cfg: "ProductionConfig | ServiceSettings", state_dir: str
 
     def restored() -> dict[str, Any]:
         release()
-        hold.result = _await_result(state_dir, token, cfg.restore_timeout_s + RESULT_MARGIN_S)
+        # twice: a start with a deployed drafter that fails, then the guardian's rollback and second start
+        hold.result = _await_result(state_dir, token, 2 * cfg.restore_timeout_s + RESULT_MARGIN_S)
         hold.result["summary"] = hold.summary()  # the line the report shows
         log(hold.result["summary"])
         try:

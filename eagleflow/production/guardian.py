@@ -24,8 +24,10 @@ from eagleflow.files import read_json, write_json_atomic
 from eagleflow.jobs import lease_holder
 from eagleflow.locks import is_held, try_lock
 from eagleflow.procs import terminate, wait_until
+from eagleflow.production import deployed
 from eagleflow.production.ownership import STOP_ENV, end_owned, end_owned_group, owned_pids
 from eagleflow.production.service import ProductionError, ProductionService, SettingsRecord
+from eagleflow.production.deployed import WINDOW_MARK
 from eagleflow.production.state import COMMANDS_LOG, HOLD, POLL_S, RECORD, RESULT, WATCHING
 
 STAGE_GRACE_S = 20.0  # guardian -> orphaned stage: SIGTERM, then SIGKILL after this (the stage ends its engines with 15 s)
@@ -110,6 +112,25 @@ def _restore(svc: ProductionService, was_running: bool) -> dict[str, Any]:
     return {"ok": True, "was_running": True, "started": True, "healthy_after_s": round(took, 2)}
 
 
+def _roll_back(svc: ProductionService, d: Path, failed: dict[str, Any]) -> dict[str, Any]:
+    """Production did not come back with the drafter switched in this window: point it back at the last good
+    drafter and start it again. Done here, not by the flow: the flow may be gone, production must not be."""
+    mark = read_json(d / WINDOW_MARK) or {}
+    why = f"production did not come back with drafter {mark.get('seq')}: {failed.get('error')}"
+    try:
+        deployed.rollback(Path(mark["dir"]), why, window=d)
+    except (deployed.DeployError, OSError, KeyError) as exc:
+        _glog(f"cannot roll the drafter back: {exc}")
+        return {**failed, "rollback_error": str(exc)}
+    _glog(f"rolled the drafter back ({why}); starting production again")
+    try:
+        svc.stop()  # what the failed start left (a unit in failed state, a half-started server)
+    except ProductionError as exc:
+        _glog(f"stop before the second start: {exc}")
+    result = _restore(svc, True)
+    return {**result, "rolled_back": why, "first_error": failed.get("error")}
+
+
 def guard(state_dir: str | Path) -> int:
     """The guardian's whole life: watch, clean up, restore once, record, exit."""
     d = Path(state_dir)
@@ -173,6 +194,8 @@ def _guard(d: Path, rec: dict[str, Any]) -> int:
 
     # Production is only touched now, once: the hold is free and nothing of the benchmark is left.
     result = _restore(svc, bool(rec["was_running"]))
+    if not result["ok"] and (d / WINDOW_MARK).exists():
+        result = _roll_back(svc, d, result)
     _write_record(d / RESULT, {**result, "token": token, "by": "guardian", "guardian_pid": os.getpid(), "orphaned": orphaned,
                                "ended_engines": ended + stragglers, "at": time.time()})
     return 0 if result["ok"] else 1

@@ -83,6 +83,7 @@ def hold(d: Path, cfg: SettingsRecord, work_root: str, owner: str, stages: list[
     write_json_atomic(d / CLOSED, {**closed, "ok": bool(result.get("ok")), "was_running": was_running,
                                    "summary": result.get("summary") or result.get("error", ""),
                                    "healthy_after_s": result.get("healthy_after_s"), "back_at": back,
+                                   "rolled_back": result.get("rolled_back"),
                                    "down_s": round(back - issued, 2) if was_running else None}, indent=1)
     return 0 if result.get("ok") else 1
 
@@ -136,7 +137,8 @@ def status(d: Path) -> dict[str, Any]:
                                               "summary": "the window's holder was gone; its guardian: "
                                               + (result.get("error") or "production restored"),
                                               "stages": opened.get("stages"), "down_s": None,
-                                              "healthy_after_s": result.get("healthy_after_s")}}
+                                              "healthy_after_s": result.get("healthy_after_s"),
+                                              "rolled_back": result.get("rolled_back")}}
     return {"state": "open" if opened else "opening"}
 
 

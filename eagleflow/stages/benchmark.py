@@ -48,7 +48,7 @@ from eagleflow.outputs import (
     BenchmarkMetrics, BenchmarkOutputs, ExportOutputs, Measurement, PreflightFinding, ProductionResult, Verdict,
 )
 from eagleflow.promotion import PromotionRecord, promotion_record_path
-from eagleflow.prompts import Messages, PromptError, holdout_prompts, load_prompts
+from eagleflow.prompts import Messages, PromptError, run_holdout
 from eagleflow.production import WINDOW_ENV, production_stopped
 from eagleflow.progress import Progress
 from eagleflow.request import StageError, StageRequest
@@ -136,11 +136,8 @@ class WindowRecorder:
 def benchmark_prompts(cfg: RunConfig) -> list[Messages]:
     """The held-out prompts of the run config: the same seeded split the generate stage holds out,
     so a benchmark of a given drafter needs no generate stage."""
-    g = cfg.generate
     try:
-        if g.split == "holdout":  # the nightly pool's fixed held-out prompts, in their order
-            return load_prompts(g.prompts_path)[: cfg.benchmark.num_prompts]
-        return holdout_prompts(g.prompts_path, g.num_samples, g.holdout, g.seed, cfg.benchmark.num_prompts)
+        return run_holdout(cfg.generate, cfg.benchmark.num_prompts)
     except PromptError as exc:
         raise StageError(str(exc)) from None
 

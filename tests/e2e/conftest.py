@@ -218,18 +218,57 @@ def first_run(first_run_watched) -> dict:
 NIGHT_PROMPTS = (212, 100, 100)  # the source as it grows: the first night holds out 12 and trains on 200
 
 
+NIGHTLY_NAME = "nightly-e2e"
+
+
 @pytest.fixture(scope="session")
-def nightly_runs(prefect_server, tmp_path_factory) -> dict:
-    """The `eagleflow-nightly` deployment run three times by a process worker, as the schedule does, on the
-    demo with a prompt source (a directory of JSONL files) that grows between nights. Its reports, run ids,
-    and the held-out prompts' sha256 after each night."""
+def nightly_production(tmp_path_factory) -> Iterator[dict]:
+    """Production for the nightly: a real vLLM server of the demo target whose launch reads its drafter from the
+    link eagleflow manages (<work_root>/production/<name>/drafter), started and stopped by the operator's scripts
+    (tests/prodservice.py). Before the first night the link names an untrained drafter (adopted: what production
+    served before eagleflow managed it). A thread asks its health twice a second for the whole session."""
+    from tests.conftest import prod_service_config
+    from tests.e2e.health import HealthLog, healthy
+
     work = tmp_path_factory.mktemp("nightly")
+    hostenv = str(ROOT / ".hostenv" / "bin" / "python")
+    deploy_dir = work / "runs" / "production" / NIGHTLY_NAME
+    untrained = work / "untrained-drafter"
+    subprocess.run([hostenv, str(ROOT / "tests" / "make_drafter.py"), str(untrained), "--seed", "3"], check=True,
+                   timeout=300, capture_output=True)
+    subprocess.run([hostenv, "-m", "eagleflow.production.deployed", "adopt", str(deploy_dir), "--drafter",
+                    str(untrained)], check=True, timeout=60, capture_output=True)
+    spec = {"method": "eagle3", "model": str(deploy_dir / "drafter"), "num_speculative_tokens": 3}
+    prod = prod_service_config(work, free_port(), hostenv, served_name="demo-target", orphan_grace_s=10,
+                               engine_args=("--speculative-config", json.dumps(spec)), restore_timeout_s=420)
+    subprocess.run(prod["start_command"], check=True, timeout=60)
+    deadline = time.monotonic() + 420
+    while not healthy(prod["health_url"]):
+        assert time.monotonic() < deadline, (work / "prod.log").read_text()[-3000:]
+        time.sleep(1)
+    health = HealthLog(prod["health_url"])
+    health.start()
+    try:
+        yield {"work": work, "service": prod, "health": health, "deploy_dir": deploy_dir, "untrained": untrained,
+               "url": prod["health_url"].rsplit("/health", 1)[0], "log": work / "prod.log"}
+    finally:
+        health.done.set()
+        subprocess.run(prod["stop_command"], timeout=60)
+
+
+@pytest.fixture(scope="session")
+def nightly_runs(prefect_server, nightly_production) -> dict:
+    """The `eagleflow-nightly` deployment run three times by a process worker, as the schedule does, on the
+    demo with a prompt source (a directory of JSONL files) that grows between nights, and production
+    (`nightly_production`) taking each promoted drafter (`production.promote: deploy`). Its reports, run ids,
+    the held-out prompts' sha256 after each night, and each night's start and end."""
+    work = nightly_production["work"]
     source = work / "source"
     source.mkdir()
     lines = (ROOT / "demo" / "prompts.jsonl").read_text().splitlines(keepends=True)
     data = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
-    data["name"] = "nightly-e2e"
-    data["host"].update(name="nightly-e2e", work_root=str(work / "runs"), python=str(ROOT / ".hostenv" / "bin" / "python"))
+    data["name"] = NIGHTLY_NAME
+    data["host"].update(name=NIGHTLY_NAME, work_root=str(work / "runs"), python=str(ROOT / ".hostenv" / "bin" / "python"))
     data["target"]["model_path"] = str(ROOT / "demo" / "target")
     data["generate"].update(prompts_path=str(ROOT / "demo" / "prompts.jsonl"), num_samples=NIGHT_PROMPTS[0],
                             holdout=12, shard_size=160)
@@ -240,6 +279,9 @@ def nightly_runs(prefect_server, tmp_path_factory) -> dict:
     data["nightly"] = {"source": str(source), "new_samples": NIGHT_PROMPTS[1], "replay": 1.0, "train_steps": 40,
                        "learning_rate": 0.0005}
     data["report_dir"] = str(work / "reports")
+    # The canary's tolerance is wide: on these 2 busy cores production's tok/s moves by a third between nights.
+    data["production"] = {**nightly_production["service"], "url": nightly_production["url"], "window": "pipeline",
+                          "promote": "deploy", "canary_prompts": 6, "canary_max_tokens": 48, "canary_tolerance": 0.35}
     config = work / "nightly.yaml"
     config.write_text(yaml.safe_dump(data))
     holdout = work / "runs" / "nightly" / "nightly-e2e" / "holdout.jsonl"
@@ -257,5 +299,6 @@ def nightly_runs(prefect_server, tmp_path_factory) -> dict:
             done = wait_flow_run(prefect_server, run["id"], timeout_s=1500)
             assert done["state"]["type"] == "COMPLETED", (done["state"], (work / "worker.log").read_text()[-5000:])
             nights.append({"id": run["id"], "report": newest_report(work / "reports", began),
-                           "holdout_sha256": hashlib.sha256(holdout.read_bytes()).hexdigest()})
+                           "holdout_sha256": hashlib.sha256(holdout.read_bytes()).hexdigest(),
+                           "began": began, "ended": time.time()})
     return {"config": config, "work": work, "nights": nights}

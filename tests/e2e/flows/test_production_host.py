@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import secrets
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -28,42 +27,11 @@ import yaml
 
 from tests.conftest import ROOT, free_port, prod_service_config
 from tests.e2e.conftest import api, last_report, run_flow
+from tests.e2e.health import HealthLog, healthy
 
 pytestmark = pytest.mark.e2e
 HOSTENV_PY = str(ROOT / ".hostenv" / "bin" / "python")
 KEY_VAR = "E2E_PRODUCTION_KEY"
-
-
-def healthy(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-class HealthLog(threading.Thread):
-    """(time, answered) every half second until stopped."""
-
-    def __init__(self, url: str):
-        super().__init__(daemon=True)
-        self.url, self.samples, self.done = url, [], threading.Event()
-
-    def run(self) -> None:
-        while not self.done.is_set():
-            self.samples.append((time.time(), healthy(self.url)))
-            self.done.wait(0.5)
-
-    def down_spells(self) -> list[tuple[float, float]]:
-        spells, start = [], None
-        for t, ok in self.samples:
-            if not ok and start is None:
-                start = t
-            elif ok and start is not None:
-                spells.append((start, t))
-                start = None
-        if start is not None:
-            spells.append((start, float("inf")))
-        return spells
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,171 @@
+"""Production's drafter: deploy one (with its canary and the automatic rollback), or roll back by hand.
+
+    eagleflow promote CONFIG --drafter DIR [--set ...]     deploy DIR to production, measure, keep or roll back
+    eagleflow rollback CONFIG [--why TEXT] [--set ...]     production back to the last good drafter
+
+Both need `production.promote: deploy` (production's launch reads <work_root>/production/<name>/drafter). The
+nightly retrain deploys the same way (`deploy_and_verify`) when its gate promotes a drafter: inside the night's
+production window, so the one engine load that gives production back is also the new drafter's measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from prefect import flow, get_run_logger
+from pydantic import Field
+
+from eagleflow.config import ConfigError, RunConfig, parse_overrides
+from eagleflow.hosts import Host
+from eagleflow.promotion import PromotionGate, judge_canary
+from flows.host_slot import host_slot, stop_jobs_of_run
+from flows.params import CONFIG_PATH, OVERRIDES, ConfigParams
+from tasks.deploy import (
+    canary, confirm_drafter, previous_canary, publish_history, rollback_drafter, show_deployed, switch_drafter,
+)
+from tasks.production import Windows, production_windows
+
+
+class DeployFailed(RuntimeError):
+    """The deployed drafter did not serve; production is back on the last good one (the message says why)."""
+
+
+@dataclass
+class Deployment:
+    """What a deploy ended with: the new drafter serving, or rolled back and why."""
+
+    serving: bool
+    deployed: dict[str, Any]
+    canary: dict[str, Any] | None = None
+    reasons: list[str] = field(default_factory=list)
+    restored_canary: dict[str, Any] | None = None
+
+
+def deploy_and_verify(host: Host, config: RunConfig, windows: Windows, drafter_dir: str,
+                      record: dict[str, Any] | None, gate: PromotionGate) -> Deployment:
+    """Switch production's drafter inside the (open or new) window, give production back with it, measure it
+    there and keep it, or roll back to the last good drafter (one more load) when it serves below the bar."""
+    before = show_deployed(host, config)
+    bar = previous_canary(before, before["serving"] if before["state"] == "good" else before["last_good"])
+    switch_drafter(host, config, drafter_dir, windows.hold("deploy"), record)
+    windows.close()  # production comes back with the new drafter: this load is its measurement
+    back = windows.records[-1]
+    if back.rolled_back:
+        after = show_deployed(host, config)
+        publish_history(config, after, f"Rolled back: production did not come back with {drafter_dir}")
+        raise DeployFailed(f"production on {host.name} did not come back with the drafter {drafter_dir}; the guardian "
+                           f"rolled it back to drafter {after['serving']} and production is healthy. Cause: "
+                           f"{back.rolled_back}. Logs on the host: {back.dir}/production-guardian.log and "
+                           f"production-commands.log")
+    figures = canary(host, config, "new drafter")
+    reasons = judge_canary(figures, bar, gate, config.production.canary_tolerance)
+    if not reasons:
+        after = confirm_drafter(host, config, figures)
+        publish_history(config, after, f"Deployed: production serves {drafter_dir} (AL "
+                                       f"{figures['mean_acceptance_length']:.2f} on production)")
+        return Deployment(True, after, figures)
+    get_run_logger().warning("the new drafter serves below the bar on production: %s; rolling back", "; ".join(reasons))
+    rollback_drafter(host, config, "; ".join(reasons), figures, windows.hold("rollback"))
+    windows.close()
+    restored = canary(host, config, "restored drafter")
+    after = confirm_drafter(host, config, restored)
+    publish_history(config, after, f"Rolled back: {drafter_dir} served below the bar on production")
+    still = judge_canary(restored, None, gate, config.production.canary_tolerance)
+    if still:
+        raise DeployFailed(f"production is back on the last good drafter, but it too serves below the bar now: "
+                           f"{'; '.join(still)}. The engine side is suspect (a wake that left the draft weights "
+                           f"unloaded, a changed launch): check production's launch and log")
+    return Deployment(False, after, figures, reasons, restored)
+
+
+def require_deploy(config: RunConfig) -> None:
+    if config.production.promote != "deploy":
+        raise ConfigError("production.promote is 'record': production's launch is not eagleflow's to switch. Set "
+                          "production.promote: deploy and point production's launch at the link (docs/production.md)")
+
+
+class PromoteParams(ConfigParams):
+    """Deploy a drafter to production by hand: the canary decides whether it stays."""
+
+    typed: ClassVar[tuple[str, ...]] = ("drafter",)
+
+    config_path: str = CONFIG_PATH
+    drafter: str | None = Field(None, description="The drafter to deploy: its engine-format directory on the host.")
+    min_acceptance_length: float = Field(1.5, ge=1, description="Roll back below this acceptance length on production.")
+    overrides: dict[str, Any] = OVERRIDES
+
+
+class RollbackParams(ConfigParams):
+    config_path: str = CONFIG_PATH
+    why: str = Field("rolled back by hand", description="Why: kept in production's drafter history.")
+    overrides: dict[str, Any] = OVERRIDES
+
+
+@flow(name="promote-drafter", log_prints=True, on_cancellation=[stop_jobs_of_run], on_crashed=[stop_jobs_of_run])
+def promote_drafter(params: PromoteParams) -> dict[str, Any]:
+    config = params.load()
+    require_deploy(config)
+    if not config.benchmark.drafter:
+        raise ConfigError("give the drafter to deploy (--drafter DIR)")
+    gate = PromotionGate(min_acceptance_length=params.min_acceptance_length)
+    with host_slot(config, f"promote-drafter {config.name}") as host:
+        with production_windows(host, config) as windows:
+            done = deploy_and_verify(host, config, windows, config.benchmark.drafter, None, gate)
+    return {"serving": done.serving, "reasons": done.reasons, "canary": done.canary, "deployed": done.deployed}
+
+
+@flow(name="rollback", log_prints=True, on_cancellation=[stop_jobs_of_run], on_crashed=[stop_jobs_of_run])
+def rollback(params: RollbackParams) -> dict[str, Any]:
+    config = params.load()
+    require_deploy(config)
+    with host_slot(config, f"rollback {config.name}") as host:
+        show_deployed(host, config)
+        with production_windows(host, config) as windows:
+            rollback_drafter(host, config, params.why, None, windows.hold("rollback"))
+        restored = canary(host, config, "restored drafter")
+        after = confirm_drafter(host, config, restored)
+        publish_history(config, after, f"Rolled back by hand: {params.why}")
+    return {"serving": True, "canary": restored, "deployed": after}
+
+
+def _main(flow_fn: Any, params_cls: type[ConfigParams], argv: list[str] | None, prog: str | None, **flags: str) -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", help="run config (YAML)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field (VALUE is YAML)")
+    for flag, help_text in flags.items():
+        parser.add_argument(f"--{flag}", default=None, help=help_text)
+    args = parser.parse_args(argv)
+    extra = {k: getattr(args, k) for k in flags if getattr(args, k) is not None}
+    try:
+        params = params_cls(config_path=args.config, overrides=parse_overrides(args.set), **extra)
+        require_deploy(params.load())
+    except ConfigError as exc:
+        print(f"error: {exc}")
+        return 2
+    state = flow_fn(params, return_state=True)
+    if not state.is_completed():
+        print(f"error: the flow run ended {state.name}: {state.message}")
+        return 1
+    out = state.result()
+    d = out["deployed"]
+    if out["serving"]:
+        print(f"production serves drafter {d['serving']} ({d['source']}): AL {out['canary']['mean_acceptance_length']:.2f}, "
+              f"{out['canary']['output_tok_s']:.1f} output tok/s on production")
+    else:
+        print(f"rolled back to drafter {d['serving']} ({d['source']}): {'; '.join(out['reasons'])}")
+    return 0
+
+
+def promote_main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    return _main(promote_drafter, PromoteParams, argv, prog, drafter="the drafter's directory on the host")
+
+
+def rollback_main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    return _main(rollback, RollbackParams, argv, prog, why="why (kept in the history)")
+
+
+if __name__ == "__main__":
+    sys.exit(promote_main())
