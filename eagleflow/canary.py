@@ -37,7 +37,8 @@ WARMUP_REQUESTS = 1
 
 def speculative_positions(metrics: dict[str, float]) -> int:
     """k: how many per-position acceptance counters production exports (0 when it serves no drafter)."""
-    pos = [int(m.group(1)) for name in metrics if (m := re.match(re.escape(SPEC_ACCEPTED_PER_POS) + r"\{position=(\d+)\}", name))]
+    pattern = re.compile(re.escape(SPEC_ACCEPTED_PER_POS) + r"\{position=(\d+)\}")
+    pos = [int(m.group(1)) for name in metrics if (m := pattern.match(name))]
     return max(pos) + 1 if pos else 0
 
 
@@ -67,7 +68,8 @@ def measure(url: str, model: str, prompts: list[list[dict[str, Any]]], max_token
             acceptance = {"mean_acceptance_length": 1.0, "per_position_acceptance": [0.0] * k, "note": str(exc)}
     tokens = sum(r.completion_tokens for r in results)
     errors = [r.error for r in results if r.error]
-    return {"requests": len(results), "errors": len(errors), "first_error": errors[0] if errors else None, "output_tokens": tokens, "wall_s": round(wall_s, 3),
+    return {"requests": len(results), "errors": len(errors), "first_error": errors[0] if errors else None,
+            "output_tokens": tokens, "wall_s": round(wall_s, 3),
             "output_tok_s": round(tokens / wall_s, 2) if wall_s > 0 else 0.0,
             "mean_acceptance_length": round(acceptance["mean_acceptance_length"], 4),
             "per_position_acceptance": [round(x, 4) for x in acceptance["per_position_acceptance"]],

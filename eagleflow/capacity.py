@@ -68,7 +68,8 @@ SOURCES = {  # where each default comes from, as a plan states it
     "check": "default: seconds of host checks",
 }
 
-Stage = Literal["check", "select", "generate", "extract", "pool", "train", "export", "benchmark"]
+Stage = Literal["check", "select", "generate", "extract", "pool", "train", "export", "benchmark", "restore"]
+# "restore": production's own load when a window closes (the nightly plan counts it; it is no stage of ours)
 
 
 class _Model(BaseModel):
@@ -93,6 +94,13 @@ class DiskFacts(BaseModel):
     path: str = Field(description="The filesystem's nearest existing directory to host.work_root.")
     free_bytes: int = Field(description="Bytes an unprivileged user may still write there.")
     total_bytes: int | None = Field(None, description="Size of the filesystem.")
+
+
+class MemoryFacts(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    total_bytes: int = Field(description="Host RAM.")
+    available_bytes: int | None = Field(None, description="RAM available when the facts were read.")
 
 
 class TargetFacts(_Model):
@@ -143,6 +151,7 @@ class HostFacts(BaseModel):
     hostname: str | None = None
     gpus: list[GpuFacts] = Field(default_factory=list)
     disk: DiskFacts | None = None
+    memory: MemoryFacts | None = Field(None, description="Host RAM; None when not read (an older facts file).")
     target: TargetFacts | None = Field(None, description="The target's shape; None when nothing could be read.")
     prompts: PromptFacts | None = Field(None, description="None: the prompts were not at hand (defaults used).")
     history: list[MeasuredRun] = Field(default_factory=list, description="Earlier stage runs on the host.")

@@ -127,6 +127,18 @@ class EngineConfig(_Strict):
         "800-1000 with graphs; docs/benchmarks.md). true / false: as given everywhere, to serve as production does.",
     )
     trust_remote_code: bool = Field(False, description="--trust-remote-code.")
+    load_strategy: Literal["auto", "engine", "lazy", "eager", "prefetch"] = Field(
+        "auto",
+        description="vLLM --safetensors-load-strategy. 'auto': prefetch on a GPU build (the checkpoint read into "
+        "the page cache ahead of the workers: the fastest cold load measured, docs/benchmarks.md 'Engine loads'), "
+        "the engine's own default on a CPU build; 'engine': never pass the flag.",
+    )
+    compile_cache: bool = Field(
+        True,
+        description="vLLM: keep torch.compile's cache across starts under <work_root>/cache/vllm/<drafter shape> "
+        "(VLLM_CACHE_ROOT), one per drafter architecture: vLLM's cache key names the speculative method but not "
+        "the drafter, so two drafter shapes never share one.",
+    )
     extra_args: list[str] = Field(default_factory=list, description="More engine arguments, passed as given.")
     env: dict[str, str] = Field(default_factory=dict, description="Engine environment, e.g. VLLM_CPU_KVCACHE_SPACE.")
     startup_timeout_s: float = Field(1800, gt=0, description="Give up if not healthy after this many seconds.")
@@ -340,6 +352,14 @@ class BenchmarkConfig(_Strict):
         [1, 4], min_length=1, description="Requests in flight, one measured window per value on every variant."
     )
     warmup_requests: int = Field(2, ge=0, description="Requests sent before measuring.")
+    drafter_on: Literal["engine", "production", "none"] = Field(
+        "engine",
+        description="Where the new drafter is measured. 'engine': an engine of the stage's own (production down). "
+        "'production': production's endpoint, serving it since the nightly deployed it (production.promote: deploy): "
+        "the load that gave production back is its measurement; the baseline and the current drafter must have "
+        "measurements to reuse. 'none': only the baseline and the current drafter (the nightly's references, "
+        "measured inside the production window when they are not reusable).",
+    )
     precision: float | None = Field(
         None, gt=0, lt=1,
         description="Sequential stopping: a drafter's window stops once the 95% intervals of its paired speedup "
@@ -533,6 +553,9 @@ class RunConfig(_Strict):
                 "generate.server is 'production' but production.url is not set: give the base URL of production's "
                 "OpenAI-compatible API, e.g. http://127.0.0.1:8000"
             )
+        if self.benchmark.drafter_on == "production" and not (self.production.url and self.engine.kind == "vllm"):
+            raise ValueError("benchmark.drafter_on 'production' needs production.url and engine.kind 'vllm': the drafter "
+                             "is measured through production's endpoint and its /metrics counters")
         if self.extract.backend == "vllm" and self.engine.kind != "vllm":
             raise ValueError(
                 f"extract.backend is 'vllm' but engine.kind is {self.engine.kind!r}: SGLang has no hidden-states "

@@ -8,7 +8,8 @@ because CUDA's version and availability are not in its metadata (a few seconds).
      "torch": {"version", "cuda", "cuda_available", "cuda_devices"} | null, "transformers": ... | null,
      "engines": {"vllm": ... | null, "sglang": ... | null},
      "gpus": [{"index", "name", "memory_total_mib", "memory_free_mib"}],
-     "disk": {"path", "free_bytes", "total_bytes"}, "errors": {section: message}}
+     "disk": {"path", "free_bytes", "total_bytes"}, "memory": {"total_bytes", "available_bytes"},
+     "errors": {section: message}}
 
 A section that cannot be measured is null (or empty) and says why under "errors"; the rest still prints.
 """
@@ -75,6 +76,14 @@ def disk(work_root: str) -> dict[str, Any]:
     return {"path": path, "free_bytes": usage.free, "total_bytes": usage.total}
 
 
+def memory() -> dict[str, Any]:
+    """Host RAM (/proc/meminfo): whether production's weights stay in the page cache between two loads, and
+    whether vLLM's sleep mode level 1 can park them there."""
+    fields = dict(line.split(":", 1) for line in open("/proc/meminfo") if ":" in line)
+    kib = lambda name: int(fields[name].split()[0]) * 1024  # noqa: E731
+    return {"total_bytes": kib("MemTotal"), "available_bytes": kib("MemAvailable")}
+
+
 def collect(work_root: str) -> dict[str, Any]:
     from eagleflow import __version__
 
@@ -87,9 +96,11 @@ def collect(work_root: str) -> dict[str, Any]:
         "torch": None,
         "gpus": [],
         "disk": None,
+        "memory": None,
         "errors": {},
     }
-    for section, measure in (("torch", torch_facts), ("gpus", gpus), ("disk", lambda: disk(work_root))):
+    for section, measure in (("torch", torch_facts), ("gpus", gpus), ("disk", lambda: disk(work_root)),
+                             ("memory", memory)):
         try:
             facts[section] = measure()
         except Exception as exc:  # noqa: BLE001 - report the rest; say what failed

@@ -7,11 +7,15 @@ defaults, and each figure says which it is). A night after the first:
 - pool: seconds (an index and a ledger);
 - train: nightly.train_steps x train.batch_tokens at the training rate (a continuing night is bounded by
   steps, not epochs);
-- benchmark: one engine load, the new drafter's only (the baseline and the current drafter are reused,
-  benchmark.reuse_for_h), its windows stopping at benchmark.precision: the expected requests of a window
-  are (t * cv / precision)^2 for a paired per-round spread cv, within [min_requests, num_prompts];
-- production is down for the stages that need the GPUs (extract on the engine or a GPU, train on a GPU,
-  export between them, the benchmark).
+- benchmark: the new drafter's windows only (the baseline and the current drafter are reused,
+  benchmark.reuse_for_h), stopping at benchmark.precision: the expected requests of a window are
+  (t * cv / precision)^2 for a paired per-round spread cv, within [min_requests, num_prompts]. With
+  production.promote 'record' it loads an engine of its own; with 'deploy' it measures production, which
+  serves the new drafter since the restore (no load of its own, and production is up meanwhile);
+- restore: production's own load when the window closes (with 'deploy', with the new drafter in it). From a
+  warm page cache when the host's RAM holds the weights beside the night's other reads, else cold;
+- production is down from the first stage that needs the GPUs (extract on the engine or a GPU, train on a
+  GPU, export between them, an own-engine benchmark) to the end of the restore.
 """
 
 from __future__ import annotations
@@ -35,6 +39,15 @@ from eagleflow.config import RunConfig
 DEFAULT_ROUND_CV = 0.25
 DEFAULT_ROUND_CV_SOURCE = "default: the demo's per-request AL spread at 768 tokens (docs/benchmarks.md)"
 DEFAULT_POOL_S = 10.0
+# Engine loads with eagleflow's launch settings, measured on one H200 with vLLM 0.26 (benchmarks/engine_load.py,
+# docs/benchmarks.md "Engine loads"): seconds a GB of weights, cold and warm page cache, on top of a fixed part
+# (engine init, the kept compile cache, graph capture). Empty: not measured yet, the seeds' 30 minutes apply.
+LOAD_S_PER_GB: dict[str, float] = {}
+LOAD_BASE_S = 0.0
+LOAD_SOURCE = "measured: an H200 with vLLM 0.26 (docs/benchmarks.md, Engine loads), scaled by the weights"
+# The page cache keeps the weights from the extract's load to the restore when RAM holds them this many times
+# over (the night's states and training data pass through the cache too).
+PAGE_CACHE_HEADROOM = 2.0
 Z95 = 1.96
 
 
@@ -57,6 +70,8 @@ class NightlyPlan(BaseModel):
     budget_bytes: int | None
     nights_to_budget: int | None = Field(None, description="Nights after the first until the budget evicts.")
     baseline: str = Field(description="How often the baseline (and a current drafter) is measured again.")
+    loads: list[str] = Field(description="The engine loads of a night, each with its page cache (cold or warm).")
+    pause: str = Field(description="How production leaves the GPUs: stopped, or paused by sleep mode, and why.")
 
 
 def window_requests(cfg: RunConfig, cv: float) -> int:
@@ -91,11 +106,14 @@ def plan_nightly(cfg: RunConfig, facts: HostFacts, full: CapacityPlan) -> Nightl
                                  backend=backend)
     full_x = next(s for s in full.stages if s.stage == "extract")
     load = start if backend == "vllm" else 0.0
-    if full_x.seconds > load:  # the full plan's own rate: the same rate, disk-bound where the disk is slower
-        x_tok_s = min(x_tok_s, tok.tokens / (full_x.seconds - load))
+    if full_x.seconds > load and tok.tokens / (full_x.seconds - load) < 0.999 * x_tok_s:
+        # the full plan's own rate: the same rate, disk-bound where the disk is slower
+        x_tok_s, src = tok.tokens / (full_x.seconds - load), src + "; bound by the disk's write rate (the full plan's)"
     night_bytes = int(new_tokens * full.bytes_per_token)
-    add("extract", night_bytes, new_tokens / x_tok_s + load, f"{new_tokens:,} tokens at {x_tok_s:,.0f} tok/s "
-        f"({backend})", full_x.source)
+    cold, cold_src = load_s(t.weights_bytes, "cold")
+    add("extract", night_bytes, new_tokens / x_tok_s + (cold if backend == "vllm" else 0.0),
+        f"{new_tokens:,} tokens at {x_tok_s:,.0f} tok/s ({backend})",
+        src + (f"; + {duration_text(cold)} the target's load (cold), {cold_src}" if backend == "vllm" else ""))
     add("pool", 0, DEFAULT_POOL_S, "", "default: an index and a ledger, seconds")
     tr_tok_s, src = measured_rate(hist, "train", DEFAULT_TRAIN_TOK_S, SOURCES["train"], target=target)
     trained = n.train_steps * cfg.train.batch_tokens
@@ -114,21 +132,42 @@ def plan_nightly(cfg: RunConfig, facts: HostFacts, full: CapacityPlan) -> Nightl
     warm = b.warmup_requests * b.max_tokens / DEFAULT_DECODE_TOK_S
     how = (f"stopping at +-{b.precision:.0%}: ~{req} requests a window (cv {cv:.2f})" if b.precision is not None
            else f"{req} requests a window (benchmark.precision unset: fixed length)")
-    add("benchmark", 0, start + warm + windows, f"the new drafter only, {how}, {DEFAULT_DECODE_TOK_S} tok/s a request",
-        SOURCES["benchmark"] + start_note)
+    deploy = cfg.production.promote == "deploy" and cfg.production.kind != "none"
+    warm_ok = facts.memory is not None and facts.memory.total_bytes >= PAGE_CACHE_HEADROOM * t.weights_bytes
+    restore, restore_src = load_s(t.weights_bytes, "warm" if warm_ok else "cold")
+    cache_note = (f"warm: {size_text(facts.memory.total_bytes)} of RAM holds the {size_text(t.weights_bytes)} of "
+                  "weights the extract's load read" if warm_ok else
+                  "cold: " + (f"{size_text(facts.memory.total_bytes)} of RAM cannot keep {size_text(t.weights_bytes)} "
+                              "of weights cached beside the night's states" if facts.memory else
+                              "the host's RAM is not in its facts"))
+    loads = [f"extract: the target in the capture engine (cold, {duration_text(cold)})"] if backend == "vllm" else []
+    if deploy:
+        add("restore", 0, restore, f"production's load, with the new drafter in it ({cache_note})", restore_src)
+        add("benchmark", 0, warm + windows, f"the new drafter on production, which serves meanwhile; {how}",
+            SOURCES["benchmark"])
+        loads.append(f"restore: production with the new drafter ({'warm' if warm_ok else 'cold'}, "
+                     f"{duration_text(restore)}); a drafter the gate rejects costs one more (the rollback)")
+    else:
+        add("benchmark", 0, cold + warm + windows, f"the new drafter only, in an engine of its own, {how}, "
+            f"{DEFAULT_DECODE_TOK_S} tok/s a request", SOURCES["benchmark"] + f"; + {duration_text(cold)} load, "
+            + cold_src)
+        add("restore", 0, restore, f"production's load, with its drafter of before ({cache_note})", restore_src)
+        loads += [f"benchmark: the new drafter's engine ({duration_text(cold)})",
+                  f"restore: production ({'warm' if warm_ok else 'cold'}, {duration_text(restore)})"]
 
     # The stages that take production's GPUs (the flows' rule, tasks.production.needs_gpus): one window from the
     # first of them to the end of the night, or (production.window 'stage') a window around each.
     takes_gpus = {"extract": backend == "vllm" or cfg.extract.device != "cpu", "train": cfg.train.device != "cpu",
-                  "benchmark": True}
+                  "benchmark": not deploy, "restore": True}
     gpu_stages = [s.stage for s in stages if takes_gpus.get(s.stage)]
     order = [s.stage for s in stages]
     if cfg.production.kind == "none" or not gpu_stages:
         down: list[str] = []
+        stages = [s for s in stages if s.stage != "restore"]
     elif cfg.production.window == "stage":
         down = gpu_stages
     else:
-        down = order[order.index(gpu_stages[0]):]
+        down = [s for s in order[order.index(gpu_stages[0]):order.index("restore") + 1]]
     budget = int(n.pool_budget_gib * 2**30) if n.pool_budget_gib else None
     first_bytes = int(full.extract_bytes[cfg.extract.storage_dtype] * (tok.samples - (n.holdout or cfg.generate.holdout))
                       / max(tok.samples, 1))
@@ -138,10 +177,36 @@ def plan_nightly(cfg: RunConfig, facts: HostFacts, full: CapacityPlan) -> Nightl
         down_seconds=sum(s.seconds for s in stages if s.stage in down), down_stages=down, window_requests=req,
         round_cv=cv, round_cv_source=cv_src, night_bytes=night_bytes, first_night_bytes=first_bytes,
         budget_bytes=budget, nights_to_budget=to_budget,
+        loads=loads, pause=pause_text(cfg, facts, t.weights_bytes, deploy),
         baseline=(f"measured on the first night and again once {b.reuse_for_h:g} h old or when the engine, its "
                   "launch, the target, the settings or the prompts change (one more engine load that night)"
                   if b.reuse_for_h > 0 else "measured every night (benchmark.reuse_for_h is 0): one more engine load"),
     )
+
+
+def load_s(weights_bytes: int | None, cache: str) -> tuple[float, str]:
+    """An engine's load of `weights_bytes` with the fastest load settings eagleflow launches with (a kept compile
+    cache, the prefetch strategy), from a cold or a warm page cache: the rates measured on the H200
+    (docs/benchmarks.md, "Engine loads"), else the seeds' 30 minutes scaled by the weights."""
+    rate = LOAD_S_PER_GB.get(cache)
+    if rate is None:
+        return engine_start_s(weights_bytes), SOURCES["engine"]
+    return LOAD_BASE_S + (weights_bytes or 0) / 1e9 * rate, f"{LOAD_SOURCE} ({cache}: {rate:.2f} s/GB)"
+
+
+def pause_text(cfg: RunConfig, facts: HostFacts, weights_bytes: int | None, deploy: bool) -> str:
+    """How production leaves the GPUs for the night: stopped (today's only path), and what sleep mode would change."""
+    if cfg.production.kind == "none":
+        return "no production service"
+    ram = facts.memory.total_bytes if facts.memory else None
+    level = ("level 1 (the weights to host RAM: "
+             f"{size_text(weights_bytes)} into {size_text(ram)})" if ram and ram > 1.2 * (weights_bytes or 0)
+             else "level 2 (the weights dropped: host RAM is short" + ("" if ram else ", or not in the facts") + ")")
+    return ("stopped and started again (production.kind " + cfg.production.kind + "). vLLM's sleep mode would "
+            f"pause it instead, {level}, and wake it in seconds; " + (
+                "but a deploy restarts production anyway: vLLM 0.26 cannot swap in a drafter from a directory "
+                "(its weight transfer takes NCCL or CUDA IPC from a live sender), so sleep would save no load here"
+                if deploy else "the restore's load would then be a wake of seconds"))
 
 
 def render_nightly(p: NightlyPlan, full: CapacityPlan) -> str:
@@ -155,6 +220,8 @@ def render_nightly(p: NightlyPlan, full: CapacityPlan) -> str:
                      + "; ".join(x for x in (s.rate, s.source) if x))
     lines += [f"{'total':10}{duration_text(full.total_seconds):>10}{duration_text(p.total_seconds):>10}",
               f"production down a night: {duration_text(p.down_seconds)} ({', '.join(p.down_stages) or 'never'})",
+              f"engine loads a night: {len(p.loads)}: " + "; ".join(p.loads),
+              f"production leaves the GPUs: {p.pause}",
               f"pool: the first night {size_text(p.first_night_bytes)} of states, each night "
               f"+{size_text(p.night_bytes)}"
               + (f"; budget {size_text(p.budget_bytes)} (nightly.pool_budget_gib), full after {p.nights_to_budget} "

@@ -416,9 +416,10 @@ class PreflightFinding(BaseModel):
 
 
 class BenchmarkOutputs(Record):
-    drafter_dir: str = Field(description="The new drafter measured (absolute path on the host).")
+    drafter_dir: str | None = Field(description="The new drafter measured (absolute path on the host); None: the "
+                                    "references only (benchmark.drafter_on 'none').")
     num_prompts: int
-    report_md: str = Field(description="report.md: the table and the verdict.")
+    report_md: str | None = Field(description="report.md: the table and the verdict (none for the references only).")
     plots: dict[str, str] = Field(default_factory=dict, description="Pictures in the stage dir (PNG): name -> "
                                   "relative path; 'acceptance' per position by variant, 'speedup' by setting.")
 
@@ -426,8 +427,9 @@ class BenchmarkOutputs(Record):
 class BenchmarkMetrics(MetricsRecord):
     baseline: Measurement = Field(description="No speculation, at the first setting.")
     current: Measurement | None = Field(None, description="Production's drafter at the first setting, if measured.")
-    drafter: Measurement = Field(description="The new drafter at the first setting.")
-    speedup: float = Field(description="drafter over baseline output tok/s at the first setting.")
+    drafter: Measurement | None = Field(description="The new drafter at the first setting (None: benchmark.drafter_on "
+                                        "'none', the references only).")
+    speedup: float | None = Field(description="drafter over baseline output tok/s at the first setting.")
     windows: list[Measurement] = Field(description="Every variant x temperature x concurrency.")
     verdict: Verdict
     production: ProductionResult | None

@@ -215,3 +215,11 @@ def continuing_train_config(config: RunConfig, promoted_dir: str, train_tokens: 
         warm_start_vocab="rebuild" if n.rebuild_vocab else "keep",
     )
     return RunConfig.model_validate(data)
+
+
+def benchmark_on(config: RunConfig, drafter_on: str) -> RunConfig:
+    """The night's benchmark measuring the new drafter where `drafter_on` says (production.promote 'deploy':
+    'none' inside the production window, the references only; 'production' once production serves it)."""
+    data = config.model_dump(mode="json")
+    data["benchmark"]["drafter_on"] = drafter_on
+    return RunConfig.model_validate(data)

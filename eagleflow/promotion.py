@@ -51,7 +51,7 @@ def promotion_history_path(work_root: str, run_name: str) -> str:
 def decide(report: Report, promoted: PromotionRecord | None, gate: PromotionGate) -> Decision:
     """Promote the report's drafter iff it clears the gate, the engine side is not suspect, it serves at
     least as fast as production's current drafter in the same benchmark, and its acceptance is not below
-    the promoted drafter's."""
+    the promoted drafter's (both beyond noise, where the benchmark's rounds give a 95% interval)."""
     al = report.drafter.mean_acceptance_length or 0.0
     reasons = []
     if report.speedup < gate.min_speedup:
@@ -64,14 +64,20 @@ def decide(report: Report, promoted: PromotionRecord | None, gate: PromotionGate
     current = report.current  # production's drafter, in this benchmark (measured now, or reused from a night before)
     head = report.verdict.headline if report.verdict is not None else None
     paired = head.drafter_vs_current if head is not None else None
-    if current is not None and paired is not None and paired < 1.0:
-        # the same prompts, round by round: a window that stopped early compares on the rounds both measured
-        reasons.append(f"{paired:.2f}x the current drafter's output tok/s on the same prompts in the same benchmark")
+    paired_ci = head.drafter_vs_current_ci if head is not None else None
+    if current is not None and paired is not None and (paired_ci[1] < 1.0 if paired_ci else paired < 1.0):
+        # the same prompts, round by round: a window that stopped early compares on the rounds both measured.
+        # Slower beyond noise (its 95% interval below 1) when the rounds give one: with production.promote 'deploy'
+        # a drafter that loses costs a rollback, an engine load, so a tie is not a loss.
+        reasons.append(f"{paired:.2f}x the current drafter's output tok/s on the same prompts in the same benchmark"
+                       + (f" (95% interval {paired_ci[0]:.2f}-{paired_ci[1]:.2f})" if paired_ci else ""))
     elif current is not None and paired is None and report.drafter.output_tok_s < current.output_tok_s:
         reasons.append(f"{report.drafter.output_tok_s:.1f} output tok/s < the current drafter's "
                        f"{current.output_tok_s:.1f} in the same benchmark")
-    if promoted is not None and al < promoted.mean_acceptance_length:
-        reasons.append(f"mean acceptance length {al:.2f} < the promoted drafter's {promoted.mean_acceptance_length:.2f}")
+    al_ci = report.drafter.al_interval
+    if promoted is not None and (al_ci[1] if al_ci else al) < promoted.mean_acceptance_length:
+        reasons.append(f"mean acceptance length {al:.2f} < the promoted drafter's {promoted.mean_acceptance_length:.2f}"
+                       + (f" (95% interval {al_ci[0]:.2f}-{al_ci[1]:.2f})" if al_ci else ""))
     if reasons or report.drafter_dir is None:
         return Decision(promote=False, reasons=reasons or ["the report names no drafter directory"])
     record = PromotionRecord(drafter_dir=report.drafter_dir, mean_acceptance_length=al, speedup=report.speedup,

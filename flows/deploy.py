@@ -44,14 +44,14 @@ class Deployment:
     restored_canary: dict[str, Any] | None = None
 
 
-def deploy_and_verify(host: Host, config: RunConfig, windows: Windows, drafter_dir: str,
-                      record: dict[str, Any] | None, gate: PromotionGate) -> Deployment:
-    """Switch production's drafter inside the (open or new) window, give production back with it, measure it
-    there and keep it, or roll back to the last good drafter (one more load) when it serves below the bar."""
+def switch_in_window(host: Host, config: RunConfig, windows: Windows, drafter_dir: str,
+                     record: dict[str, Any] | None) -> dict[str, Any]:
+    """Switch production's drafter inside the (open or new) window and give production back with it: this load
+    is the new drafter's, and its measurement's. Returns what was deployed before. When production does not
+    come back with it, the window's guardian has rolled it back (production healthy): DeployFailed, saying why."""
     before = show_deployed(host, config)
-    bar = previous_canary(before, before["serving"] if before["state"] == "good" else before["last_good"])
     switch_drafter(host, config, drafter_dir, windows.hold("deploy"), record)
-    windows.close()  # production comes back with the new drafter: this load is its measurement
+    windows.close()
     back = windows.records[-1]
     if back.rolled_back:
         after = show_deployed(host, config)
@@ -60,25 +60,40 @@ def deploy_and_verify(host: Host, config: RunConfig, windows: Windows, drafter_d
                            f"rolled it back to drafter {after['serving']} and production is healthy. Cause: "
                            f"{back.rolled_back}. Logs on the host: {back.dir}/production-guardian.log and "
                            f"production-commands.log")
-    figures = canary(host, config, "new drafter")
-    reasons = judge_canary(figures, bar, gate, config.production.canary_tolerance)
-    if not reasons:
-        after = confirm_drafter(host, config, figures)
-        publish_history(config, after, f"Deployed: production serves {drafter_dir} (AL "
-                                       f"{figures['mean_acceptance_length']:.2f} on production)")
-        return Deployment(True, after, figures)
-    get_run_logger().warning("the new drafter serves below the bar on production: %s; rolling back", "; ".join(reasons))
-    rollback_drafter(host, config, "; ".join(reasons), figures, windows.hold("rollback"))
+    return before
+
+
+def roll_back(host: Host, config: RunConfig, windows: Windows, drafter_dir: str, why: str,
+              figures: dict[str, Any] | None, gate: PromotionGate) -> dict[str, Any]:
+    """Production back on the last good drafter (one more load), measured again by the canary."""
+    get_run_logger().warning("%s serves below the bar on production: %s; rolling back", drafter_dir, why)
+    back = rollback_drafter(host, config, why, figures, windows.hold("rollback"))
     windows.close()
     restored = canary(host, config, "restored drafter")
-    after = confirm_drafter(host, config, restored)
+    after = confirm_drafter(host, config, restored, back.get("record"))
     publish_history(config, after, f"Rolled back: {drafter_dir} served below the bar on production")
     still = judge_canary(restored, None, gate, config.production.canary_tolerance)
     if still:
         raise DeployFailed(f"production is back on the last good drafter, but it too serves below the bar now: "
                            f"{'; '.join(still)}. The engine side is suspect (a wake that left the draft weights "
                            f"unloaded, a changed launch): check production's launch and log")
-    return Deployment(False, after, figures, reasons, restored)
+    return after
+
+
+def deploy_and_verify(host: Host, config: RunConfig, windows: Windows, drafter_dir: str,
+                      record: dict[str, Any] | None, gate: PromotionGate) -> Deployment:
+    """Deploy, measure production with the canary, keep the drafter or roll back (`eagleflow promote`)."""
+    before = switch_in_window(host, config, windows, drafter_dir, record)
+    bar = previous_canary(before, before["serving"] if before["state"] == "good" else before["last_good"])
+    figures = canary(host, config, "new drafter")
+    reasons = judge_canary(figures, bar, gate, config.production.canary_tolerance)
+    if not reasons:
+        after = confirm_drafter(host, config, figures, record)
+        publish_history(config, after, f"Deployed: production serves {drafter_dir} (AL "
+                                       f"{figures['mean_acceptance_length']:.2f} on production)")
+        return Deployment(True, after, figures)
+    after = roll_back(host, config, windows, drafter_dir, "; ".join(reasons), figures, gate)
+    return Deployment(False, after, figures, reasons)
 
 
 def require_deploy(config: RunConfig) -> None:
@@ -124,9 +139,9 @@ def rollback(params: RollbackParams) -> dict[str, Any]:
     with host_slot(config, f"rollback {config.name}") as host:
         show_deployed(host, config)
         with production_windows(host, config) as windows:
-            rollback_drafter(host, config, params.why, None, windows.hold("rollback"))
+            back = rollback_drafter(host, config, params.why, None, windows.hold("rollback"))
         restored = canary(host, config, "restored drafter")
-        after = confirm_drafter(host, config, restored)
+        after = confirm_drafter(host, config, restored, back.get("record"))
         publish_history(config, after, f"Rolled back by hand: {params.why}")
     return {"serving": True, "canary": restored, "deployed": after}
 

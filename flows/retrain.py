@@ -30,12 +30,12 @@ from prefect import flow, get_run_logger
 from eagleflow.config import RunConfig
 from eagleflow.hosts import Host
 from eagleflow.outputs import (
-    BenchmarkMetrics, GenerateOutputs, PoolMetrics, SelectOutputs, TrainMetrics,
+    BenchmarkMetrics, ExportOutputs, GenerateOutputs, PoolMetrics, SelectOutputs, TrainMetrics,
 )
-from eagleflow.pool import NightRecord, batch_config, continuing_train_config
+from eagleflow.pool import NightRecord, batch_config, benchmark_on, continuing_train_config
 from eagleflow.promotion import PromotionGate, PromotionRecord, promotion_record_path
 from eagleflow.report import Report, build_report
-from flows.deploy import deploy_and_verify
+from flows.deploy import roll_back, switch_in_window
 from flows.host_slot import host_slot, stop_jobs_of_run
 from flows.params import RetrainParams, main_cli
 from tasks.benchmark import benchmark
@@ -48,6 +48,7 @@ from tasks.naming import flow_run_owner
 from tasks.nightly import record_night, record_promotion
 from tasks.pool import pool
 from tasks.production import Windows, production_windows
+from tasks.deploy import confirm_drafter, publish_history
 from tasks.promote import promote
 from tasks.report import publish_report
 from tasks.select import select
@@ -61,6 +62,7 @@ class Night:
     runs: dict[str, StageRun]
     selection: SelectOutputs
     warm_start: str | None = None
+    tonight: RunConfig | None = None  # production.promote 'deploy': the config the new drafter is measured with
 
 
 def promoted_drafter(host: Host, config: RunConfig) -> str | None:
@@ -101,7 +103,15 @@ def run_night(host: Host, config: RunConfig, windows: Windows) -> Night:
         night.warm_start = promoted
     runs["train"] = windows.run(train, {"extract": data}, config=tonight)
     runs["export"] = windows.run(export, {"train": runs["train"].manifest}, config=tonight)
-    runs["benchmark"] = windows.run(benchmark, {"export": runs["export"].manifest, "extract": data}, config=tonight)
+    bench_in = {"export": runs["export"].manifest, "extract": data}
+    if config.production.promote == "deploy":
+        # The baseline and the current drafter now, while production is down (reused: no engine at all); the new
+        # drafter once production serves it (`deploy_night`).
+        runs["benchmark: references"] = windows.run(benchmark, bench_in, config=benchmark_on(tonight, "none"),
+                                                    label="benchmark: references")
+        night.tonight = tonight
+    else:
+        runs["benchmark"] = windows.run(benchmark, bench_in, config=tonight)
     return night
 
 
@@ -111,6 +121,8 @@ def night_record(night: Night) -> NightRecord:
     pm = PoolMetrics.of(runs["pool"].manifest)
     tm = TrainMetrics.of(runs["train"].manifest)
     bm = BenchmarkMetrics.of(runs["benchmark"].manifest)
+    # where the baseline was measured or reused first tonight: the references (production.promote 'deploy')
+    first = BenchmarkMetrics.of(runs["benchmark: references"].manifest) if "benchmark: references" in runs else bm
     head = bm.verdict.headline
     return NightRecord(
         night=0, run=flow_run_owner(), date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -120,7 +132,7 @@ def night_record(night: Night) -> NightRecord:
         holdout_al=tm.best.acceptance_length, served_al=bm.drafter.mean_acceptance_length,
         served_al_ci=bm.drafter.al_interval, speedup=head.drafter_vs_baseline if head else bm.speedup,
         speedup_ci=head.drafter_vs_baseline_ci if head else None, benchmark_requests=sum(bm.requests.values()),
-        baseline=f"reused: {bm.reused['baseline']}" if "baseline" in bm.reused else "measured tonight",
+        baseline=f"reused: {bm.reused['baseline']}" if "baseline" in first.reused else "measured tonight",
     )
 
 
@@ -134,32 +146,54 @@ def retrain(params: RetrainParams = RetrainParams()) -> Report | None:
         with production_windows(host, config) as windows:
             night = run_night(host, config, windows)
             sel = night.selection
-            if "benchmark" not in night.runs:
+            if "export" not in night.runs:
                 get_run_logger().warning("no unused prompt in the source (%d distinct, all used or held out): nothing "
                                          "new to train on tonight; append prompts to %s", sel.source_prompts,
                                          config.nightly.source or config.generate.prompts_path)
                 return None
-            nights, picture = record_night(host, config, sel.pool_dir, night_record(night))
             if deploy:
-                # Decided while production is still down: a promoted drafter goes in before production comes
-                # back, so the load that restores production is the one that serves (and measures) it.
-                promoted = promote(host, config, build_report(config.name, {s: r.manifest for s, r in night.runs.items()},
-                                                              {}, nights=nights), gate)
-                if promoted:
-                    promoted = deploy_night(host, config, windows, gate)
+                promoted = deploy_night(host, config, night, windows, gate)
+        nights, picture = record_night(host, config, sel.pool_dir, night_record(night))
         report = publish_report(host, config, night.runs, windows.records, nights=nights,
                                 plots={"al-by-night": picture} if picture else None)
         if not deploy:
-            promoted = promote(host, config, report, gate)
+            promoted = promote(host, config, report, gate).promote
         record_promotion(host, sel.pool_dir, nights[-1].run, promoted)
         return report
 
 
-def deploy_night(host: Host, config: RunConfig, windows: Windows, gate: PromotionGate) -> bool:
-    """The promoted drafter into production (eagleflow.production.deployed): whether it serves there after its canary."""
-    record = PromotionRecord.model_validate_json(host.read_text(promotion_record_path(config.host.work_root, config.name)))
-    done = deploy_and_verify(host, config, windows, record.drafter_dir, record.model_dump(mode="json"), gate)
-    return done.serving
+def deploy_night(host: Host, config: RunConfig, night: Night, windows: Windows,
+                 gate: PromotionGate) -> bool:
+    """production.promote 'deploy': tonight's drafter goes into production before production comes back, so the
+    one load that restores production is also its measurement. The benchmark then measures it on production
+    (paired with the references measured or reused in the window), the gate decides on those figures, and a
+    drafter that loses is rolled back (one more load)."""
+    assert night.tonight is not None
+    runs = night.runs
+    drafter = runs["export"].manifest.path(ExportOutputs.of(runs["export"].manifest).vllm)
+    switch_in_window(host, config, windows, drafter, None)
+    try:
+        runs["benchmark"] = run_cached(benchmark, host, benchmark_on(night.tonight, "production"),
+                                       {"export": runs["export"].manifest, "extract": runs["pool"].manifest},
+                                       label="benchmark: on production")
+    except Exception as exc:
+        # Unmeasured, it does not stay: production goes back to the drafter that was measured good.
+        roll_back(host, config, windows, drafter, f"its benchmark on production failed: {exc}"[:500], None, gate)
+        raise
+    preview = build_report(config.name, {s: r.manifest for s, r in runs.items()}, {})
+    decision = promote(host, config, preview, gate)
+    d = preview.drafter
+    figures = {"mean_acceptance_length": d.mean_acceptance_length, "output_tok_s": d.output_tok_s,
+               "requests": d.requests, "per_position_acceptance": d.per_position_acceptance,
+               "measured_by": f"the benchmark on production ({runs['benchmark'].manifest.dir})"}
+    if decision.promote:
+        assert decision.record is not None
+        after = confirm_drafter(host, config, figures, decision.record.model_dump(mode="json"))
+        publish_history(config, after, f"Deployed: production serves {drafter} (AL {d.mean_acceptance_length or 0:.2f}, "
+                                       f"{preview.speedup:.2f}x on production)")
+    else:
+        roll_back(host, config, windows, drafter, "; ".join(decision.reasons), figures, gate)
+    return decision.promote
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:

@@ -79,8 +79,10 @@ def canary(host: Host, config: RunConfig, label: str) -> dict[str, Any]:
 
 
 @task(name="confirm-drafter", cache_policy=NO_CACHE)
-def confirm_drafter(host: Host, config: RunConfig, figures: dict[str, Any]) -> dict[str, Any]:
-    return _deployed(host, config, "confirm", "--canary", json.dumps(figures))
+def confirm_drafter(host: Host, config: RunConfig, figures: dict[str, Any],
+                    record: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The serving drafter measured good on production: what a rollback returns to from now on."""
+    return _deployed(host, config, "confirm", "--canary", json.dumps(figures), "--record", json.dumps(record))
 
 
 @task(name="rollback-drafter", cache_policy=NO_CACHE)
@@ -132,7 +134,7 @@ def history_markdown(deployed: dict[str, Any], headline: str) -> str:
         fig = (f"production AL {figures['mean_acceptance_length']:.2f}, {figures['output_tok_s']:.1f} tok/s"
                if figures.get("mean_acceptance_length") is not None else
                f"benchmark AL {rec['mean_acceptance_length']:.2f}, {rec['speedup']:.2f}x" if rec else "")
-        what = {"adopt": "adopted", "promote": "promoted", "confirm": "canary passed", "reject": "rejected",
+        what = {"adopt": "adopted", "promote": "promoted", "confirm": "measured good on production", "reject": "rejected",
                 "rollback": "rolled back to"}[e["action"]]
         source = f" ({e['source']})" if e.get("source") else ""
         lines.append(f"| {e['at']} | {what} | {e['seq']}{source} | {fig} | {e.get('why') or ''} |")

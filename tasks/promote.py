@@ -13,15 +13,15 @@ from prefect.cache_policies import NO_CACHE
 
 from eagleflow.config import RunConfig
 from eagleflow.hosts import Host
-from eagleflow.promotion import PromotionGate, PromotionRecord, decide, promotion_history_path, promotion_record_path
+from eagleflow.promotion import Decision, PromotionGate, PromotionRecord, decide, promotion_history_path, promotion_record_path
 from eagleflow.report import Report
 from tasks.naming import artifact_key
 
 
 @task(name="promote", cache_policy=NO_CACHE)
-def promote(host: Host, config: RunConfig, report: Report, gate: PromotionGate) -> bool:
+def promote(host: Host, config: RunConfig, report: Report, gate: PromotionGate) -> Decision:
     """Write `<work_root>/promoted/<run name>.json` when the gate passes (and append it to
-    `<run name>.history.json`); return whether it did. The decision is an artifact either way."""
+    `<run name>.history.json`); return the decision. It is an artifact either way."""
     logger = get_run_logger()
     path = promotion_record_path(config.host.work_root, config.name)
     promoted = PromotionRecord.model_validate_json(host.read_text(path)) if host.exists(path) else None
@@ -41,7 +41,7 @@ def promote(host: Host, config: RunConfig, report: Report, gate: PromotionGate) 
     create_markdown_artifact(decision_markdown(report, promoted, gate, decision.promote, decision.reasons, path),
                              key=artifact_key("eagleflow", config.name, "promotion"),
                              description="the nightly retrain's promotion decision")
-    return decision.promote
+    return decision
 
 
 def decision_markdown(report: Report, promoted: PromotionRecord | None, gate: PromotionGate, promote: bool,

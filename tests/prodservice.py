@@ -9,6 +9,10 @@ benchmark stage. Standard library only, except `block`, which uses eagleflow.pro
         SIGTERM that group (this script ending what it started), SIGKILL after 20 s, remove P
     python tests/prodservice.py refuse
         a stop command that fails: prints why, exits 3
+    python tests/prodservice.py serve --port N --drafter LINK
+        a stand-in production server that reads its drafter where production's launch would: it exits at once
+        when LINK/config.json says {"broken": true} (as an engine dies on a bad drafter), else answers 200 on
+        /health and LINK/config.json's "name" on /drafter
     python tests/prodservice.py block --state-dir D --work-root W --config JSON
         a stand-in benchmark stage: enter production_stopped, launch a stand-in engine carrying the
         token, write its pid file, print "in-block <token> <engine pid>", sleep until killed
@@ -114,6 +118,30 @@ def block(state_dir: str, work_root: str, config: str) -> int:
     return 0
 
 
+def serve(port: int, drafter: Path) -> int:
+    import http.server
+    import json
+
+    conf = json.loads((drafter / "config.json").read_text())
+    if conf.get("broken"):
+        print(f"cannot load the drafter at {drafter}: broken", flush=True)
+        return 1
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            body = {"/health": b"ok", "/drafter": str(conf.get("name")).encode()}.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    http.server.ThreadingHTTPServer.allow_reuse_address = True
+    http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -127,6 +155,9 @@ def main() -> int:
     p = sub.add_parser("stop")
     p.add_argument("--pidfile", type=Path, required=True)
     sub.add_parser("refuse")
+    p = sub.add_parser("serve")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--drafter", type=Path, required=True)
     p = sub.add_parser("block")
     p.add_argument("--state-dir", required=True)
     p.add_argument("--work-root", required=True)
@@ -137,6 +168,8 @@ def main() -> int:
         return start(args.pidfile, args.log, args.port, args.env, argv, args.env_from)
     if args.cmd == "stop":
         return stop(args.pidfile)
+    if args.cmd == "serve":
+        return serve(args.port, args.drafter)
     if args.cmd == "refuse":
         print("prod-stop: permission denied: this account may not stop the production server")
         return 3

@@ -6,10 +6,13 @@ line. The generate and benchmark stages build theirs from the run config with `t
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import sys
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from eagleflow.config import EngineConfig, RunConfig
@@ -93,18 +96,45 @@ def launch_engine(config: RunConfig) -> EngineConfig:
     e = config.engine
     on_cpu = cpu_build(e.kind)
     eager = resolve_enforce_eager(e.enforce_eager, on_cpu)
+    strategy = load_strategy(e, on_cpu)
     if eager and not on_cpu:
         log.warning("engine.enforce_eager is %s on a GPU build of %s: the engine runs without CUDA graphs, and a "
                     "small model's decode is then bound by kernel launches (throughput and TPOT are not what a "
                     "graph-captured production engine sees; 'auto' is eager on CPU builds only)",
                     e.enforce_eager, e.kind)
-    return e if eager is e.enforce_eager else e.model_copy(update={"enforce_eager": eager})
+    return e.model_copy(update={"enforce_eager": eager, "load_strategy": strategy or "engine"})
 
 
 def target_launch(config: RunConfig, speculative: dict[str, Any] | None = None, port_offset: int = 0) -> LaunchSpec:
     """The run's target as the run config serves it, in this Python (the host environment's)."""
+    engine = launch_engine(config)
+    if config.engine.kind == "vllm" and config.engine.compile_cache and "VLLM_CACHE_ROOT" not in engine.env:
+        cache = compile_cache_dir(config.host.work_root, speculative["model"] if speculative else None)
+        engine = engine.model_copy(update={"env": {**engine.env, "VLLM_CACHE_ROOT": cache}})
     return LaunchSpec(
         python=sys.executable, model=config.target.model_path, served_model_name=served_name(config),
-        dtype=config.target.dtype, engine=launch_engine(config), port=config.engine.port + port_offset,
+        dtype=config.target.dtype, engine=engine, port=config.engine.port + port_offset,
         speculative=speculative,
     )
+
+
+def compile_cache_dir(work_root: str, drafter_dir: str | None) -> str:
+    """vLLM's cache root for a launch: one per drafter architecture (its config.json without eagleflow's own
+    figures), so each night's drafter of the same shape finds the last night's compiled graphs, and a drafter
+    of another shape never takes them (vLLM's cache key names the speculative method, not the drafter)."""
+    shape = "no-drafter"
+    if drafter_dir is not None:
+        try:
+            conf = json.loads(Path(drafter_dir, "config.json").read_text())
+        except (OSError, ValueError):
+            conf = {"unreadable": drafter_dir}
+        conf.pop("eagleflow", None)
+        shape = hashlib.sha256(json.dumps(conf, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{work_root.rstrip('/')}/cache/vllm/{shape}"
+
+
+def load_strategy(e: EngineConfig, on_cpu: bool) -> str | None:
+    """engine.load_strategy as the launch passes it (None: not at all)."""
+    if e.kind != "vllm" or e.load_strategy == "engine" or (e.load_strategy == "auto" and on_cpu):
+        return None
+    return "prefetch" if e.load_strategy == "auto" else e.load_strategy

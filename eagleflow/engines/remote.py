@@ -15,6 +15,8 @@ import time
 import httpx
 
 from eagleflow.config import RunConfig
+from eagleflow.engines.metrics import latency_from_deltas, parse_metrics
+from eagleflow.engines.vllm import VllmServer, acceptance_from_deltas
 from eagleflow.request import PRODUCTION_API_KEY_ENV as API_KEY_ENV
 from eagleflow.request import StageError
 
@@ -72,3 +74,38 @@ def production_api_key(config: RunConfig) -> str | None:
             f"stage ({API_KEY_ENV} is unset): run it through the flow, which reads the block and hands the key over"
         )
     return None
+
+
+class ProductionEndpoint:
+    """Production, measured where it serves: the benchmark's stand-in for an engine of its own
+    (`benchmark.drafter_on: production`). Nothing here starts, stops or signals it."""
+
+    name = "production"
+
+    def __init__(self, config: RunConfig):
+        self.server = RemoteServer(config)
+        self.base_url, self.api_key = self.server.base_url, self.server.api_key
+        self.wait_s = config.generate.server_wait_s
+
+    def start(self) -> None:
+        """Production is up (the window that deployed the drafter gave it back): nothing to launch."""
+
+    def stop(self, grace_s: float = 0.0) -> None:
+        """Never ours to stop."""
+
+    def wait_healthy(self) -> None:
+        self.server.wait_answering(self.wait_s)
+
+    def snapshot(self) -> dict[str, float]:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
+        return parse_metrics(httpx.get(f"{self.base_url}/metrics", headers=headers, timeout=30.0).text)
+
+    def acceptance(self, before: dict[str, float], after: dict[str, float], k: int) -> dict:
+        return acceptance_from_deltas(before, after, k)
+
+    def latency(self, before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
+        return latency_from_deltas(before, after, VllmServer.metric_prefix)
+
+    def post_mortem(self) -> str:
+        return (f"production at {self.base_url} (its own log is the operator's: the unit's journal or "
+                "production.start_command's output)")

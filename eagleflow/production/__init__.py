@@ -32,7 +32,10 @@ Files in the state dir (the benchmark's stage dir):
 One module per part: `ownership` (which processes are ours: the token), `service` (stop, start, probe
 production through the operator's means), `state` (the files above), `downtime` (the stage's side:
 `production_stopped`), `guardian` (the restorer), `window` (one stop for several stages: the
-pipeline's GPU stages, `python -m eagleflow.production.window`). Imports only the standard library, httpx and
+pipeline's GPU stages, `python -m eagleflow.production.window`), `deployed` (the drafter production
+serves: a link eagleflow switches inside a window, its copies and history, `python -m
+eagleflow.production.deployed`; the guardian rolls a switch back when production cannot start with it,
+and restores what a reboot left open: `python -m eagleflow.production.guardian --boot WORK_ROOT`). Imports only the standard library, httpx and
 eagleflow's standard-library helpers, so the guardian starts in a blink; the pydantic
 ProductionConfig is only a type here (the guardian rebuilds it from production.json).
 """

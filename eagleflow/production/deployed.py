@@ -8,7 +8,7 @@
 
     python -m eagleflow.production.deployed adopt DIR --drafter D          production's drafter before eagleflow managed it
     python -m eagleflow.production.deployed switch DIR --drafter D --run R [--record JSON] [--window W]
-    python -m eagleflow.production.deployed confirm DIR --canary JSON
+    python -m eagleflow.production.deployed confirm DIR --canary JSON [--record JSON]
     python -m eagleflow.production.deployed rollback DIR --why TEXT [--window W]
     python -m eagleflow.production.deployed show DIR
 
@@ -82,10 +82,13 @@ def current(d: Path) -> int | None:
 
 
 def _drafter_of(d: Path, seq: int) -> dict[str, Any]:
-    for e in history(d):
-        if e["seq"] == seq and e["action"] in ("adopt", "promote"):
-            return e
-    raise DeployError(f"{d / HISTORY} names no drafter {seq}")
+    """The drafter's deploy event, with its latest promotion record (given at the switch or at the confirm)."""
+    events = [e for e in history(d) if e["seq"] == seq]
+    first = next((e for e in events if e["action"] in ("adopt", "promote")), None)
+    if first is None:
+        raise DeployError(f"{d / HISTORY} names no drafter {seq}")
+    records = [e["record"] for e in events if e.get("record")]
+    return {**first, "record": records[-1] if records else None}
 
 
 def last_good(d: Path, besides: int | None = None) -> int | None:
@@ -126,7 +129,8 @@ def adopt(d: Path, source: Path) -> dict[str, Any]:
     return summary(d)
 
 
-def switch(d: Path, source: Path, run: str, record: dict[str, Any] | None = None, window: Path | None = None) -> dict[str, Any]:
+def switch(d: Path, source: Path, run: str, record: dict[str, Any] | None = None,
+           window: Path | None = None) -> dict[str, Any]:
     """Deploy `source`: copy it in, name it pending, point the link at it. Production reads it at its next start."""
     d.mkdir(parents=True, exist_ok=True)
     seq = _copy_in(d, source)
@@ -140,12 +144,13 @@ def switch(d: Path, source: Path, run: str, record: dict[str, Any] | None = None
     return summary(d)
 
 
-def confirm(d: Path, canary: dict[str, Any]) -> dict[str, Any]:
-    """The canary found the serving drafter good: it becomes what a later rollback returns to."""
+def confirm(d: Path, canary: dict[str, Any], record: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Production's figures found the serving drafter good: it becomes what a later rollback returns to.
+    `record`: its promotion record, when the promotion was decided on these figures (the nightly)."""
     seq = current(d)
     if seq is None:
         raise DeployError(f"nothing is deployed at {d}")
-    _append(d, {"action": "confirm", "seq": seq, "canary": canary})
+    _append(d, {"action": "confirm", "seq": seq, "canary": canary, "record": record})
     (d / PENDING).unlink(missing_ok=True)
     return summary(d)
 
@@ -189,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--drafter", type=Path, required=True)
         if name == "switch":
             p.add_argument("--run", required=True)
+        if name in ("switch", "confirm"):
             p.add_argument("--record", type=json.loads, default=None)
         if name in ("switch", "rollback"):
             p.add_argument("--window", type=Path, default=None)
@@ -203,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         elif a.cmd == "switch":
             out = switch(a.dir, a.drafter, a.run, a.record, a.window)
         elif a.cmd == "confirm":
-            out = confirm(a.dir, a.canary or {})
+            out = confirm(a.dir, a.canary or {}, a.record)
         elif a.cmd == "rollback":
             out = rollback(a.dir, a.why, a.canary, a.window)
         else:

@@ -1,6 +1,7 @@
 """The guardian: a small detached process that gives production back, once, however the stage ends.
 
     python -m eagleflow.production.guardian STATE_DIR      (started by `production_stopped`)
+    python -m eagleflow.production.guardian --boot WORK_ROOT   (at the host's boot: infra/systemd/eagleflow-restore.service)
 
 It flocks `production.watching`, then waits until the stage's hold is free (the stage left, failed,
 was cancelled or killed) or until the controller's host lease has been gone for `orphan_grace_s`
@@ -201,11 +202,39 @@ def _guard(d: Path, rec: dict[str, Any]) -> int:
     return 0 if result["ok"] else 1
 
 
+def at_boot(work_root: str | Path) -> list[dict[str, Any]]:
+    """After a reboot mid-window, no guardian is left to give production back: every state dir under work_root
+    whose production.json has no result and no guardian watching is restored now (production started if it was
+    running, a drafter switched in that window rolled back if production does not come back with it). The first
+    restore brings production back; the others find it healthy and leave it."""
+    done = []
+    for rec_path in sorted(Path(work_root).glob(f"*/*/{RECORD}")):
+        d = rec_path.parent
+        rec = read_json(rec_path)
+        if not rec or (d / RESULT).exists() or is_held(d / WATCHING):
+            continue
+        _glog(f"at boot: {d} was left open (no result, no guardian): giving production back")
+        svc = ProductionService(SettingsRecord(**rec["config"]), _glog, d / COMMANDS_LOG)
+        result = _restore(svc, bool(rec.get("was_running")))
+        if not result["ok"] and (d / WINDOW_MARK).exists():
+            result = _roll_back(svc, d, result)
+        result = {**result, "token": rec.get("token"), "by": "boot", "at": time.time()}
+        _write_record(d / RESULT, result)
+        done.append({"dir": str(d), **result})
+    return done
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m eagleflow.production.guardian", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("state_dir", help="the benchmark's stage dir, holding production.json")
+    parser.add_argument("state_dir", help="the benchmark's stage dir, holding production.json (with --boot: the "
+                        "work root, whose every state dir is looked at)")
+    parser.add_argument("--boot", action="store_true", help="at the host's boot: restore what a reboot left open")
     args = parser.parse_args(argv)
+    if args.boot:
+        done = at_boot(args.state_dir)
+        print(json.dumps({"restored": done}))
+        return 0 if all(r["ok"] for r in done) else 1
     return guard(args.state_dir)
 
 

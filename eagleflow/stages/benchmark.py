@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import statistics
 import subprocess
 import sys
 import time
@@ -40,7 +39,8 @@ from eagleflow.config import RunConfig
 from eagleflow.engines import EngineServer, make_server
 from eagleflow.engines.chat import ChatClient, ChatResult
 from eagleflow.engines.launch import served_name, speculative, target_launch
-from eagleflow.intervals import Estimate, StoppingRule, acceptance_length, paired_speedup
+from eagleflow.engines.remote import ProductionEndpoint
+from eagleflow.intervals import StoppingRule
 from eagleflow.manifest import Manifest, read_manifest
 from eagleflow import measurements, plots
 from eagleflow.measurements import VariantRecord
@@ -55,6 +55,7 @@ from eagleflow.request import StageError, StageRequest
 from eagleflow.stages.common import stage_main
 from eagleflow.triage import CopyReference, TriageInputs, run_triage
 from eagleflow.triage.verify import record_reference
+from eagleflow.rounds import WindowRecorder
 from eagleflow.verdict import judge, render_markdown
 
 log = logging.getLogger("eagleflow.benchmark")
@@ -69,65 +70,10 @@ class Variant:
     name: str
     drafter: str | None
     offline_al: float | None = None
-    server: EngineServer | None = None
+    server: EngineServer | ProductionEndpoint | None = None  # production: benchmark.drafter_on production
     client: ChatClient | None = None  # one per engine: every round of every window goes through it
     key: str | None = None  # baseline / current: what determines the measurement (eagleflow.measurements)
     reused: VariantRecord | None = None  # measured by an earlier run, still valid: no engine for it
-
-
-@dataclasses.dataclass
-class WindowRecorder:
-    """Collects one measured window (a variant at one temperature and concurrency): the answers, the
-    wall time, the engine's counters before and after; `measurement` turns them into the record."""
-
-    variant: str
-    temperature: float
-    concurrency: int
-    results: list[ChatResult] = dataclasses.field(default_factory=list)
-    seconds: float = 0.0
-    before: dict[str, float] = dataclasses.field(default_factory=dict)
-    after: dict[str, float] = dataclasses.field(default_factory=dict)
-    round_seconds: list[float] = dataclasses.field(default_factory=list)
-    round_tokens: list[int] = dataclasses.field(default_factory=list)
-    round_drafts: list[float] = dataclasses.field(default_factory=list)
-    round_accepted: list[float] = dataclasses.field(default_factory=list)
-    stopped: str | None = None
-
-    def add(self, results: list[ChatResult], seconds: float, counters: tuple[float, float] | None = None) -> None:
-        """One round: its answers, its wall time and (a drafter) its (drafting steps, accepted drafts)."""
-        self.results += results
-        self.seconds += seconds
-        self.round_seconds.append(seconds)
-        self.round_tokens.append(sum(r.completion_tokens for r in results))
-        if counters is not None:
-            self.round_drafts.append(counters[0])
-            self.round_accepted.append(counters[1])
-
-    def estimates(self, reference: "Measurement | WindowRecorder | None") -> list[Estimate | None]:
-        """The figures the stopping rule watches: the paired speedup over `reference` (the baseline's rounds)
-        and the acceptance length."""
-        speedup = None
-        if reference is not None and reference.round_seconds and reference.round_tokens:
-            speedup = paired_speedup(reference.round_seconds, reference.round_tokens, self.round_seconds,
-                                     self.round_tokens)
-        return [speedup, acceptance_length(self.round_accepted, self.round_drafts)]
-
-    def measurement(self, server: EngineServer, k: int) -> Measurement:
-        tokens = sum(r.completion_tokens for r in self.results)
-        latency = sorted(r.latency_s for r in self.results if r.latency_s is not None)
-        drafter = self.variant != "baseline"
-        al = acceptance_length(self.round_accepted, self.round_drafts) if drafter else None
-        return Measurement(
-            variant=self.variant, temperature=self.temperature, concurrency=self.concurrency,
-            output_tok_s=tokens / self.seconds, output_tokens=tokens, seconds=self.seconds, requests=len(self.results),
-            # Latencies from the engine's own histograms; the client's round trip beside them.
-            **server.latency(self.before, self.after),
-            client_latency_ms_p50=1000 * statistics.median(latency) if latency else None,
-            **(server.acceptance(self.before, self.after, k) if drafter else {}),
-            round_seconds=self.round_seconds, round_tokens=self.round_tokens,
-            round_drafts=self.round_drafts if drafter else None, round_accepted=self.round_accepted if drafter else None,
-            al_interval=[al.low, al.high] if al and al.n > 1 else None, stopped=self.stopped,
-        )
 
 
 # -- inputs ----------------------------------------------------------------------------------------
@@ -170,15 +116,21 @@ def offline_estimate(drafter_dir: str) -> float | None:
 
 
 def current_drafter(cfg: RunConfig) -> str | None:
-    """benchmark.current_drafter, else the drafter the nightly retrain promoted for this run name."""
-    if cfg.benchmark.current_drafter:
-        return resolve_drafter(cfg.benchmark.current_drafter, "benchmark.current_drafter")
+    """benchmark.current_drafter, else the drafter the nightly retrain promoted for this run name. With
+    production.promote 'deploy' the promoted drafter wins once there is one: it is what production serves (a
+    rollback rewrites the record to the drafter it returned to); benchmark.current_drafter is then only what
+    production served before eagleflow's first deploy."""
     record = Path(promotion_record_path(cfg.host.work_root, cfg.name))
+    deploy = cfg.production.promote == "deploy" and record.is_file()
+    if cfg.benchmark.current_drafter and not deploy:
+        return resolve_drafter(cfg.benchmark.current_drafter, "benchmark.current_drafter")
     if record.is_file():
         path = PromotionRecord.model_validate_json(record.read_text()).drafter_dir
         if Path(path, "config.json").is_file():
             log.info("current drafter: the promoted one, %s (from %s)", path, record)
             return path
+    if cfg.benchmark.current_drafter:
+        return resolve_drafter(cfg.benchmark.current_drafter, "benchmark.current_drafter")
     return None
 
 
@@ -295,11 +247,18 @@ def run(request: StageRequest) -> Manifest:
     prompts = benchmark_prompts(cfg)
     if len(prompts) < b.num_prompts:
         raise StageError(f"only {len(prompts)} held-out prompts; lower benchmark.num_prompts or raise generate.holdout")
-    variants = variants_for(request)
+    on = b.drafter_on
+    variants = [v for v in variants_for(request) if on != "none" or v.name != "drafter"]
     reuse_measurements(cfg, variants, prompts)
     measured = [v for v in variants if v.reused is None]
+    if on == "production" and (stale := [v.name for v in measured if v.name != "drafter"]):
+        raise StageError(f"benchmark.drafter_on 'production': no reusable measurement of the {' and the '.join(stale)} "
+                         f"(benchmark.reuse_for_h {b.reuse_for_h:g} h): production serves the new drafter now, so they "
+                         "cannot be measured here; measure them first while production is down (benchmark.drafter_on "
+                         "'none', as the nightly does)")
     has_production = cfg.production.kind != "none"
-    findings = preflight(request, variants, skip_gpu=has_production) if cfg.engine.preflight else []
+    findings = (preflight(request, variants, skip_gpu=has_production or on == "production")
+                if cfg.engine.preflight else [])
 
     settings = [(t, c) for t in b.temperatures for c in b.concurrencies]
     windows = {(v.name, t, c): WindowRecorder(v.name, t, c) for v in measured for t, c in settings}
@@ -373,9 +332,10 @@ def run(request: StageRequest) -> Manifest:
     # The triage's references, taken while the engines are up: the copy prompts served without speculation
     # (on the baseline engine), and every variant's temperature-0 answers (speculation must not change them).
     tri = b.triage
-    triage_on = tri.when != "never" and cfg.engine.kind == "vllm"
+    triage_on = tri.when != "never" and cfg.engine.kind == "vllm" and on == "engine"
     if tri.when != "never" and not triage_on:
-        log.info("triage: not available for engine.kind %s (vLLM's ngram and capture methods)", cfg.engine.kind)
+        log.info("triage: not run: %s", f"engine.kind {cfg.engine.kind} (vLLM's ngram and capture methods)"
+                 if cfg.engine.kind != "vllm" else f"benchmark.drafter_on {on} (its probes load engines of their own)")
     copy_ref: CopyReference | None = None
     t0 = (0.0, min(b.concurrencies)) if 0.0 in b.temperatures else None
     triage_result = None
@@ -392,18 +352,21 @@ def run(request: StageRequest) -> Manifest:
     window = os.environ.get(WINDOW_ENV)
     if window:
         log.info("measuring inside the production window of %s", window)
-    stopped = nullcontext(None) if window else production_stopped(cfg.production, request.path,
-                                                                   work_root=cfg.host.work_root, log=log.info)
+    if on == "production":
+        log.info("the new drafter is measured on production (%s), which serves it since its deploy", cfg.production.url)
+    stopped = (nullcontext(None) if window or on == "production" else
+               production_stopped(cfg.production, request.path, work_root=cfg.host.work_root, log=log.info))
     with stopped as downtime:
-        if cfg.engine.preflight and has_production:
+        if cfg.engine.preflight and has_production and on != "production":
             findings += gpus_free(cfg)
         for group in groups:
             with ExitStack() as stack:
                 for i, v in enumerate(group):
                     launch = target_launch(cfg, speculative(v.drafter, b.num_speculative_tokens, b.draft_attention_backend) if v.drafter else None,
                                            port_offset=i)  # side by side: engine.port, +1, +2
-                    v.server = make_server(launch, request.path / f"engine-{v.name}.log",
-                                           env=downtime.engine_env() if downtime else None, name=v.name)
+                    v.server = ProductionEndpoint(cfg) if on == "production" else make_server(
+                        launch, request.path / f"engine-{v.name}.log", env=downtime.engine_env() if downtime else None,
+                        name=v.name)
                     stack.callback(v.server.stop)  # whatever happens, end what this stage started
                     v.server.start()  # side by side: all load at once
                 for v in group:
@@ -411,7 +374,7 @@ def run(request: StageRequest) -> Manifest:
                     v.server.wait_healthy()
                     v.client = stack.enter_context(ChatClient(
                         v.server.base_url, served_name(cfg), max_concurrency=max(b.concurrencies),
-                        timeout_s=cfg.engine.request_timeout_s))
+                        timeout_s=cfg.engine.request_timeout_s, api_key=getattr(v.server, "api_key", None)))
                     if b.warmup_requests:
                         send(v, prompts[: b.warmup_requests], 0.0, 1)
                 for t, c in settings:
@@ -428,6 +391,8 @@ def run(request: StageRequest) -> Manifest:
                 keep_measurement(request, v, rows, windows, t0, copy_ref if v.name == "baseline" else None)
         progress.finish()
         table = [rows[(v.name, t, c)] for v in variants for t, c in settings]
+        if on == "none":
+            return references_manifest(request, variants, table, findings, len(prompts))
         offline = {v.name: v.offline_al for v in variants if v.drafter}
         verdict = judge(table, offline, suspect_ratio=b.suspect_ratio, sampled_suspect_ratio=b.sampled_suspect_ratio)
         if triage_on and (tri.when == "always" or verdict.suspects):
@@ -468,6 +433,27 @@ def run(request: StageRequest) -> Manifest:
     outputs = BenchmarkOutputs(drafter_dir=headline_drafter(variants), num_prompts=len(prompts), report_md="report.md",
                                plots=drawn)
     return request.manifest(outputs=outputs, metrics=metrics)
+
+
+def references_manifest(request: StageRequest, variants: list[Variant], table: list[Measurement],
+                        findings: list[PreflightFinding], num_prompts: int) -> Manifest:
+    """benchmark.drafter_on 'none': the baseline and the current drafter, measured or reused, kept for the
+    measurement of the new drafter on production; no verdict (there is no new drafter here)."""
+    b = request.config.benchmark
+    head = {w.variant: w for w in table if (w.temperature, w.concurrency) == (b.temperatures[0], b.concurrencies[0])}
+    summary = "references only: " + ", ".join(f"{n} {'reused' if v.reused else 'measured'}"
+                                               for n, v in ((v.name, v) for v in variants))
+    metrics = BenchmarkMetrics(
+        baseline=head["baseline"], current=head.get("current"), drafter=None, speedup=None, windows=table,
+        verdict=Verdict(summary=summary, integration_suspect=False, findings=[], speedups=[]), production=None,
+        offline={v.name: v.offline_al for v in variants if v.drafter}, drafters={v.name: v.drafter for v in variants
+                                                                                  if v.drafter},
+        preflight=findings, settings=b,
+        reused={v.name: head[v.name].measured or "" for v in variants if v.reused is not None},
+        requests={v.name: sum(w.requests or 0 for w in table if w.variant == v.name) for v in variants if not v.reused})
+    log.info("%s", summary)
+    return request.manifest(outputs=BenchmarkOutputs(drafter_dir=None, num_prompts=num_prompts, report_md=None),
+                            metrics=metrics)
 
 
 def keep_measurement(request: StageRequest, v: Variant, rows: dict[tuple[str, float, int], Measurement],

@@ -8,8 +8,10 @@ line and leaves no manifest, so nothing half-written is ever taken as complete.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -18,6 +20,7 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
+from eagleflow.capacity import size_text
 from eagleflow.manifest import Manifest, write_manifest
 from eagleflow.production import ProductionError
 from eagleflow.request import StageError, StageRequest
@@ -50,6 +53,7 @@ def stage_main(stage: str, fn: StageFn, argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         print(f"usage: python -m eagleflow.stages.{stage} <stage_dir>/request.json", file=sys.stderr)
         return 2
+    request = None
     try:
         request = StageRequest.model_validate_json(Path(argv[0]).read_text())
         if request.stage != stage:
@@ -68,5 +72,30 @@ def stage_main(stage: str, fn: StageFn, argv: list[str] | None = None) -> int:
         return 1
     except Exception as exc:  # noqa: BLE001 - the last line must carry the cause for the control side
         traceback.print_exc(file=sys.stdout)
-        print(f"error: {type(exc).__name__}: {exc}", flush=True)
+        full = disk_full(exc, request)
+        print(f"error: {full or f'{type(exc).__name__}: {exc}'}", flush=True)
         return 1
+
+
+def disk_full(exc: BaseException, request: StageRequest | None) -> str | None:
+    """The line for a disk that filled while the stage wrote (the OS's ENOSPC, or a writer library's wrapping of
+    it), naming the disk and what to do; None for any other error. Nothing of the stage is taken as complete:
+    its manifest is written last, and a finished shard is renamed into place only once whole."""
+    seen, texts = exc, []
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
+            break
+        texts.append(str(seen))
+        seen = seen.__cause__ or seen.__context__
+    if seen is None and not any(m in t for t in texts for m in ("No space left on device", "StorageFull",
+                                                                  "os error 28")):
+        return None
+    where = Path(getattr(seen, "filename", None) or (request.dir if request else "."))
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    usage = shutil.disk_usage(where)
+    work_root = request.config.host.work_root if request else "host.work_root"
+    return (f"the disk holding {where} is full ({size_text(usage.free)} free of {size_text(usage.total)}) while "
+            f"the stage wrote there. Nothing partial is taken as complete: finished shards stay, and a rerun resumes "
+            f"after the last of them. Free space there (or point host.work_root, now {work_root}, at a larger disk) "
+            "and run again")

@@ -28,20 +28,32 @@ def stage(p, name):
     return next(s for s in p.stages if s.stage == name)
 
 
-def test_a_kimi_night_is_its_new_samples_its_steps_and_one_load_for_the_benchmark():
+def test_a_kimi_night_is_its_new_samples_its_steps_and_the_loads_of_a_deploy():
     cfg, full, night = nightly()
+    assert cfg.production.promote == "deploy"
     per_sample = full.tokens.tokens / full.tokens.samples
     assert night.new_tokens == int(1000 * per_sample)
     # generate scales with the new samples (production's server: no engine load of ours)
     assert stage(night, "generate").seconds == pytest.approx(stage(full, "generate").seconds * 1000 / 10_000, rel=0.01)
     assert stage(night, "train").seconds == pytest.approx(330 * 65536 / 6942.3, rel=0.01)
     bench = stage(night, "benchmark")
-    assert "the new drafter only" in bench.rate and bench.seconds < stage(full, "benchmark").seconds / 3
-    assert night.total_seconds <= 3 * 3600 < full.total_seconds / 4
-    assert night.down_stages == ["extract", "pool", "train", "export", "benchmark"]
-    assert night.down_seconds == pytest.approx(night.total_seconds - stage(night, "generate").seconds)
+    # the new drafter measured on production: no load of its own, and production serves meanwhile
+    assert "on production" in bench.rate and bench.seconds < stage(full, "benchmark").seconds / 3
+    assert night.down_stages == ["extract", "pool", "train", "export", "restore"]
+    assert night.down_seconds == pytest.approx(sum(stage(night, s).seconds for s in night.down_stages))
+    assert len(night.loads) == 2 and night.loads[1].startswith("restore: production with the new drafter (warm")
+    assert "sleep would save no load here" in night.pause
     text = render_nightly(night, full)
-    assert "a night" in text and "production down a night" in text and "budget" in text
+    assert "a night" in text and "production down a night" in text and "engine loads a night: 2" in text
+
+
+def test_a_night_that_only_records_its_promotion_pays_the_benchmarks_own_load_and_the_restore():
+    _, _, deploy = nightly()
+    _, _, record = nightly(**{"production.promote": "record"})
+    assert record.down_stages == ["extract", "pool", "train", "export", "benchmark", "restore"]
+    assert len(record.loads) == 3 and "the restore's load would then be a wake of seconds" in record.pause
+    assert stage(record, "benchmark").seconds > stage(deploy, "benchmark").seconds + stage(deploy, "restore").seconds / 2
+    assert record.down_seconds > deploy.down_seconds + 0.9 * stage(deploy, "restore").seconds
 
 
 def test_the_benchmark_plans_the_requests_its_stopping_rule_expects():
@@ -63,8 +75,10 @@ def test_the_pool_fills_its_budget_then_evicts():
 
 def test_production_is_down_only_for_the_gpu_stages_of_a_stage_window():
     _, _, night = nightly(**{"production.window": "stage"})
-    assert night.down_stages == ["extract", "train", "benchmark"]
-    _, _, none = nightly(**{"production.kind": "none", "production.unit": None})
+    assert night.down_stages == ["extract", "train", "restore"]
+    _, _, night = nightly(**{"production.window": "stage", "production.promote": "record"})
+    assert night.down_stages == ["extract", "train", "benchmark", "restore"]
+    _, _, none = nightly(**{"production.kind": "none", "production.unit": None, "production.promote": "record"})
     assert none.down_stages == [] and none.down_seconds == 0
 
 

@@ -83,3 +83,19 @@ def test_the_current_drafter_is_compared_on_the_paired_rounds_when_the_verdict_h
     d = decide(r, None, GATE)
     assert not d.promote and d.reasons == ["0.97x the current drafter's output tok/s on the same prompts in the same "
                                            "benchmark"]
+
+
+def test_worse_only_beyond_noise_when_the_rounds_give_an_interval():
+    """With production.promote 'deploy' a loser costs a rollback (an engine load): a drafter is held worse than
+    the promoted one, or slower than the current one, only when its 95% interval says so."""
+    r = report(al=2.48)
+    r.drafter.al_interval = [2.40, 2.56]
+    assert decide(r, promoted(2.51), GATE).promote  # inside the noise
+    r.drafter.al_interval = [2.40, 2.49]
+    assert "(95% interval 2.40-2.49)" in decide(r, promoted(2.51), GATE).reasons[0]
+    r = report(current_tok_s=141.0)
+    r.verdict.headline = SpeedupRow(temperature=0.0, concurrency=1, drafter_vs_current=0.98,
+                                    drafter_vs_current_ci=[0.95, 1.01])
+    assert decide(r, None, GATE).promote
+    r.verdict.headline.drafter_vs_current_ci = [0.94, 0.99]
+    assert "0.98x the current drafter's" in decide(r, None, GATE).reasons[0]

@@ -31,7 +31,7 @@ def gate(path: str, report: dict) -> bool:
     config = load_config(path)
     with make_host(config.host) as host:
         return promote(host, config, Report.model_validate(report),
-                       PromotionGate(min_speedup=1.0, min_acceptance_length=1.5))
+                       PromotionGate(min_speedup=1.0, min_acceptance_length=1.5)).promote
 
 print("PROMOTED", gate(sys.argv[1], json.loads(sys.argv[2])))
 """

@@ -1,7 +1,8 @@
 """The nightly retrain as the operator sees it in the Prefect UI (Debian's Chromium, Playwright): the
 `eagleflow-nightly` deployment's schedule, and the third night of the session's nightly
 (`nightly_runs`, tests/e2e/conftest.py; tests/e2e/flows/test_nightly.py) with its promotion decision in the
-run's log and artifacts, the very decision the gate took, and its report with AL by night."""
+run's log and artifacts, the very decision the gate took, its report with AL by night, and production's drafter
+history (what production serves since that night's deploy)."""
 
 from __future__ import annotations
 
@@ -46,3 +47,16 @@ def test_the_nightly_schedule_and_a_promotion_decision_on_its_run_page(page, pre
     body.wait_for()
     assert heading.lstrip("# ") in body.inner_text() and "the bars: speedup >=" in body.inner_text()
     shot(page, "2-nightly-promotion-decision")
+
+    # What production serves, and its history: the deploys of the three nights (production.promote: deploy).
+    history = artifact_of(prefect_server, run_id, "eagleflow-nightly-e2e-deployed")["data"]
+    assert history.startswith("# Deployed: production serves" if nights[-1]["promoted"] else "# Rolled back"), history
+    open_run(page, ui, run_id, "Artifacts")
+    card = page.locator("a[href*='/artifacts/artifact/']", has_text="deployed").first
+    card.wait_for()
+    card.click()
+    body = page.locator(".artifact-data-markdown")
+    body.wait_for()
+    text = body.inner_text()
+    assert "Production serves drafter" in text and "measured good on production" in text and "adopted" in text, text[:2000]
+    shot(page, "2-nightly-deployed-history")

@@ -205,3 +205,73 @@ def test_states_that_outgrow_the_free_disk_are_refused_before_anything_is_writte
         assert not list((Path(req.dir) / "data").glob("*.safetensors")) and not list(Path(req.dir, "data").glob(".*"))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+DISK_FULL_DRIVER = r"""
+import json, os, shutil, subprocess, sys
+root, req_path, out, py, size, free = sys.argv[1:7]
+subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", root], check=True)
+text = open(req_path).read()
+d = json.loads(text)["dir"]
+os.makedirs(d)
+open(os.path.join(d, "request.json"), "w").write(text)
+runs = []
+data = os.path.join(d, "data")
+for attempt in (1, 2):
+    p = subprocess.Popen([py, "-m", "eagleflow.stages.extract", os.path.join(d, "request.json")],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=os.environ["ROOT"])
+    if attempt == 1:
+        # Another writer fills the disk once the stage is under way (past its own free-space check): `free` bytes
+        # are left as its first shard lands.
+        while p.poll() is None and not any(f.endswith(".safetensors") for f in (os.listdir(data)
+                                                                                if os.path.isdir(data) else [])):
+            pass
+        st = os.statvfs(root)
+        with open(os.path.join(root, "ballast"), "wb") as f:
+            f.write(b"\0" * max(0, st.f_bavail * st.f_frsize - int(free)))
+    text = p.communicate()[0]
+    runs.append({"rc": p.returncode, "out": text[-6000:],
+                 "files": sorted(os.listdir(data)) if os.path.isdir(data) else [],
+                 "manifest": os.path.exists(os.path.join(d, "manifest.json"))})
+    if attempt == 1:
+        os.unlink(os.path.join(root, "ballast"))  # the operator frees space
+shutil.copytree(d, os.path.join(out, "stage"))
+json.dump(runs, open(os.path.join(out, "runs.json"), "w"))
+"""
+
+
+def test_a_disk_that_fills_mid_extract_is_named_and_a_rerun_resumes_after_the_last_whole_shard(tmp_path, generate,
+                                                                                                hf_run):
+    """The stage dir on a small filesystem of its own (tmpfs in a mount namespace) that another writer fills to
+    ~300 KiB free once the first shard lands: the 256 KiB shards stop fitting mid-stage. The stage fails naming
+    the disk and what to do, leaves no manifest, and no shard it had not finished is in the index a rerun trusts; once space is freed, the
+    rerun keeps the finished shards and ends with the states a clean run gives."""
+    if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no unprivileged mount namespace here (unshare -rm): a small filesystem cannot be made")
+    root = tmp_path / "small"
+    root.mkdir()
+    req = request(tmp_path, generate, "full", shard_bytes=256 << 10, device="cpu")
+    req.config.engine.min_free_disk_gib = 0.0  # the stage's own check passes: the disk fills after it
+    req = req.model_copy(update={"dir": str(root / "extract")})
+    (tmp_path / "request.json").write_text(req.model_dump_json())
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.run(["unshare", "-rm", sys.executable, "-c", DISK_FULL_DRIVER, str(root),
+                           str(tmp_path / "request.json"), str(out), sys.executable, str(8 << 20), str(300 << 10)],
+                          capture_output=True, text=True, timeout=900, env={**os.environ, "ROOT": str(ROOT)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    first, second = json.loads((out / "runs.json").read_text())
+    last = first["out"].strip().splitlines()[-1]
+    assert first["rc"] == 1 and not first["manifest"], first["out"][-3000:]
+    assert last.startswith(f"error: the disk holding {root}") and "is full" in last and "run again" in last, last
+    assert second["rc"] == 0 and second["manifest"], second["out"][-3000:]
+    stage = out / "stage"
+    m = read_manifest(stage / "manifest.json").model_copy(update={"dir": str(stage)})
+    whole = [f for f in first["files"] if f.endswith(".safetensors") and not f.startswith(".")]
+    assert whole, f"no shard was finished before the disk filled: {first['files']}"
+    total = ExtractMetrics.of(hf_run).tokens_extracted
+    assert 0 < ExtractMetrics.of(m).tokens_extracted < total, "the rerun redid only what was not finished"
+    ref, got = states_by_ids(hf_run), states_by_ids(m)
+    assert ref.keys() == got.keys() and all(torch.equal(ref[k], got[k]) for k in ref)
+    print("disk full:", last, "| finished before:", whole, "| rerun extracted",
+          ExtractMetrics.of(m).tokens_extracted, "of", total, "tokens")

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from eagleflow.config import load_config
-from eagleflow.engines.launch import served_name, speculative, target_launch
+from eagleflow.engines.launch import compile_cache_dir, served_name, speculative, target_launch
 from tests.conftest import ROOT
 
 
@@ -18,7 +18,10 @@ def test_target_launch_follows_the_run_config():
     assert (spec.python, spec.model, spec.dtype) == (sys.executable, cfg.target.model_path, "bfloat16")
     assert spec.served_model_name == served_name(cfg) == "demo-target"
     assert spec.port == cfg.engine.port + 2
-    assert spec.engine == cfg.engine.model_copy(update={"enforce_eager": True})  # "auto", resolved on this CPU build
+    # "auto", resolved on this CPU build; the compile cache kept under the work root, one per drafter shape
+    assert spec.engine == cfg.engine.model_copy(update={
+        "enforce_eager": True, "load_strategy": "engine",
+        "env": {**cfg.engine.env, "VLLM_CACHE_ROOT": compile_cache_dir(cfg.host.work_root, "/d")}})
     assert spec.speculative == {"method": "eagle3", "model": "/d", "num_speculative_tokens": 3}
     assert target_launch(cfg).speculative is None and target_launch(cfg).port == cfg.engine.port
     unnamed = load_config(ROOT / "configs" / "demo.yaml", {"target.served_model_name": None})
@@ -60,7 +63,11 @@ def test_the_launch_resolves_auto_for_this_build(monkeypatch, on_cpu):
     monkeypatch.setattr(launch, "cpu_build", lambda kind: on_cpu)
     spec = target_launch(_with_eager("auto"), speculative("/d", 3))
     assert spec.engine.enforce_eager is on_cpu
-    assert ("--enforce-eager" in VllmServer.argv_for(spec)) is on_cpu
+    argv = VllmServer.argv_for(spec)
+    assert ("--enforce-eager" in argv) is on_cpu
+    # the load strategy: prefetch on a GPU build (the fastest cold load), the engine's own on a CPU build
+    assert (argv[argv.index("--safetensors-load-strategy") + 1] if not on_cpu else None) == (None if on_cpu else "prefetch")
+    assert ("--safetensors-load-strategy" in argv) is not on_cpu
 
 
 def test_eager_on_a_gpu_build_is_kept_and_warned(monkeypatch, caplog):
@@ -101,3 +108,22 @@ def test_the_drafters_own_attention_backend_reaches_the_speculative_config():
     assert "attention_backend" not in speculative("/d", 3)
     assert speculative("/d", 1, "TRITON_MLA") == {"method": "eagle3", "model": "/d", "num_speculative_tokens": 1,
                                                   "attention_backend": "TRITON_MLA"}
+
+
+def test_the_compile_cache_is_one_per_drafter_shape(tmp_path):
+    """Tonight's drafter of last night's shape finds its graphs; a drafter of another shape never does (vLLM's own
+    cache key names the speculative method, not the drafter). eagleflow's own figures in config.json do not count."""
+    import json
+
+    def drafter(name: str, vocab: int, al: float) -> str:
+        d = tmp_path / name
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"draft_vocab_size": vocab, "eagleflow": {"validation": {
+            "acceptance_length": al}}}))
+        return str(d)
+
+    night1, night2, other = drafter("n1", 512, 2.3), drafter("n2", 512, 2.4), drafter("o", 32000, 2.4)
+    assert compile_cache_dir("/w", night1) == compile_cache_dir("/w", night2) != compile_cache_dir("/w", other)
+    assert compile_cache_dir("/w/", None) == "/w/cache/vllm/no-drafter"
+    cfg = load_config(ROOT / "configs" / "demo.yaml", {"engine.compile_cache": False})
+    assert "VLLM_CACHE_ROOT" not in target_launch(cfg).engine.env
