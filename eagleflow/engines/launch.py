@@ -96,13 +96,12 @@ def launch_engine(config: RunConfig) -> EngineConfig:
     e = config.engine
     on_cpu = cpu_build(e.kind)
     eager = resolve_enforce_eager(e.enforce_eager, on_cpu)
-    strategy = load_strategy(e, on_cpu)
     if eager and not on_cpu:
         log.warning("engine.enforce_eager is %s on a GPU build of %s: the engine runs without CUDA graphs, and a "
                     "small model's decode is then bound by kernel launches (throughput and TPOT are not what a "
                     "graph-captured production engine sees; 'auto' is eager on CPU builds only)",
                     e.enforce_eager, e.kind)
-    return e.model_copy(update={"enforce_eager": eager, "load_strategy": strategy or "engine"})
+    return e if eager is e.enforce_eager else e.model_copy(update={"enforce_eager": eager})
 
 
 def target_launch(config: RunConfig, speculative: dict[str, Any] | None = None, port_offset: int = 0) -> LaunchSpec:
@@ -131,10 +130,3 @@ def compile_cache_dir(work_root: str, drafter_dir: str | None) -> str:
         conf.pop("eagleflow", None)
         shape = hashlib.sha256(json.dumps(conf, sort_keys=True).encode()).hexdigest()[:12]
     return f"{work_root.rstrip('/')}/cache/vllm/{shape}"
-
-
-def load_strategy(e: EngineConfig, on_cpu: bool) -> str | None:
-    """engine.load_strategy as the launch passes it (None: not at all)."""
-    if e.kind != "vllm" or e.load_strategy == "engine" or (e.load_strategy == "auto" and on_cpu):
-        return None
-    return "prefetch" if e.load_strategy == "auto" else e.load_strategy

@@ -60,7 +60,7 @@ class VllmServer(EngineServer):
             argv.append("--enforce-eager")
         if e.trust_remote_code:
             argv.append("--trust-remote-code")
-        if e.load_strategy not in ("auto", "engine"):  # resolved by launch_engine: 'auto' never reaches here
+        if e.load_strategy != "engine":
             argv += ["--safetensors-load-strategy", e.load_strategy]
         if e.gpu_memory_utilization is not None:
             argv += ["--gpu-memory-utilization", str(e.gpu_memory_utilization)]

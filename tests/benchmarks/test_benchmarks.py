@@ -145,3 +145,11 @@ def test_stopping_rule_compares_fixed_replayed_and_sequential_windows(tmp_path):
     (row,) = result["rows"]
     assert row["fixed"]["requests"] == 6 and 2 <= row["replayed"]["requests"] <= 6
     assert "same verdict:" in out and "| 0 | 1 |" in out
+
+
+def test_engine_load_writes_its_checkpoint(tmp_path):
+    """The checkpoint writer of engine_load.py (the starts need a GPU build of vLLM: docs/benchmarks.md)."""
+    run([sys.executable, BENCH / "engine_load.py", "--work", tmp_path / "el", "--out", tmp_path / "out",
+         "--size-gb", "0.05", "--runs", "write"], timeout=300)
+    shards = list((tmp_path / "el" / "ckpt").glob("*.safetensors"))
+    assert shards and (tmp_path / "el" / "ckpt" / "config.json").exists()

@@ -42,7 +42,7 @@ def test_a_kimi_night_is_its_new_samples_its_steps_and_the_loads_of_a_deploy():
     assert night.down_stages == ["extract", "pool", "train", "export", "restore"]
     assert night.down_seconds == pytest.approx(sum(stage(night, s).seconds for s in night.down_stages))
     assert len(night.loads) == 2 and night.loads[1].startswith("restore: production with the new drafter (warm")
-    assert "sleep would save no load here" in night.pause
+    assert "CUDA IPC" in night.pause and "seconds instead of the restore's load" in night.pause
     text = render_nightly(night, full)
     assert "a night" in text and "production down a night" in text and "engine loads a night: 2" in text
 
@@ -51,7 +51,7 @@ def test_a_night_that_only_records_its_promotion_pays_the_benchmarks_own_load_an
     _, _, deploy = nightly()
     _, _, record = nightly(**{"production.promote": "record"})
     assert record.down_stages == ["extract", "pool", "train", "export", "benchmark", "restore"]
-    assert len(record.loads) == 3 and "the restore's load would then be a wake of seconds" in record.pause
+    assert len(record.loads) == 3 and "a wake of seconds instead of the restore's load" in record.pause
     assert stage(record, "benchmark").seconds > stage(deploy, "benchmark").seconds + stage(deploy, "restore").seconds / 2
     assert record.down_seconds > deploy.down_seconds + 0.9 * stage(deploy, "restore").seconds
 
