@@ -4,8 +4,9 @@
     eagleflow rollback CONFIG [--why TEXT] [--set ...]     production back to the last good drafter
 
 Both need `production.promote: deploy` (production's launch reads <work_root>/production/<name>/drafter). The
-nightly retrain deploys the same way (`deploy_and_verify`) when its gate promotes a drafter: inside the night's
-production window, so the one engine load that gives production back is also the new drafter's measurement.
+nightly retrain (flows.retrain) switches the same way, inside the night's production window, so the one engine
+load that gives production back is also the new drafter's measurement (the benchmark then runs on production),
+and rolls back through `roll_back` when its gate refuses the drafter on those figures.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from prefect import flow, get_run_logger
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from eagleflow.config import ConfigError, RunConfig, parse_overrides
 from eagleflow.hosts import Host
@@ -41,7 +42,6 @@ class Deployment:
     deployed: dict[str, Any]
     canary: dict[str, Any] | None = None
     reasons: list[str] = field(default_factory=list)
-    restored_canary: dict[str, Any] | None = None
 
 
 def switch_in_window(host: Host, config: RunConfig, windows: Windows, drafter_dir: str,
@@ -146,18 +146,19 @@ def rollback(params: RollbackParams) -> dict[str, Any]:
     return {"serving": True, "canary": restored, "deployed": after}
 
 
-def _main(flow_fn: Any, params_cls: type[ConfigParams], argv: list[str] | None, prog: str | None, **flags: str) -> int:
+def _main(flow_fn: Any, params_cls: type[ConfigParams], argv: list[str] | None, prog: str | None,
+          flags: dict[str, str]) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", help="run config (YAML)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field (VALUE is YAML)")
     for flag, help_text in flags.items():
-        parser.add_argument(f"--{flag}", default=None, help=help_text)
-    args = parser.parse_args(argv)
-    extra = {k: getattr(args, k) for k in flags if getattr(args, k) is not None}
+        parser.add_argument(flag, default=None, help=help_text)
+    args = vars(parser.parse_args(argv))
+    extra = {k: v for k, v in args.items() if k not in ("config", "set") and v is not None}
     try:
-        params = params_cls(config_path=args.config, overrides=parse_overrides(args.set), **extra)
+        params = params_cls(config_path=args["config"], overrides=parse_overrides(args["set"]), **extra)
         require_deploy(params.load())
-    except ConfigError as exc:
+    except (ConfigError, ValidationError) as exc:
         print(f"error: {exc}")
         return 2
     state = flow_fn(params, return_state=True)
@@ -175,11 +176,13 @@ def _main(flow_fn: Any, params_cls: type[ConfigParams], argv: list[str] | None, 
 
 
 def promote_main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    return _main(promote_drafter, PromoteParams, argv, prog, drafter="the drafter's directory on the host")
+    return _main(promote_drafter, PromoteParams, argv, prog, {
+        "--drafter": "the drafter's directory on the host",
+        "--min-acceptance-length": "roll back below this acceptance length on production (default 1.5)"})
 
 
 def rollback_main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    return _main(rollback, RollbackParams, argv, prog, why="why (kept in the history)")
+    return _main(rollback, RollbackParams, argv, prog, {"--why": "why (kept in the history)"})
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ def benchmark(host: Host, config: RunConfig, upstream: dict[str, Manifest],
     manifest = dispatch("benchmark", host, config, upstream, env=env,
                         on_failure=lambda d, exc: attach_failure_logs(config, host, "benchmark", d, exc, FAILURE_FILES))
     outputs = BenchmarkOutputs.of(manifest)
+    if outputs.report_md is None:  # benchmark.drafter_on 'none': the references only, no table of a drafter yet
+        return manifest
     text = host.read_text(manifest.path(outputs.report_md))
     # The stage's report.md links its pictures as files beside it; the UI gets them inline.
     images = fetch_images(host, {n: manifest.path(f) for n, f in outputs.plots.items()})
