@@ -50,7 +50,7 @@ class Prod:
 
     def cfg(self, **over: object) -> ProductionConfig:
         base = dict(kind="command", start_command=self.start_command, stop_command=self.stop_command,
-                    health_url=self.health_url, stop_timeout_s=60, restore_timeout_s=180, orphan_grace_s=3)
+                    health_url=self.health_url, stop_timeout_s=60, restore_timeout_s=480, orphan_grace_s=3)
         return ProductionConfig(**{**base, **over})
 
 
@@ -133,7 +133,7 @@ def prod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prod]:
     )
     subprocess.run(p.start_command, check=True)
     try:
-        print(f"\nproduction on port {port} healthy after {wait_healthy(p.health_url, 300):.1f} s (first start)")
+        print(f"\nproduction on port {port} healthy after {wait_healthy(p.health_url, 600):.1f} s (first start)")
         yield p
     finally:
         subprocess.run(p.stop_command, check=False)
