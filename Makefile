@@ -23,6 +23,11 @@ demo: envs
 # share 2 cores well (docs/benchmarks.md has the times). Their outputs follow the first's; any failing fails.
 E2E_APART := tests/e2e/flows/test_nightly.py tests/e2e/ui/test_nightly_ui.py tests/e2e/flows/test_deploy.py tests/e2e/flows/test_pipeline_ssh.py \
              tests/e2e/flows/test_production_host.py tests/e2e/hosts tests/e2e/infra
+# OMP_WAIT_POLICY=PASSIVE: with the three side by side, every trainer, extractor and CPU engine runs its own
+# 2 OpenMP threads on the same 2 cores, and an OpenMP thread that waits spins by default, on a core another
+# process needed: three small trainers at once took 16 s instead of 5 (docs/benchmarks.md). Passive waiting
+# changes no result, only who gets the core.
+test: export OMP_WAIT_POLICY := PASSIVE
 test: envs sshd browser
 	@rm -rf test-output/ui; mkdir -p test-output
 	@$(HOSTENV)/bin/python -m pytest -q --durations=15 -p no:cacheprovider tests/unit tests/integration \

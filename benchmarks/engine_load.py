@@ -42,7 +42,8 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.vllm_server import Server, gpu_used_mib, log  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GB = 1e9
@@ -63,12 +64,6 @@ PATTERNS = {
     "kv_cache_gib": r"Available KV cache memory: ([\d.]+) GiB",
 }
 
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-# ------------------------------------------------------------------------------------------ checkpoint
 
 def llama_shape(size_gb: float, vocab: int, hidden: int, inter: int, heads: int, kv_heads: int) -> dict:
     head_dim = hidden // heads
@@ -238,15 +233,6 @@ def make_warm(ckpt: Path) -> dict:
 
 # ------------------------------------------------------------------------------------------ server
 
-def gpu_used_mib() -> int | None:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20).stdout
-        return int(out.split()[0])
-    except Exception:
-        return None
-
-
 def wait_gpu_free(limit_mib: int = 2048, timeout_s: float = 60) -> None:
     end = time.time() + timeout_s
     while time.time() < end:
@@ -303,8 +289,7 @@ def phases(text: str, start_hms: str) -> dict:
 
 
 def start_server(args, ckpt: Path, strategy: str, compile_mode: str, cache_root: Path, log_path: Path) -> dict:
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(ckpt),
-           "--served-model-name", "big", "--host", "127.0.0.1", "--port", str(args.port),
+    cmd = ["--model", str(ckpt), "--served-model-name", "big",
            "--max-model-len", str(args.max_model_len), "--gpu-memory-utilization", str(args.gpu_memory_utilization),
            "--max-num-seqs", str(args.max_num_seqs), "--disable-uvicorn-access-log"]
     flags: list[str] = []
@@ -319,47 +304,21 @@ def start_server(args, ckpt: Path, strategy: str, compile_mode: str, cache_root:
             raise SystemExit(f"unknown strategy {part!r}")
     if compile_mode == "eager":
         flags.append("--enforce-eager")
-    env = {**os.environ, "VLLM_CACHE_ROOT": str(cache_root), "PYTHONUNBUFFERED": "1"}
     cmd += flags
-    log(f"start: {' '.join(cmd[3:])} (VLLM_CACHE_ROOT={cache_root})")
-    t0, start_hms = time.perf_counter(), time.strftime("%H:%M:%S")
-    logf = open(log_path, "w")
-    proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{args.port}"
-    healthy, health_s, error = False, None, None
-    peak_cached = 0.0
+    start_hms = time.strftime("%H:%M:%S")
+    server = Server(cmd, args.port, log_path, {"VLLM_CACHE_ROOT": str(cache_root)}, client_timeout_s=60)
+    healthy, health_s, error, completion_ok, peak_cached = False, None, None, None, 0.0
     try:
-        with httpx.Client(timeout=5) as c:
-            while time.perf_counter() - t0 < args.start_timeout_s:
-                if proc.poll() is not None:
-                    error = f"server exited with code {proc.returncode}"
-                    break
-                try:
-                    if c.get(url + "/health").status_code == 200:
-                        healthy, health_s = True, time.perf_counter() - t0
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.25)
-            else:
-                error = f"not healthy within {args.start_timeout_s} s"
-            completion_ok = None
-            if healthy:
-                r = c.post(url + "/v1/completions", json={"model": "big", "prompt": "def f(x):", "max_tokens": 8,
-                                                           "temperature": 0}, timeout=60)
-                completion_ok = r.status_code == 200 and len(r.json()["choices"][0]["text"]) >= 0
-                peak_cached = cached_gb(ckpt)
+        health_s = server.wait_healthy(args.start_timeout_s)
+        healthy = True
+        r = server.client.post(server.url + "/v1/completions", json={
+            "model": "big", "prompt": "def f(x):", "max_tokens": 8, "temperature": 0})
+        completion_ok = r.status_code == 200 and len(r.json()["choices"][0]["text"]) >= 0
+        peak_cached = cached_gb(ckpt)
+    except RuntimeError as exc:
+        error = str(exc).split(":", 1)[0]
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGINT)
-            proc.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
-        logf.close()
+        server.stop()
     text = log_path.read_text(errors="replace")
     if error:
         tail = [ln for ln in text.splitlines() if "Error" in ln or "error" in ln][-6:]

@@ -43,23 +43,13 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.vllm_server import Server, gpu_used_mib  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 DEV_ROUTES = ["/sleep", "/wake_up", "/is_sleeping", "/collective_rpc", "/pause", "/resume",
               "/init_weight_transfer_engine", "/start_weight_update", "/start_draft_weight_update",
               "/update_weights", "/finish_weight_update", "/reset_prefix_cache"]
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def gpu_used_mib() -> int | None:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20).stdout
-        return int(out.split()[0])
-    except Exception:
-        return None
 
 
 # --------------------------------------------------------------------------------------------- sender
@@ -97,43 +87,22 @@ def send_drafter(url: str, drafter: Path) -> dict:
 
 # --------------------------------------------------------------------------------------------- engine
 
-class Engine:
+class Engine(Server):
+    """The target with the drafter, sleep mode on (and the IPC weight transfer when asked)."""
+
     def __init__(self, args, log_path: Path) -> None:
-        self.url = f"http://127.0.0.1:{args.port}"
         spec = {"method": "eagle3", "model": str(args.drafter), "num_speculative_tokens": args.k}
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(args.target),
-               "--served-model-name", "target", "--host", "127.0.0.1", "--port", str(args.port),
+        cmd = ["--model", str(args.target), "--served-model-name", "target",
                "--max-model-len", str(args.max_model_len), "--gpu-memory-utilization", str(args.gpu_memory_utilization),
                "--speculative-config", json.dumps(spec), "--enable-sleep-mode", "--disable-uvicorn-access-log"]
         if args.weight_transfer:
             cmd += ["--weight-transfer-config", json.dumps({"backend": "ipc"})]
         if args.eager:
             cmd.append("--enforce-eager")
-        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
-               "PYTHONUNBUFFERED": "1"}
+        env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
         if args.stub_dir:
-            env["PYTHONPATH"] = f"{args.stub_dir}:{env.get('PYTHONPATH', '')}"
-        self.cmd, self.log_path = cmd, log_path
-        log("engine: " + " ".join(cmd[3:]))
-        self.logf = open(log_path, "w")
-        self.t0 = time.perf_counter()
-        self.proc = subprocess.Popen(cmd, stdout=self.logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        self.client = httpx.Client(timeout=120)
-
-    def wait_healthy(self, timeout_s: float) -> float:
-        while time.perf_counter() - self.t0 < timeout_s:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"engine exited ({self.proc.returncode}): {self.tail()}")
-            try:
-                if self.client.get(self.url + "/health", timeout=5).status_code == 200:
-                    return time.perf_counter() - self.t0
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        raise RuntimeError(f"engine not healthy in {timeout_s} s: {self.tail()}")
-
-    def tail(self, n: int = 30) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+            env["PYTHONPATH"] = f"{args.stub_dir}:{os.environ.get('PYTHONPATH', '')}"
+        super().__init__(cmd, args.port, log_path, env)
 
     def post(self, path: str, **kw) -> tuple[httpx.Response, float]:
         t0 = time.perf_counter()
@@ -150,19 +119,6 @@ class Engine:
                 name = re.sub(r'(engine|model_name)="[^"]*",?', "", name).replace("{}", "").replace(",}", "}")
                 out[name] = out.get(name, 0.0) + float(value)
         return out
-
-    def stop(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGINT)
-            self.proc.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
-        self.client.close()
-        self.logf.close()
 
 
 def run_pass(eng: Engine, prompts: list[list[dict]], max_tokens: int) -> dict:

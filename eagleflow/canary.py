@@ -22,8 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from eagleflow import httpget
 from eagleflow.engines.chat import ChatClient
 from eagleflow.engines.launch import served_name
 from eagleflow.engines.metrics import parse_metrics
@@ -49,7 +48,7 @@ def measure(url: str, model: str, prompts: list[list[dict[str, Any]]], max_token
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
 
     def metrics() -> dict[str, float]:
-        return parse_metrics(httpx.get(f"{base}/metrics", headers=headers, timeout=30.0).text)
+        return parse_metrics(httpget.get(f"{base}/metrics", headers=headers, timeout=30.0).text)
 
     extra = {"ignore_eos": True}
     with ChatClient(base, model, max_concurrency=1, api_key=api_key) as client:

@@ -11,19 +11,18 @@ and rolls back through `roll_back` when its gate refuses the drafter on those fi
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from prefect import flow, get_run_logger
-from pydantic import Field, ValidationError
+from pydantic import Field
 
-from eagleflow.config import ConfigError, RunConfig, parse_overrides
+from eagleflow.config import ConfigError, RunConfig
 from eagleflow.hosts import Host
 from eagleflow.promotion import PromotionGate, judge_canary
 from flows.host_slot import host_slot, stop_jobs_of_run
-from flows.params import CONFIG_PATH, OVERRIDES, ConfigParams
+from flows.params import CONFIG_PATH, OVERRIDES, ConfigParams, main_cli
 from tasks.deploy import (
     canary, confirm_drafter, previous_canary, publish_history, rollback_drafter, show_deployed, switch_drafter,
 )
@@ -146,43 +145,25 @@ def rollback(params: RollbackParams) -> dict[str, Any]:
     return {"serving": True, "canary": restored, "deployed": after}
 
 
-def _main(flow_fn: Any, params_cls: type[ConfigParams], argv: list[str] | None, prog: str | None,
-          flags: dict[str, str]) -> int:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("config", help="run config (YAML)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field (VALUE is YAML)")
-    for flag, help_text in flags.items():
-        parser.add_argument(flag, default=None, help=help_text)
-    args = vars(parser.parse_args(argv))
-    extra = {k: v for k, v in args.items() if k not in ("config", "set") and v is not None}
-    try:
-        params = params_cls(config_path=args["config"], overrides=parse_overrides(args["set"]), **extra)
-        require_deploy(params.load())
-    except (ConfigError, ValidationError) as exc:
-        print(f"error: {exc}")
-        return 2
-    state = flow_fn(params, return_state=True)
-    if not state.is_completed():
-        print(f"error: the flow run ended {state.name}: {state.message}")
-        return 1
-    out = state.result()
+def _show(out: dict) -> None:
     d = out["deployed"]
     if out["serving"]:
         print(f"production serves drafter {d['serving']} ({d['source']}): AL {out['canary']['mean_acceptance_length']:.2f}, "
               f"{out['canary']['output_tok_s']:.1f} output tok/s on production")
     else:
         print(f"rolled back to drafter {d['serving']} ({d['source']}): {'; '.join(out['reasons'])}")
-    return 0
 
 
 def promote_main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    return _main(promote_drafter, PromoteParams, argv, prog, {
+    return main_cli(promote_drafter, __doc__, PromoteParams, {
         "--drafter": "the drafter's directory on the host",
-        "--min-acceptance-length": "roll back below this acceptance length on production (default 1.5)"})
+        "--min-acceptance-length": "roll back below this acceptance length on production (default 1.5)"},
+        argv, prog, check=require_deploy, show=_show)
 
 
 def rollback_main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    return _main(rollback, RollbackParams, argv, prog, {"--why": "why (kept in the history)"})
+    return main_cli(rollback, __doc__, RollbackParams, {"--why": "why (kept in the history)"}, argv, prog,
+                    check=require_deploy, show=_show)
 
 
 if __name__ == "__main__":

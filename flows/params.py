@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from eagleflow.config import ConfigError, RunConfig, load_config, parse_overrides
 
@@ -98,12 +98,14 @@ class RetrainParams(RunParams):
 
 
 def main_cli(flow_fn: Callable[[Any], Any], doc: str | None, params_cls: type[ConfigParams] = RunParams,
-             extra_args: dict[str, str] | None = None, argv: list[str] | None = None, prog: str | None = None) -> int:
+             extra_args: dict[str, str] | None = None, argv: list[str] | None = None, prog: str | None = None,
+             check: Callable[[RunConfig], None] | None = None, show: Callable[[Any], None] | None = None) -> int:
     """`python -m flows.<flow> CONFIG [--set a.b=value ...]`: validate first, then run the flow.
 
     The config is validated before Prefect starts, so a bad field fails in a second, by name (exit 2);
-    a flow run that ends other than Completed exits 1. `extra_args` ({"--drafter": help}) become string
-    fields of `params_cls`.
+    a flow run that ends other than Completed exits 1. `extra_args` ({"--drafter": help}) become fields
+    of `params_cls` when given. `check` refuses a valid config this flow cannot run (ConfigError, exit 2);
+    `show` prints the flow's result (by default: the report's path, or why there is none).
     """
     parser = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", nargs="?", default="configs/demo.yaml", help="run config (YAML)")
@@ -111,22 +113,26 @@ def main_cli(flow_fn: Callable[[Any], Any], doc: str | None, params_cls: type[Co
                         help="override a field, e.g. --set benchmark.max_tokens=64 (VALUE is YAML)")
     for flag, help_text in (extra_args or {}).items():
         parser.add_argument(flag, default=None, help=help_text)
-    args = parser.parse_args(argv)
-    extra = {flag.lstrip("-").replace("-", "_"): getattr(args, flag.lstrip("-").replace("-", "_"))
-             for flag in (extra_args or {})}
+    args = vars(parser.parse_args(argv))
+    extra = {k: v for k, v in args.items() if k not in ("config", "set") and v is not None}
     try:
-        params = params_cls(config_path=args.config, overrides=parse_overrides(args.set), **extra)
-        params.load()
-    except ConfigError as exc:
+        params = params_cls(config_path=args["config"], overrides=parse_overrides(args["set"]), **extra)
+        cfg = params.load()
+        if check is not None:
+            check(cfg)
+    except (ConfigError, ValidationError) as exc:
         print(f"error: {exc}")
         return 2
     state = flow_fn(params, return_state=True)
     if not state.is_completed():
         print(f"error: the flow run ended {state.name}: {state.message}")
         return 1
-    report = state.result()
+    (show or _show_report)(state.result())
+    return 0
+
+
+def _show_report(report: Any) -> None:
     if report is None:  # a nightly with nothing new to train on: its log says why
         print("no report: nothing ran past the selection of new prompts")
-        return 0
+        return
     print(f"report: {report.path}")  # the last line: where the run's report.json is
-    return 0

@@ -12,8 +12,7 @@ import logging
 import os
 import time
 
-import httpx
-
+from eagleflow import httpget
 from eagleflow.config import RunConfig
 from eagleflow.engines.metrics import latency_from_deltas, parse_metrics
 from eagleflow.engines.vllm import VllmServer, acceptance_from_deltas
@@ -35,10 +34,7 @@ class RemoteServer:
         self.api_key = production_api_key(config)
 
     def answering(self) -> bool:
-        try:
-            return httpx.get(self.health_url, timeout=5.0).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return httpget.answers(self.health_url, 5.0)
 
     def wait_answering(self, timeout_s: float) -> float:
         """Block until the health URL answers 200 (a restart, a dropped link); return the seconds waited."""
@@ -98,7 +94,7 @@ class ProductionEndpoint:
 
     def snapshot(self) -> dict[str, float]:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
-        return parse_metrics(httpx.get(f"{self.base_url}/metrics", headers=headers, timeout=30.0).text)
+        return parse_metrics(httpget.get(f"{self.base_url}/metrics", headers=headers, timeout=30.0).text)
 
     def acceptance(self, before: dict[str, float], after: dict[str, float], k: int) -> dict:
         return acceptance_from_deltas(before, after, k)

@@ -20,8 +20,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import httpx
-
+from eagleflow import httpget
 from eagleflow.engines.base import EngineServer
 from eagleflow.engines.launch import LaunchSpec
 from eagleflow.engines.metrics import parse_metrics
@@ -70,7 +69,7 @@ class SglangServer(EngineServer):
 
     def server_info(self) -> dict[str, Any]:
         for path in ("/get_server_info", "/server_info"):
-            r = httpx.get(f"{self.base_url}{path}", timeout=10.0)
+            r = httpget.get(f"{self.base_url}{path}", timeout=10.0)
             if r.status_code == 200:
                 return r.json()
         raise StageError(f"SGLang at {self.base_url} answers neither /get_server_info nor /server_info")
@@ -80,7 +79,7 @@ class SglangServer(EngineServer):
         info = self.server_info()
         states = info.get("internal_states") or [{}]
         avg = states[0].get("avg_spec_accept_length")
-        return {**parse_metrics(httpx.get(f"{self.base_url}/metrics", timeout=10.0).text),
+        return {**parse_metrics(httpget.get(f"{self.base_url}/metrics", timeout=10.0).text),
                 "log_offset": float(self.log_path.stat().st_size),
                 "avg_spec_accept_length": float(avg) if avg is not None else float("nan")}
 

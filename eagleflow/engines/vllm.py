@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import httpx
-
+from eagleflow import httpget
 from eagleflow.engines.base import EngineServer
 from eagleflow.engines.launch import LaunchSpec, StateCapture
 from eagleflow.engines.metrics import parse_metrics
@@ -81,7 +80,7 @@ class VllmServer(EngineServer):
 
     def metrics(self) -> dict[str, float]:
         """Counters and histogram sums/counts of /metrics (see `parse_metrics`)."""
-        return parse_metrics(httpx.get(f"{self.base_url}/metrics", timeout=10.0).text)
+        return parse_metrics(httpget.get(f"{self.base_url}/metrics", timeout=10.0).text)
 
     def acceptance(self, before: dict[str, float], after: dict[str, float], k: int) -> dict[str, Any]:
         return acceptance_from_deltas(before, after, k)

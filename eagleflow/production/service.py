@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Callable, Iterator, Protocol
 
-import httpx
-
+from eagleflow import httpget
 from eagleflow.procs import wait_until
 from eagleflow.production.ownership import STOP_ENV, TOKEN_ENV
 
@@ -96,10 +95,7 @@ class ProductionService:
     def healthy(self) -> bool:
         if not self.cfg.health_url:
             return False
-        try:
-            return httpx.get(self.cfg.health_url, timeout=HEALTH_TIMEOUT_S).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return httpget.answers(self.cfg.health_url, HEALTH_TIMEOUT_S)
 
     def unit_state(self) -> str | None:
         """systemd's ActiveState of the unit (active, activating, deactivating, inactive, failed)."""

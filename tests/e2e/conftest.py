@@ -20,6 +20,7 @@ import httpx
 import pytest
 import yaml
 
+from eagleflow import httpget
 from tests.conftest import ROOT, free_port
 
 
@@ -42,7 +43,7 @@ def prefect_server(tmp_path_factory) -> dict[str, str]:
         if proc.poll() is not None:
             raise RuntimeError(f"prefect server exited: {(home / 'server.log').read_text()[-2000:]}")
         try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+            if httpget.get(f"{url}/health", timeout=2).status_code == 200:
                 break
         except httpx.TransportError:
             pass
@@ -65,7 +66,7 @@ def api(prefect_server: dict, method: str, path: str, **kw) -> httpx.Response:
     again, as Prefect's own client does, for up to a minute."""
     deadline = time.monotonic() + 60
     while True:
-        r = httpx.request(method, prefect_server["PREFECT_API_URL"] + path, timeout=30, **kw)
+        r = httpget.client().request(method, prefect_server["PREFECT_API_URL"] + path, timeout=30, **kw)
         if r.status_code != 503 or time.monotonic() > deadline:
             break
         time.sleep(1.0)

@@ -5,14 +5,11 @@ from __future__ import annotations
 import threading
 import time
 
-import httpx
+from eagleflow import httpget
 
 
 def healthy(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
+    return httpget.answers(url, 2)
 
 
 class HealthLog(threading.Thread):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from eagleflow import httpget
 from eagleflow import jobs
 from eagleflow.config import HostConfig
 from eagleflow.hosts import ConnectionLost, HostAuthError, HostBusy, HostKeyError, HostUnreachable, LocalHost, StageFailed
@@ -107,7 +108,7 @@ def test_a_production_window_outlives_the_ssh_command_that_opened_it(sshd, root,
 
     def up() -> bool:
         try:
-            return httpx.get(prod["health_url"], timeout=2).status_code == 200
+            return httpget.get(prod["health_url"], timeout=2).status_code == 200
         except httpx.HTTPError:
             return False
 

@@ -67,6 +67,18 @@ def open_run(page: Page, ui: dict, run_id: str, tab: str | None = None) -> None:
         page.locator(".p-tab", has_text=re.compile(rf"^{tab}$")).first.click()
 
 
+def open_artifact_card(page: Page, ui: dict, run_id: str, has_text: str) -> str:
+    """On the run's Artifacts tab, click the first artifact card showing `has_text`, as a person does; the
+    artifact's text as the page shows it."""
+    open_run(page, ui, run_id, "Artifacts")
+    card = page.locator("a[href*='/artifacts/artifact/']", has_text=has_text).first
+    card.wait_for()
+    card.click()
+    body = page.locator(".artifact-data-markdown")
+    body.wait_for()
+    return body.inner_text()
+
+
 def scroll_logs_to_end(page: Page, until: str, timeout_s: float = 60) -> list[str]:
     """Scroll the log list to its end, as a person does (it loads 50 rows at a time), until a row
     matching the regex `until` is there; the rows' texts, in order."""

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from tests.e2e.conftest import api
-from tests.e2e.ui.pages import artifact_of, open_run, scroll_logs_to_end, shot
+from tests.e2e.ui.pages import artifact_of, open_artifact_card, open_run, scroll_logs_to_end, shot
 
 pytestmark = pytest.mark.e2e
 
@@ -39,24 +39,13 @@ def test_the_nightly_schedule_and_a_promotion_decision_on_its_run_page(page, pre
     open_run(page, ui, run_id)  # the Logs tab: the decision is a line of the promote task, near the end
     scroll_logs_to_end(page, r"^(promoted /|not promoted: )")
     shot(page, "2-nightly-run-logs")
-    open_run(page, ui, run_id, "Artifacts")
-    card = page.locator("a[href*='/artifacts/artifact/']", has_text="promotion").first
-    card.wait_for()
-    card.click()
-    body = page.locator(".artifact-data-markdown")
-    body.wait_for()
-    assert heading.lstrip("# ") in body.inner_text() and "the bars: speedup >=" in body.inner_text()
+    text = open_artifact_card(page, ui, run_id, "promotion")
+    assert heading.lstrip("# ") in text and "the bars: speedup >=" in text
     shot(page, "2-nightly-promotion-decision")
 
     # What production serves, and its history: the deploys of the three nights (production.promote: deploy).
     history = artifact_of(prefect_server, run_id, "eagleflow-nightly-e2e-deployed")["data"]
     assert history.startswith("# Deployed: production serves" if nights[-1]["promoted"] else "# Rolled back"), history
-    open_run(page, ui, run_id, "Artifacts")
-    card = page.locator("a[href*='/artifacts/artifact/']", has_text="deployed").first
-    card.wait_for()
-    card.click()
-    body = page.locator(".artifact-data-markdown")
-    body.wait_for()
-    text = body.inner_text()
+    text = open_artifact_card(page, ui, run_id, "deployed")
     assert "Production serves drafter" in text and "measured good on production" in text and "adopted" in text, text[:2000]
     shot(page, "2-nightly-deployed-history")

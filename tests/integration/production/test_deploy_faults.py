@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from eagleflow import httpget
 from eagleflow.production import deployed
 from tests.conftest import ROOT, free_port
 
@@ -26,7 +27,7 @@ SCRIPT = str(ROOT / "tests" / "prodservice.py")
 
 def answer(url: str) -> str | None:
     try:
-        r = httpx.get(url, timeout=2)
+        r = httpget.get(url, timeout=2)
         return r.text if r.status_code == 200 else None
     except httpx.HTTPError:
         return None

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from eagleflow import httpget
 from eagleflow.config import RunConfig, load_config
 from eagleflow.manifest import stage_dir, stage_key
 from eagleflow.request import StageRequest
@@ -35,7 +36,7 @@ def drafters(tmp_path_factory) -> dict[str, Path]:
 
 def healthy(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=2).status_code == 200
+        return httpget.get(url, timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
 
