@@ -108,7 +108,7 @@ def target_launch(config: RunConfig, speculative: dict[str, Any] | None = None, 
     """The run's target as the run config serves it, in this Python (the host environment's)."""
     engine = launch_engine(config)
     if config.engine.kind == "vllm" and config.engine.compile_cache and "VLLM_CACHE_ROOT" not in engine.env:
-        cache = compile_cache_dir(config.host.work_root, speculative["model"] if speculative else None)
+        cache = compile_cache_dir(config.host.work_root, speculative)
         engine = engine.model_copy(update={"env": {**engine.env, "VLLM_CACHE_ROOT": cache}})
     return LaunchSpec(
         python=sys.executable, model=config.target.model_path, served_model_name=served_name(config),
@@ -117,11 +117,15 @@ def target_launch(config: RunConfig, speculative: dict[str, Any] | None = None, 
     )
 
 
-def compile_cache_dir(work_root: str, drafter_dir: str | None) -> str:
+def compile_cache_dir(work_root: str, speculative: dict[str, Any] | None) -> str:
     """vLLM's cache root for a launch: one per drafter architecture (its config.json without eagleflow's own
     figures), so each night's drafter of the same shape finds the last night's compiled graphs, and a drafter
-    of another shape never takes them (vLLM's cache key names the speculative method, not the drafter)."""
+    of another shape never takes them (vLLM's cache key names the speculative method, not the drafter). A
+    method without a drafter model (the triage's n-gram reference) has one of its own."""
     shape = "no-drafter"
+    drafter_dir = (speculative or {}).get("model")
+    if speculative is not None and drafter_dir is None:
+        shape = f"method-{speculative.get('method', 'unnamed')}"
     if drafter_dir is not None:
         try:
             conf = json.loads(Path(drafter_dir, "config.json").read_text())

@@ -47,6 +47,11 @@ def test_train_gpu_runs_the_public_train_step_on_cpu():
     assert "| eagleflow | 2 x 64 |" in out
 
 
+def test_omp_wait_runs_copies_under_both_policies():
+    out = run([sys.executable, BENCH / "omp_wait.py", "--copies", "2", "--steps", "1", "--seq-len", "64"], timeout=300)
+    assert "2 at once, OMP_WAIT_POLICY=PASSIVE: wall" in out and "slowest copy, default over PASSIVE:" in out
+
+
 def test_ddp_runs_the_train_stage_at_one_and_two_ranks(tmp_path):
     out_json = tmp_path / "ddp.json"
     run([sys.executable, BENCH / "ddp_gpu.py", "--tiny", "--device", "cpu", "--work", tmp_path / "work",

@@ -21,7 +21,7 @@ def test_target_launch_follows_the_run_config():
     # "auto", resolved on this CPU build; the compile cache kept under the work root, one per drafter shape
     assert spec.engine == cfg.engine.model_copy(update={
         "enforce_eager": True,
-        "env": {**cfg.engine.env, "VLLM_CACHE_ROOT": compile_cache_dir(cfg.host.work_root, "/d")}})
+        "env": {**cfg.engine.env, "VLLM_CACHE_ROOT": compile_cache_dir(cfg.host.work_root, speculative("/d", 3))}})
     assert spec.speculative == {"method": "eagle3", "model": "/d", "num_speculative_tokens": 3}
     assert target_launch(cfg).speculative is None and target_launch(cfg).port == cfg.engine.port
     unnamed = load_config(ROOT / "configs" / "demo.yaml", {"target.served_model_name": None})
@@ -125,8 +125,14 @@ def test_the_compile_cache_is_one_per_drafter_shape(tmp_path):
             "acceptance_length": al}}}))
         return str(d)
 
-    night1, night2, other = drafter("n1", 512, 2.3), drafter("n2", 512, 2.4), drafter("o", 32000, 2.4)
+    night1, night2, other = (speculative(drafter("n1", 512, 2.3), 3), speculative(drafter("n2", 512, 2.4), 3),
+                             speculative(drafter("o", 32000, 2.4), 3))
     assert compile_cache_dir("/w", night1) == compile_cache_dir("/w", night2) != compile_cache_dir("/w", other)
     assert compile_cache_dir("/w/", None) == "/w/cache/vllm/no-drafter"
+    # a method with no drafter model (the triage's n-gram reference launches one): a cache of its own
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    assert compile_cache_dir("/w", ngram) == "/w/cache/vllm/method-ngram"
+    cfg = load_config(ROOT / "configs" / "demo.yaml")
+    assert target_launch(cfg, ngram).engine.env["VLLM_CACHE_ROOT"] == f"{cfg.host.work_root}/cache/vllm/method-ngram"
     cfg = load_config(ROOT / "configs" / "demo.yaml", {"engine.compile_cache": False})
     assert "VLLM_CACHE_ROOT" not in target_launch(cfg).engine.env
