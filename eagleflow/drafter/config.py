@@ -70,11 +70,19 @@ class TrainConfig(BaseModel):
     step_loss_decay: float = Field(
         0.8, gt=0, le=1, description="Weight of unroll step i is decay**i (EAGLE-3 reference: 0.8)."
     )
-    loss: Literal["soft_ce", "kl"] = Field(
+    loss: Literal["soft_ce", "kl", "lk"] = Field(
         "soft_ce",
-        description="Per position, against the target's distribution restricted to the draft vocabulary: 'soft_ce' "
-        "(EAGLE-3 reference) or 'kl' = soft_ce minus the target's entropy (speculators' default). Both have the same "
-        "gradient; 'kl' reads 0 for a perfect drafter.",
+        description="Per position, against the target's distribution p restricted to the draft vocabulary, the "
+        "drafter's q: 'soft_ce' (EAGLE-3 reference); 'kl' = soft_ce minus the target's entropy (speculators' "
+        "default; the same gradient, reads 0 for a perfect drafter); 'lk' = the LK hybrid (arXiv 2602.23881, "
+        "speculators' lk_hybrid): w * KL + (1 - w) * (1 - alpha), alpha = sum min(p, q) the acceptance rate of "
+        "that draft, w = exp(-lk_eta * alpha) taken as a constant: KL while the drafter is far off, the acceptance "
+        "rate itself as it gets close.",
+    )
+    lk_eta: float = Field(
+        3.0, ge=0, le=100,
+        description="The LK hybrid's eta (loss 'lk'): how fast the weight moves from KL to the acceptance rate as "
+        "alpha grows (speculators and the paper's best: 3.0). 0 is plain KL.",
     )
     draft_vocab_size: int = Field(
         32000, ge=16, le=1_048_576,
@@ -100,6 +108,11 @@ class TrainConfig(BaseModel):
     )
     norm_before_residual: bool = Field(
         True, description="The residual carries hidden_norm(fc(...)) rather than fc(...) (vLLM `norm_before_residual`)."
+    )
+    norm_output: bool = Field(
+        False, description="EAGLE 3.1: each drafting step after the first is fed the previous step's normed state "
+        "(the one its logits come from), not the pre-norm one (vLLM `norm_output`; needs a vLLM that reads it, which "
+        "the preflight checks).",
     )
     freeze_lm_head: bool = Field(
         True, description="Keep the drafter's lm_head equal to the target's rows for the draft vocabulary."

@@ -8,7 +8,7 @@ target's embedding is a frozen, non-persistent buffer and never exported (vLLM s
 Forward of one drafting step at position t (vLLM `llama_eagle3.LlamaDecoderLayer`, layer_idx 0):
 
     g      = fc(input_norm(cat(aux_1, aux_2, aux_3)))      step 0 only; later steps get the
-                                                           previous step's pre-norm output
+                                                           previous step's r2 (norm(r2) with norm_output)
     e      = input_layernorm(embed(token))
     h      = hidden_norm(g);  residual = h if norm_before_residual else g
     a      = o_proj(attn(q,k,v from cat(e, h)))            attention input is 2H wide
@@ -35,6 +35,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+from eagleflow.drafter.kernels import RMSNorm, apply_rope, apply_rope_interleaved, rms_norm, rope_tables, silu_mul
+
 # flex_attention runs its fused kernel only when compiled; eager flex is a slow reference.
 _compiled_flex = torch.compile(flex_attention)
 
@@ -57,6 +59,7 @@ class DrafterArch:
     num_aux_hidden_states: int = 3
     norm_before_fc: bool = True  # one RMSNorm over the concatenated states (`input_norm`; llama only)
     norm_before_residual: bool = True
+    norm_output: bool = False  # the next step is fed norm(r2), not r2 (EAGLE 3.1; vLLM `norm_output`)
     # --- MLA (attention == "mla"): vLLM's Eagle3DeepseekV2ForCausalLM; the dims are the target's -------
     attention: str = "llama"  # "llama" (GQA) or "mla"
     fc_norm: bool = False  # one RMSNorm per target state before fc (`fc_norm.{i}`; vLLM `fc_norm`)
@@ -141,75 +144,6 @@ class TargetHead:
         normed = rms_norm(final_state, self.norm_weight, self.rms_norm_eps)
         weight = self.lm_head if rows is None else self.lm_head[rows]
         return normed @ weight.T  # shape: [N, V] or [N, len(rows)]
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
-
-
-# Element-wise chains fused into one kernel each way on CUDA (eager, each op is a pass over memory).
-_rms_norm_fused = torch.compile(rms_norm, dynamic=True)
-# One compiled norm serves every RMSNorm: fp32 and bf16 inputs, with and without grad (training and
-# validation), size-1 batches. Each is a dynamo variant of the same code; at the default limit (8)
-# the later ones silently ran eager and most of a GPU run's first epoch went to recompiling. The
-# limit is dynamo's, process-wide; raising it only lets already-needed variants compile.
-torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (_rms_norm_fused if x.is_cuda else rms_norm)(x, self.weight, self.eps)
-
-
-def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, interleaved: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin of the default (unscaled) rotary embedding: neox layout (HF rotate_half == vLLM neox), or
-    with `interleaved` the GPT-J layout (frequency i on dims 2i, 2i+1: vLLM `is_neox_style=False`, MLA)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
-    freqs = positions.float()[:, None] * inv_freq[None, :]  # shape: [T, hd/2]
-    emb = freqs.repeat_interleave(2, dim=-1) if interleaved else torch.cat([freqs, freqs], dim=-1)  # [T, hd]
-    return emb.cos(), emb.sin()
-
-
-def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x shape: [B, heads, T, hd]; cos/sin shape: [T, hd]
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)  # in x's dtype, as HF and vLLM do
-
-
-_apply_rope_fused = torch.compile(_apply_rope, dynamic=True)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return (_apply_rope_fused if x.is_cuda else _apply_rope)(x, cos, sin)
-
-
-def _apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # GPT-J layout: (x[2i], x[2i+1]) rotated by frequency i; cos/sin from rope_tables(interleaved=True)
-    rotated = torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)
-    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
-
-
-_apply_rope_interleaved_fused = torch.compile(_apply_rope_interleaved, dynamic=True)
-
-
-def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return (_apply_rope_interleaved_fused if x.is_cuda else _apply_rope_interleaved)(x, cos, sin)
-
-
-def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return F.silu(gate) * up
-
-
-_silu_mul_fused = torch.compile(_silu_mul, dynamic=True)
 
 
 class AttentionBase(nn.Module):
@@ -384,7 +318,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj((_silu_mul_fused if x.is_cuda else _silu_mul)(gate, up))
+        return self.down_proj(silu_mul(gate, up))
 
 
 class DecoderLayer(nn.Module):
@@ -474,7 +408,8 @@ class Eagle3Drafter(nn.Module):
 
         Layout (p = a context end, the last position whose target states the engine has):
           step 0 at p: token x[p+1], hidden fc(aux[p]), rotary position p
-          step i at p: token x[p+1+i], hidden = step i-1's pre-norm output at the same p,
+          step i at p: token x[p+1+i], hidden = step i-1's output at the same p (pre-norm; normed
+                       with norm_output),
                        rotary position p+i; attends to the step-0 keys at positions <= p and to
                        the keys of steps 1..i at p.
           label of step i at p: the target's next-token distribution at position p+1+i, i.e.
@@ -524,6 +459,8 @@ class Eagle3Drafter(nn.Module):
             o = (attn.ttt_flex if fused else attn.ttt)(q, rows, k0, v0, diag)
             hidden = layer.finish(o, residual)  # pre-norm: [B, Tq, H]
             outs.append(self.norm(hidden))
+            if self.arch.norm_output:
+                hidden = outs[-1]  # EAGLE 3.1: the next step is fed the normed state
         return outs, qpos
 
     def logits(self, normed: torch.Tensor) -> torch.Tensor:
@@ -533,17 +470,19 @@ class Eagle3Drafter(nn.Module):
 
     def prefill(self, aux: torch.Tensor, input_ids: torch.Tensor, kv: list) -> tuple[torch.Tensor, torch.Tensor]:
         """First pass over positions 0..P-1: token x[s+1], state aux[s], position s.
-        Returns (normed, pre-norm) outputs, shape [1, P, H]; `kv` receives the keys."""
+        Returns (normed output, the state the next step is fed), shape [1, P, H]; `kv` receives the keys."""
         # aux shape: [1, P, 3H]; input_ids shape: [1, P] holding x[1..P]
         cos, sin = self._rope(torch.arange(aux.shape[1], device=aux.device))
         layer = self.layers[0]
         hidden = layer(self.embed(input_ids), self.combine_hidden_states(aux),
                        lambda x: layer.self_attn.attend_all(x, cos, sin, kv))
-        return self.norm(hidden), hidden
+        normed = self.norm(hidden)
+        return normed, normed if self.arch.norm_output else hidden
 
     def decode_one_token(self, token: torch.Tensor, hidden: torch.Tensor, position: int, kv: list):
-        """One drafting step: token [1, 1], previous pre-norm output [1, 1, H], attends to all of `kv`."""
+        """One drafting step: token [1, 1], the previous step's fed state [1, 1, H], attends to all of `kv`."""
         cos, sin = self._rope(torch.tensor([position], device=hidden.device))
         layer = self.layers[0]
         hidden = layer(self.embed(token), hidden, lambda x: layer.self_attn.attend_all(x, cos, sin, kv))
-        return self.norm(hidden), hidden
+        normed = self.norm(hidden)
+        return normed, normed if self.arch.norm_output else hidden

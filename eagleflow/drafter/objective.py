@@ -177,16 +177,36 @@ def _soft_ce_eager(logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
 _soft_ce_fused = torch.compile(_soft_ce_eager, dynamic=True)
 
 
+def _lk_eager(logits: torch.Tensor, probs: torch.Tensor, entropy: torch.Tensor, eta: float) -> torch.Tensor:
+    """The LK hybrid per row: w * KL(p || q) + (1 - w) * (1 - alpha), alpha = sum_v min(p, q), w = exp(-eta alpha).
+
+    alpha is the probability that a token drafted from q is accepted against p: 1 - alpha is the total
+    variation distance. w is a constant of the step (no gradient through it), so far from the target the
+    loss is KL (whose gradient does not vanish when q misses p's support) and close to it, the acceptance
+    rate itself, which KL only bounds.
+    """
+    # logits shape: [N, Vd]; probs shape: [N, Vd] fp32; entropy shape: [N] fp32 (the target's)
+    x = logits.float()
+    logq = torch.log_softmax(x, dim=-1)
+    kl = -(probs * logq).sum(-1) - entropy  # shape: [N]
+    alpha = torch.minimum(logq.exp(), probs).sum(-1)  # shape: [N]
+    w = torch.exp(-eta * alpha.detach())
+    return w * kl + (1.0 - w) * (1.0 - alpha)
+
+
+_lk_fused = torch.compile(_lk_eager, dynamic=True)
+
+
 def ttt_loss(model: Eagle3Drafter, target: TargetHead, vocab_rows: torch.Tensor, batch: Batch, steps: int,
              decay: float, full_argmax: bool = False, walk: bool = False, denominators: torch.Tensor | None = None,
-             loss_kind: str = "soft_ce") -> tuple[torch.Tensor, StepStats]:
-    """The decay-weighted soft cross-entropy (or KL) of a TTT unroll, and its statistics.
+             loss_kind: str = "soft_ce", lk_eta: float = 3.0) -> tuple[torch.Tensor, StepStats]:
+    """The decay-weighted soft cross-entropy (or KL, or LK hybrid) of a TTT unroll, and its statistics.
 
         loss = sum_i decay^i * mean_{labels of step i} ce_i  /  sum_i decay^i
 
     Soft target: the target's distribution restricted to the draft vocabulary and renormalised
     (softmax over lm_head rows of the draft ids). `loss_kind` "kl" subtracts the target's entropy
-    (same gradient). `denominators` [K]: the label count of each step over the whole optimizer step
+    (same gradient); "lk" is the LK hybrid with `lk_eta` (`_lk_eager`). `denominators` [K]: the label count of each step over the whole optimizer step
     (`label_counts`), when this batch is one micro-batch of it; default: this batch's own.
     `full_argmax` compares against the argmax over the whole target vocabulary (what greedy
     verification uses) instead of the draft-vocabulary one; `walk` adds the engine-walk acceptance
@@ -197,7 +217,7 @@ def ttt_loss(model: Eagle3Drafter, target: TargetHead, vocab_rows: torch.Tensor,
         final = batch.final[jvalid]  # shape: [N, H]
         tgt_logits = target.logits(final, vocab_rows)  # shape: [N, Vd]
         tgt_probs = torch.softmax(tgt_logits, dim=-1)
-        if loss_kind == "kl":
+        if loss_kind in ("kl", "lk"):
             tgt_logp = torch.log_softmax(tgt_logits.float(), dim=-1)
             tgt_entropy = -(tgt_logp.exp() * tgt_logp).sum(-1)  # shape: [N]
         if full_argmax and vocab_rows.numel() != target.vocab_size:
@@ -222,7 +242,10 @@ def ttt_loss(model: Eagle3Drafter, target: TargetHead, vocab_rows: torch.Tensor,
         moved = torch.zeros(b, t + query_len + steps, h, device=normed.device, dtype=normed.dtype)
         moved = moved.scatter(1, (qpos + 1 + i)[..., None].expand(-1, -1, h), normed)[:, :t]  # shape: [B, T, H]
         logits = model.logits(moved[jvalid])  # shape: [N, Vd]
-        ce = (_soft_ce_fused if logits.is_cuda else _soft_ce_eager)(logits, tgt_probs)  # soft CE, shape: [N]
+        if loss_kind == "lk":
+            ce = (_lk_fused if logits.is_cuda else _lk_eager)(logits, tgt_probs, tgt_entropy, lk_eta)  # shape: [N]
+        else:
+            ce = (_soft_ce_fused if logits.is_cuda else _soft_ce_eager)(logits, tgt_probs)  # soft CE, shape: [N]
         if loss_kind == "kl":
             ce = ce - tgt_entropy  # KL(target || draft): the same gradient
         has_p = j_index >= 1 + i  # shape: [N]
@@ -260,4 +283,5 @@ class TTTObjective(nn.Module):
 
     def forward(self, batch: Batch, denominators: torch.Tensor | None = None) -> tuple[torch.Tensor, StepStats]:
         return ttt_loss(self.drafter, self.target, self.vocab_rows, batch, self.cfg.ttt_steps,
-                        self.cfg.step_loss_decay, denominators=denominators, loss_kind=self.cfg.loss)
+                        self.cfg.step_loss_decay, denominators=denominators, loss_kind=self.cfg.loss,
+                        lk_eta=self.cfg.lk_eta)

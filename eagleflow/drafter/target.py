@@ -146,5 +146,6 @@ def arch_for_target(target: TargetHead, train: TrainConfig, draft_vocab_size: in
         target_hidden_size=h,
         max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
         norm_before_residual=train.norm_before_residual,
+        norm_output=train.norm_output,
         **attn,
     )

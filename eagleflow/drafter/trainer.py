@@ -537,7 +537,8 @@ class Trainer:
             batch = collate(self.val_data, idx).to(self.device)
             with self._autocast():
                 _, stats = ttt_loss(self.model, self.target, self.vocab_rows, batch, self.cfg.ttt_steps,
-                                    self.cfg.step_loss_decay, full_argmax=True, walk=True, loss_kind=self.cfg.loss)
+                                    self.cfg.step_loss_decay, full_argmax=True, walk=True, loss_kind=self.cfg.loss,
+                                    lk_eta=self.cfg.lk_eta)
             total.add(stats)
         self.model.train()
         out = total.summary(self.cfg.step_loss_decay)

@@ -128,6 +128,7 @@ def vllm_config(arch: DrafterArch, aux_layer_ids: list[int], dtype: str = "bfloa
         "num_aux_hidden_states": arch.num_aux_hidden_states,
         "eagle_aux_hidden_state_layer_ids": list(aux_layer_ids),
         "norm_before_residual": arch.norm_before_residual,
+        "norm_output": arch.norm_output,
         "torch_dtype": dtype,
         "dtype": dtype,
         **({"eagleflow": extra} if extra else {}),

@@ -266,4 +266,5 @@ def warm_start_arch(drafter: PublicDrafter, arch: DrafterArch) -> DrafterArch:
         # says, else vLLM's and the EAGLE reference's default (False).
         "norm_before_fc": "input_norm.weight" in drafter.weights,
         "norm_before_residual": bool(f("norm_before_residual", False)),
+        "norm_output": bool(f("norm_output", False)),
     })

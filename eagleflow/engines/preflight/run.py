@@ -15,7 +15,7 @@ from eagleflow.engines.preflight.mla import (
 from eagleflow.engines.preflight.resources import check_disk, check_gpus
 from eagleflow.engines.preflight.sampling import check_sampled_verify
 from eagleflow.engines.preflight.sglang import sglang_checks
-from eagleflow.engines.preflight.vllm import VllmInstall, default_aux_ids, drafter_arch, multimodal_checks, target_checks
+from eagleflow.engines.preflight.vllm import VllmInstall, default_aux_ids, drafter_checks, multimodal_checks, target_checks
 
 
 def run_preflight(engine: EngineConfig, target_path: str, drafters: dict[str, str], *,
@@ -87,7 +87,7 @@ def run_preflight(engine: EngineConfig, target_path: str, drafters: dict[str, st
             continue
         fields = drafter_cfgs[name] = drafter_fields(cfg)
         if v is not None:
-            findings.append(drafter_arch(v, name, drafter_dir, cfg))
+            findings += drafter_checks(v, name, drafter_dir, cfg)
         try:
             shapes = safetensors_shapes(drafter_dir)
         except Exception as exc:  # noqa: BLE001

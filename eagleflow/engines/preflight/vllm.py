@@ -4,13 +4,16 @@ rewrites), importing only the model modules it names."""
 from __future__ import annotations
 
 import copy
+import inspect
 import sys
 from pathlib import Path
 from typing import Any
 
 from eagleflow.engines.preflight.configs import text_config
 from eagleflow.engines.preflight.findings import Finding
-from eagleflow.engines.preflight.vllm_source import check_whitelist, find_image_token_rule
+from eagleflow.engines.preflight.vllm_source import (
+    DRAFTER_OPTIONS, check_drafter_options, check_whitelist, find_image_token_rule,
+)
 
 
 class VllmInstall:
@@ -121,8 +124,19 @@ def default_aux_ids(v: VllmInstall, cls: type | None, num_layers: int) -> list[i
         return None
 
 
-def drafter_arch(v: VllmInstall, name: str, drafter_dir: str, cfg: dict[str, Any]) -> Finding:
-    """The class vLLM will build for the drafter, through vLLM's own config rewrites."""
+def drafter_checks(v: VllmInstall, name: str, drafter_dir: str, cfg: dict[str, Any]) -> list[Finding]:
+    """The class vLLM will build for the drafter; and whether it reads the options the config turns on."""
+    found, cls = drafter_arch(v, name, drafter_dir, cfg)
+    if cls is None or not any(cfg.get(k) for k in DRAFTER_OPTIONS):
+        return [found]
+    path = Path(inspect.getsourcefile(cls) or "")
+    where = f"vllm/{path.relative_to(v.root)}" if path.is_relative_to(v.root) else str(path)
+    options = check_drafter_options(name, cfg, f"{drafter_dir}/config.json", path.read_text(), where, v.version)
+    return [found] + ([options] if options is not None else [])
+
+
+def drafter_arch(v: VllmInstall, name: str, drafter_dir: str, cfg: dict[str, Any]) -> tuple[Finding, type | None]:
+    """The class vLLM will build for the drafter, through vLLM's own config rewrites (None: the finding says why)."""
     check = f"drafter_arch[{name}]"
     cfg_path = f"{drafter_dir}/config.json"
     declared = (cfg.get("architectures") or ["?"])[0]
@@ -144,17 +158,17 @@ def drafter_arch(v: VllmInstall, name: str, drafter_dir: str, cfg: dict[str, Any
                 return Finding(check, "error", f"{cfg_path}: vLLM {v.version} rewrites this drafter (model_type "
                                f"{model_type!r}) into {hf.architectures[0]} (model_type {hf.model_type!r}): it would "
                                "be loaded as a multi-token-prediction head, not an EAGLE-3 drafter. Fix: set the "
-                               "drafter's model_type to one vLLM leaves alone (an MLA drafter: 'deepseek_v2')")
+                               "drafter's model_type to one vLLM leaves alone (an MLA drafter: 'deepseek_v2')"), None
             arch = EAGLEConfig(hf, method="eagle3", model_type="eagle").architectures[0]
     except Exception as exc:  # noqa: BLE001 - vLLM refusing the config is the finding
         return Finding(check, "error", f"vLLM {v.version} cannot build an EAGLE-3 drafter config from {cfg_path}: "
-                       f"{type(exc).__name__}: {exc}")
+                       f"{type(exc).__name__}: {exc}"), None
     cls, why = v.load_class(arch)
     if cls is None:
         return Finding(check, "error", f"{cfg_path}: architectures {declared!r} becomes {arch} in vLLM {v.version}, "
                        f"which is {why} (vllm/model_executor/models/registry.py). Fix: export the drafter as a "
-                       "registered EAGLE-3 architecture such as LlamaForCausalLMEagle3")
-    return Finding(check, "ok", f"{declared} -> {arch} -> {_class_path(cls)}")
+                       "registered EAGLE-3 architecture such as LlamaForCausalLMEagle3"), None
+    return Finding(check, "ok", f"{declared} -> {arch} -> {_class_path(cls)}"), cls
 
 
 def multimodal_checks(v: VllmInstall, cls: type | None, hf_config: Any, cfg_path: str) -> list[Finding]:

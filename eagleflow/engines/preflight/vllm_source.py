@@ -124,3 +124,39 @@ def _walk_if_chain(node: ast.If) -> ImageTokenRule:
             default = _assigned_target_attr(current.orelse)
             current = None
     return ImageTokenRule(by_class=by_class, default=default)
+
+
+# Drafter options that change the drafter's forward, each read by name from the drafter's config in the
+# model module that builds it. A vLLM whose module never names one builds the plain EAGLE-3 layer: the
+# drafter loads, serves, and accepts little, with no error anywhere.
+DRAFTER_OPTIONS = {
+    "norm_output": "each drafting step after the first is fed the normed state (EAGLE 3.1)",
+    "fc_norm": "one RMSNorm per target state before fc (EAGLE 3.1)",
+}
+
+
+def names_in_source(source: str) -> set[str]:
+    """Every string constant in the source text (ast; a getattr(config, "x", ...) names "x")."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
+def check_drafter_options(name: str, cfg: dict, cfg_path: str, module_source: str, where: str,
+                          engine_version: str) -> Finding | None:
+    """An error when the drafter's config turns on an option the class's module never reads; None when
+    it turns none on."""
+    on = [k for k in DRAFTER_OPTIONS if cfg.get(k)]
+    if not on:
+        return None
+    check = f"drafter_options[{name}]"
+    missing = [k for k in on if k not in names_in_source(module_source)]
+    if not missing:
+        return Finding(check, "ok", f"{', '.join(on)}: read by {where}")
+    what = "; ".join(f"{k}: {DRAFTER_OPTIONS[k]}" for k in missing)
+    return Finding(check, "error", f"{cfg_path} turns on {', '.join(missing)}, which vLLM {engine_version}'s drafter "
+                   f"({where}) never reads ({what}): it would serve the drafter without it and accept little, with "
+                   f"no error. Fix: a vLLM that reads it (0.32 does), or train the drafter with it off "
+                   f"(train.{missing[0]}: false)")

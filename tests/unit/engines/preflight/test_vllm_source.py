@@ -1,11 +1,11 @@
 """The preflight's rules read from vLLM's source text (eagleflow.engines.preflight.vllm_source): the
 old EAGLE-3 target whitelist of SpeculativeConfig, and the proposer's image-token field for
-multimodal targets. No engine is imported."""
+multimodal targets, and the drafter options a drafter's model module reads. No engine is imported."""
 
 from __future__ import annotations
 
 from eagleflow.engines.preflight.vllm_source import (
-    check_whitelist, find_eagle3_whitelist, find_image_token_rule, whitelist_admits,
+    check_drafter_options, check_whitelist, find_eagle3_whitelist, find_image_token_rule, whitelist_admits,
 )
 from tests.conftest import ROOT
 
@@ -94,3 +94,24 @@ def test_image_token_rule_from_proposer_source():
                              "KimiK25ForConditionalGeneration": "config.media_placeholder_token_id"}
     assert rule.default == "config.image_token_index"
     assert find_image_token_rule("def load_model(self):\n    pass\n") is None
+
+
+# The EAGLE-3 drafter layer before and after EAGLE 3.1's options reached vLLM (llama_eagle3.py, abridged).
+DRAFTER_BEFORE = """
+class LlamaModel(nn.Module):
+    def __init__(self, *, vllm_config, prefix=""):
+        self.norm_before_fc = getattr(self.config, "norm_before_fc", False)
+"""
+DRAFTER_AFTER = DRAFTER_BEFORE + """
+        self.norm_output = getattr(self.config, "norm_output", False)
+        self.fc_norm = getattr(self.config, "fc_norm", False)
+"""
+
+
+def test_a_drafter_option_the_engine_never_reads_is_an_error_naming_it_and_the_fix():
+    cfg = {"norm_output": True, "norm_before_fc": True}
+    bad = check_drafter_options("new", cfg, "d/config.json", DRAFTER_BEFORE, "vllm/x.py", "0.20.0")
+    assert bad.level == "error" and "norm_output" in bad.message and "train.norm_output: false" in bad.message
+    good = check_drafter_options("new", cfg, "d/config.json", DRAFTER_AFTER, "vllm/x.py", "0.32.0")
+    assert good.level == "ok" and "vllm/x.py" in good.message
+    assert check_drafter_options("new", {"norm_output": False}, "d/config.json", DRAFTER_BEFORE, "x", "0") is None
