@@ -8,7 +8,7 @@ import re
 import time
 from pathlib import Path
 
-from playwright.sync_api import Page
+from playwright.sync_api import Error as PlaywrightError, Page
 
 from tests.conftest import ROOT
 from tests.e2e.conftest import api, wait_flow_run
@@ -79,20 +79,25 @@ def open_artifact_card(page: Page, ui: dict, run_id: str, has_text: str) -> str:
     return body.inner_text()
 
 
-def scroll_logs_to_end(page: Page, until: str, timeout_s: float = 60) -> list[str]:
+def scroll_logs_to_end(page: Page, until: str, timeout_s: float = 180) -> list[str]:
     """Scroll the log list to its end, as a person does (it loads 50 rows at a time), until a row
-    matching the regex `until` is there; the rows' texts, in order."""
+    matching the regex `until` is there (`timeout_s`: a safety cap); the rows' texts, in order."""
     page.locator(".log-row").first.wait_for()
     found = re.compile(until)
     deadline = time.monotonic() + timeout_s
     while True:
         rows = page.locator(".log-row .log-row__content").all_inner_texts()
-        if any(found.search(r) for r in rows):
-            page.locator(".log-row").last.scroll_into_view_if_needed()
-            return rows
         if time.monotonic() > deadline:
             raise AssertionError(f"no log row matches {until!r} after scrolling; the last: {rows[-3:]}")
-        page.locator(".log-row").last.scroll_into_view_if_needed()
+        try:
+            page.locator(".log-row").last.scroll_into_view_if_needed(timeout=5_000)
+        except PlaywrightError:
+            # The list is virtual: it re-renders its rows as they load, and the last row seen may be gone
+            # from the page by the time it is scrolled to. Ask again.
+            page.wait_for_timeout(300)
+            continue
+        if any(found.search(r) for r in rows):
+            return rows
         page.mouse.wheel(0, 5000)
         page.wait_for_timeout(300)
 
