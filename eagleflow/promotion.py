@@ -50,8 +50,9 @@ def promotion_history_path(work_root: str, run_name: str) -> str:
 
 def decide(report: Report, promoted: PromotionRecord | None, gate: PromotionGate) -> Decision:
     """Promote the report's drafter iff it clears the gate, the engine side is not suspect, it serves at
-    least as fast as production's current drafter in the same benchmark, and its acceptance is not below
-    the promoted drafter's (both beyond noise, where the benchmark's rounds give a 95% interval)."""
+    least as fast as production's current drafter in the same benchmark (when that one was measured at
+    another time: accepts at least as much), and its acceptance is not below the promoted drafter's (all
+    beyond noise, where the benchmark's rounds give a 95% interval)."""
     al = report.drafter.mean_acceptance_length or 0.0
     reasons = []
     if report.speedup < gate.min_speedup:
@@ -65,7 +66,15 @@ def decide(report: Report, promoted: PromotionRecord | None, gate: PromotionGate
     head = report.verdict.headline if report.verdict is not None else None
     paired = head.drafter_vs_current if head is not None else None
     paired_ci = head.drafter_vs_current_ci if head is not None else None
-    if current is not None and paired is not None and (paired_ci[1] < 1.0 if paired_ci else paired < 1.0):
+    if current is not None and current.measured is not None:
+        # Measured at another time (reused from a night before): its speed was that hour's load, production's own
+        # traffic included, and a ratio of two hours' speeds is the load's, not the drafters'. Acceptance length
+        # depends on the drafter and the prompts only: the drafters compare on that.
+        cur_al = current.mean_acceptance_length
+        if cur_al is not None and (al_ci[1] if (al_ci := report.drafter.al_interval) else al) < cur_al:
+            reasons.append(f"mean acceptance length {al:.2f} < the current drafter's {cur_al:.2f} ({current.measured})"
+                           + (f" (95% interval {al_ci[0]:.2f}-{al_ci[1]:.2f})" if al_ci else ""))
+    elif current is not None and paired is not None and (paired_ci[1] < 1.0 if paired_ci else paired < 1.0):
         # the same prompts, round by round: a window that stopped early compares on the rounds both measured.
         # Slower beyond noise (its 95% interval below 1) when the rounds give one: with production.promote 'deploy'
         # a drafter that loses costs a rollback, an engine load, so a tie is not a loss.

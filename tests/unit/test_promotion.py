@@ -99,3 +99,18 @@ def test_worse_only_beyond_noise_when_the_rounds_give_an_interval():
     assert decide(r, None, GATE).promote
     r.verdict.headline.drafter_vs_current_ci = [0.94, 0.99]
     assert "0.98x the current drafter's" in decide(r, None, GATE).reasons[0]
+
+
+def test_a_current_drafter_measured_another_night_is_compared_on_acceptance_not_speed():
+    """Its speed was that night's load (production's traffic, a busy machine): 0.65x in tok/s is no reason.
+    Its acceptance length is the drafter's own: a lower one beyond noise is."""
+    r = report(al=2.61, current_tok_s=80.0)
+    r.current.measured = "measured 2026-01-01T03:00:00Z on production"
+    r.verdict.headline = SpeedupRow(temperature=0.0, concurrency=1, drafter_vs_current=0.65,
+                                    drafter_vs_current_ci=[0.62, 0.69])
+    r.current.mean_acceptance_length = 2.55
+    assert decide(r, None, GATE).promote
+    r.drafter.al_interval = [2.30, 2.50]
+    d = decide(r, None, GATE)
+    assert not d.promote and d.reasons == ["mean acceptance length 2.61 < the current drafter's 2.55 (measured "
+                                           "2026-01-01T03:00:00Z on production) (95% interval 2.30-2.50)"]

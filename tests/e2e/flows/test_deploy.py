@@ -118,7 +118,10 @@ def test_a_planted_worse_drafter_is_rolled_back_by_the_canary(nightly_runs, nigh
     after = history(nightly_production)
     assert after["serving"] == before["serving"] and after["state"] == "good"
     reject = next(e for e in reversed(after["events"]) if e["action"] == "reject")
-    assert reject["seq"] == before["serving"] + 1 and "acceptance length" in reject["why"], reject
+    # The planted drafter's copy is the next one deployed: after the highest so far, which is not the one serving
+    # when a night's drafter was rolled back.
+    newest = max(e["seq"] for e in before["events"])
+    assert reject["seq"] == newest + 1 and "acceptance length" in reject["why"], reject
     assert reject["canary"]["mean_acceptance_length"] < 1.3
     assert healthy(nightly_production["service"]["health_url"])
     assert production_acceptance(nightly_runs, nightly_production["url"]) >= 1.8
