@@ -55,6 +55,18 @@ class Sshd:
                 self.proc.wait()
 
 
+# The test run's machine-wide settings (`make test` exports them: OpenMP threads that wait without spinning, vLLM's
+# CPU engine unpinned and in two processes instead of three). An SSH session starts with a clean environment, so
+# the loopback host gets them as a host's administrator would set them, in sshd's own SetEnv; a stage's
+# `host.env` still comes on top.
+RUN_SETTINGS = ("OMP_WAIT_POLICY", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_ENABLE_V1_MULTIPROCESSING")
+
+
+def run_settings() -> str:
+    pairs = [f"{k}={os.environ[k]}" for k in RUN_SETTINGS if os.environ.get(k)]
+    return f"SetEnv {' '.join(pairs)}\n" if pairs else ""
+
+
 def start_sshd(base: Path) -> Sshd:
     if not os.path.exists(SSHD):
         raise RuntimeError("sshd is not installed: apt-get install -y openssh-server (.ci/run does it)")
@@ -74,6 +86,7 @@ def start_sshd(base: Path) -> Sshd:
         f"AuthorizedKeysFile {base / 'authorized_keys'}\nPasswordAuthentication no\n"
         "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPermitRootLogin prohibit-password\n"
         "Subsystem sftp internal-sftp\nLogLevel VERBOSE\nMaxStartups 100\nMaxSessions 50\n"
+        + run_settings()
     )
     if os.geteuid() == 0:
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege-separation directory

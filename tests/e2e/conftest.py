@@ -214,9 +214,9 @@ def first_run(first_run_watched) -> dict:
     return first_run_watched["report"]
 
 
-# -- the nightly retrain, three nights ------------------------------------------------------------
+# -- the nightly retrain, two nights ------------------------------------------------------------
 
-NIGHT_PROMPTS = (212, 100, 100)  # the source as it grows: the first night holds out 12 and trains on 200
+NIGHT_PROMPTS = (212, 100)  # the source as it grows: the first night holds out 12 and trains on 200
 
 
 NIGHTLY_NAME = "nightly-e2e"
@@ -262,7 +262,7 @@ def nightly_production(tmp_path_factory) -> Iterator[dict]:
 
 @pytest.fixture(scope="session")
 def nightly_runs(prefect_server, nightly_production) -> dict:
-    """The `eagleflow-nightly` deployment run three times by a process worker, as the schedule does, on the
+    """The `eagleflow-nightly` deployment run twice by a process worker, as the schedule does, on the
     demo with a prompt source (a directory of JSONL files) that grows between nights, and production
     (`nightly_production`) taking each promoted drafter (`production.promote: deploy`). Its reports, run ids,
     the held-out prompts' sha256 after each night, and each night's start and end."""

@@ -1,7 +1,7 @@
 """Production takes the promoted drafter (issue 23): the nightly deploys, the canary keeps or rolls back.
 
 Production is a real vLLM server of the demo target (`nightly_production`, tests/e2e/conftest.py) whose launch
-reads its drafter from the link eagleflow manages; the nightly (`nightly_runs`, three nights through the
+reads its drafter from the link eagleflow manages; the nightly (`nightly_runs`, two nights through the
 deployment and a worker) runs with `production.promote: deploy`. A thread asked production's health twice a
 second for the whole session.
 
@@ -80,7 +80,7 @@ def test_each_night_production_comes_back_serving_its_drafter_measured_there(nig
     print("production down per night (s, from the health log):", downtime, "kept:", kept)
 
     actions = [(e["action"], e["seq"]) for e in h["events"]]
-    assert actions[0] == ("adopt", 0) and [a for a, _ in actions].count("promote") == 3, actions
+    assert actions[0] == ("adopt", 0) and [a for a, _ in actions].count("promote") == len(nightly_runs["nights"]), actions
     promoted = json.loads((nightly_runs["work"] / "runs" / "promoted" / f"{NIGHTLY_NAME}.json").read_text())
     assert h["state"] == "good" and h["source"] == promoted["drafter_dir"]
 

@@ -1,8 +1,8 @@
-"""The nightly retrain (flows.retrain) three nights running, through the `eagleflow-nightly` deployment and a
+"""The nightly retrain (flows.retrain) two nights running, through the `eagleflow-nightly` deployment and a
 process worker on the session's real Prefect server, with real vLLM (CPU) and the demo target; the prompt
 source (a directory of JSONL files) grows between nights (`nightly_runs`, tests/e2e/conftest.py).
 
-What a night after the first must show: only the new prompts generated and extracted (every earlier stage
+What the night after the first must show: only the new prompts generated and extracted (every earlier stage
 a cache hit), training that continues from the promoted drafter with at most a third of the first night's
 steps and no worse acceptance, a baseline measured once, the held-out split byte-identical, and AL by
 night in the report as a table and a picture.
@@ -85,12 +85,12 @@ def test_the_held_out_split_is_byte_identical_across_nights(nightly_runs):
         index = json.loads((pool / "data" / "index.json").read_text())
         held.append([(e["file"], e["sample_sha256"], e["bytes"]) for e in index["shards"] if e["split"] == "holdout"])
         assert not any(e["split"] == "holdout" for e in index["shards"] if "select" in e)
-    assert held[0] and held[0] == held[1] == held[2]
+    assert held[0] and all(h == held[0] for h in held[1:])
 
 
 def test_the_report_shows_al_by_night_as_a_table_and_a_picture(nightly_runs):
     r = nightly_runs["nights"][-1]["report"]
-    assert [n["night"] for n in r["nights"]] == [1, 2, 3]
+    assert [n["night"] for n in r["nights"]] == list(range(1, len(NIGHT_PROMPTS) + 1))
     md = (Path(r["path"]).parent / "report.md").read_text()
     assert "**AL by night**" in md and "![al-by-night](al-by-night.png)" in md
     table = md.split("**AL by night**")[1]

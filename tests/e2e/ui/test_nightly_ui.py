@@ -43,7 +43,7 @@ def test_the_nightly_schedule_and_a_promotion_decision_on_its_run_page(page, pre
     assert heading.lstrip("# ") in text and "the bars: speedup >=" in text
     shot(page, "2-nightly-promotion-decision")
 
-    # What production serves, and its history: the deploys of the three nights (production.promote: deploy).
+    # What production serves, and its history: the deploys of the nights (production.promote: deploy).
     history = artifact_of(prefect_server, run_id, "eagleflow-nightly-e2e-deployed")["data"]
     assert history.startswith("# Deployed: production serves" if nights[-1]["promoted"] else "# Rolled back"), history
     text = open_artifact_card(page, ui, run_id, "deployed")
