@@ -97,7 +97,31 @@ class Shape:
 
 LLAMA_8B = Shape(hidden=4096, heads=32, kv_heads=8, head_dim=128, intermediate=14336, vocab=128256,
                  draft_vocab=32000)
+# Kimi-K2.5's public EAGLE-3 drafter (a one-layer Llama block at the target's width, MHA: 64 heads of 128,
+# MLP 12,288) with its target's 163,840-token vocabulary and a 32,000-token draft vocabulary.
+KIMI_K25 = Shape(hidden=7168, heads=64, kv_heads=64, head_dim=128, intermediate=12288, vocab=163840,
+                 draft_vocab=32000, rope_theta=50000.0, rms_norm_eps=1e-6)
+SHAPES = {"llama-8b": LLAMA_8B, "kimi-k25": KIMI_K25}
 TINY = Shape(hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=512, draft_vocab=128)
+
+
+def measured_bf16_peak(device: torch.device, n: int = 8192, iters: int = 20) -> float:
+    """TFLOP/s of one large bf16 matmul on this device, the best of three timings: the floor's rate,
+    measured rather than read from a datasheet (an H200's 989 is a spec; clocks and power decide)."""
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    sync(device)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            a @ b
+        sync(device)
+        best = min(best, (time.perf_counter() - t0) / iters)
+    del a, b
+    return 2 * n**3 / best / 1e12
 
 
 def flops_per_token(s: Shape, seq_len: int, steps: int) -> dict[str, float]:
@@ -365,6 +389,8 @@ def run_one(trainer: str, s: Shape, batch: int, seq_len: int, args, device: torc
                   tflops_executed=fl["executed"] * tokens / result["median_s"] / 1e12,
                   spread=(max(result["step_s"]) - min(result["step_s"])) / result["median_s"])
     result["mfu"] = result["tflops"] / PEAK_BF16_TFLOPS
+    if args.peak_tflops:  # the matmul floor: the step's FLOPs at the measured matmul rate, over its time
+        result["floor_fraction"] = result["tflops"] / args.peak_tflops
     if args.profile:
         result["profile"] = profile_step(step, device, args.profile)
     del step, model, data
@@ -388,15 +414,21 @@ def main() -> int:
     parser.add_argument("--spec-attn", choices=["simple_flex_attention", "sdpa", "eager"],
                         default="simple_flex_attention")
     parser.add_argument("--profile", type=int, default=0, help="print this many rows of a one-step CUDA profile")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="llama-8b", help="the drafter's shape")
     parser.add_argument("--tiny", action="store_true", help="a tiny shape (CPU smoke check)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args()
     device = torch.device(args.device)
-    s = TINY if args.tiny else LLAMA_8B
+    s = TINY if args.tiny else SHAPES[args.shape]
     trainers = ["eagleflow", "speculators"] if args.trainer == "both" else [args.trainer]
     if device.type == "cuda":
         print(f"device: {torch.cuda.get_device_name()} | torch {torch.__version__}", flush=True)
+        peak = measured_bf16_peak(device)
+        print(f"measured bf16 matmul peak: {peak:.1f} TFLOP/s (8192^3)", flush=True)
+    else:
+        peak = 0.0
+    args.peak_tflops = peak
     results = []
     for seq_len in args.seq_len:
         fl = flops_per_token(s, seq_len, args.ttt_steps)
@@ -421,7 +453,8 @@ def main() -> int:
                 print(f"{trainer:12s} B={batch} T={seq_len}: {r['median_s'] * 1e3:8.1f} ms/step "
                       f"(spread {100 * r['spread']:.1f}%, first {r['first_step_s']:.1f} s) "
                       f"{r['tokens_per_s']:9.0f} tok/s {r['tflops']:6.1f} TFLOP/s MFU {100 * r['mfu']:.1f}% "
-                      f"peak {r.get('peak_mem_gib', 0):.1f} GiB loss {r['loss']:.3f}", flush=True)
+                      f"floor {100 * r.get('floor_fraction', 0):.1f}% peak {r.get('peak_mem_gib', 0):.1f} GiB loss {r['loss']:.3f}",
+                      flush=True)
     if args.json_out:
         args.json_out.write_text(json.dumps([{k: v for k, v in r.items() if k != "profile"} for r in results],
                                             indent=1))

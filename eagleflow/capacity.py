@@ -26,53 +26,19 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from eagleflow.config import RunConfig
+from eagleflow.rates import (
+    DDP_GPU_EFFICIENCY, DEFAULT_ANSWER_TOKENS, DEFAULT_CHECK_S, DEFAULT_DECODE_TOK_S, DEFAULT_DISK_WRITE_BPS,
+    DEFAULT_EXPORT_S, DEFAULT_EXTRACT_TOK_S, DEFAULT_GENERATE_TOK_S, DEFAULT_PROMPT_TOKENS, DEFAULT_TRAIN_TOK_S,
+    ENGINE_BASE_START_S, H200_TRAIN_TFLOPS, LOAD_S_PER_GB, NUM_STATES, SOURCES, TRAIN_GPU_FRACTION,
+    TRAIN_STAGE_FRACTION,
+)
 
 # -- bytes of one extracted token (the shard format of eagleflow.drafter.shards, torch-free here) -------
 
-NUM_STATES = 4  # the three aux states, then the final layer's output
 STATE_BYTES = {"bfloat16": 2, "float8_e4m3fn": 1}
 FP8_SCALE_BYTES = 4  # float8: one f32 scale per token and state
 TOKEN_SIDE_BYTES = 8 + 1  # input_ids int64 + loss_mask int8 per token (seq_lens: 8 B per sequence)
 PARQUET_BYTES_PER_TOKEN = 9  # generate: input_ids int32 + loss_mask int8 + ~4 B of text per token, uncompressed
-
-# -- the seeds (../shared/DESIGN.md): the defaults when the host has measured nothing -------------------
-
-SEED_SAMPLES = 10_000
-SEED_BF16_BYTES = 828e9  # their hidden states in bf16
-SEED_TOKENS = SEED_BF16_BYTES / (NUM_STATES * 7168 * 2)  # ~14.44 M: 1,444 tokens a sample
-DEFAULT_PROMPT_TOKENS = 250  # an assumption: DESIGN.md gives the total per sample, not the split
-DEFAULT_ANSWER_TOKENS = round(SEED_TOKENS / SEED_SAMPLES) - DEFAULT_PROMPT_TOKENS  # 1,194
-SEED_GENERATE_S = 5.3 * 3600
-DEFAULT_GENERATE_TOK_S = SEED_SAMPLES * DEFAULT_ANSWER_TOKENS / SEED_GENERATE_S  # ~626 output tok/s
-DEFAULT_EXTRACT_TOK_S = {"vllm": 3165.0, "hf": 14600.0}
-DEFAULT_DISK_WRITE_BPS = 0.7e9  # an H200 host's disk (DESIGN.md); a later one wrote 1.3 GB/s
-SEED_TRAIN_S, SEED_EPOCHS, SEED_TRAIN_FRACTION = 2.6 * 3600, 5, 0.9
-DEFAULT_TRAIN_TOK_S = SEED_EPOCHS * SEED_TRAIN_FRACTION * SEED_TOKENS / SEED_TRAIN_S  # ~6,900 tok/s
-# Engine loads with eagleflow's launch settings (vLLM's own load strategy, the compile cache kept), measured on one
-# H200 with vLLM 0.26 from its local NVMe (benchmarks/engine_load.py, docs/benchmarks.md "Engine loads", 26 GB):
-# seconds a GB of weights read cold (1.5 GB/s: the disk) and warm (the page cache), on top of ~60 s of the rest
-# (two imports of vLLM, engine init with the compile cache kept, graph capture). Not in them: a quantized MoE's
-# repacking at every start (Kimi-K2.5's INT4 Marlin) and 8 tensor-parallel workers; the seeds saw 22-40 min.
-LOAD_S_PER_GB = {"cold": 0.666, "warm": 0.154}
-ENGINE_BASE_START_S = 60.0
-DEFAULT_DECODE_TOK_S = 82.5  # Kimi-K2.5 tok/s per request, no speculation
-DEFAULT_EXPORT_S = 60.0
-DEFAULT_CHECK_S = 30.0
-TRAIN_GPU_FRACTION = 0.95  # of a GPU's memory the trainer may use
-SOURCES = {  # where each default comes from, as a plan states it
-    "prompt": "default: an assumed 250 of the seeds' 1,444 tokens a sample (DESIGN.md gives only the total)",
-    "answer": "default: the seeds' 10,000 samples came to ~14.4 M tokens (DESIGN.md)",
-    "generate": "default: the seeds' 10,000 answers took 5.3 h from Kimi-K2.5's server (DESIGN.md)",
-    "vllm": "default: the seeds extracted Kimi-K2.5's states at 3,165 tok/s (DESIGN.md)",
-    "hf": "default: the extract stage's transformers forward ran 14.6k tok/s on an H200, 8B Llama shape (DESIGN.md)",
-    "train": "default: the seeds trained 5 epochs in 2.6 h (DESIGN.md)",
-    "engine": "measured: an H200's NVMe with vLLM 0.26, 26 GB (docs/benchmarks.md, Engine loads), scaled by the "
-              "weights; a quantized MoE's repack and TP8 start not in it (the seeds saw 22-40 min)",
-    "benchmark": "default: Kimi-K2.5 serves 82.5 tok/s a request without speculation (DESIGN.md), a window "
-                 "at that rate x its concurrency",
-    "export": "default: a drafter export takes about a minute",
-    "check": "default: seconds of host checks",
-}
 
 Stage = Literal["check", "select", "generate", "extract", "pool", "train", "export", "benchmark", "restore"]
 # "restore": production's own load when a window closes (the nightly plan counts it; it is no stage of ours)
@@ -249,6 +215,35 @@ def drafter_params(t: TargetFacts, cfg: RunConfig) -> tuple[int, int]:
     return total, total - (lm_head if cfg.train.freeze_lm_head else 0)
 
 
+def train_flops_per_token(t: TargetFacts, cfg: RunConfig) -> float:
+    """Model FLOPs of a training token as benchmarks/train_gpu.py counts them: 3x the forward (fc; per TTT step
+    q/k/v from 2H, o, MLP, draft-vocabulary head, causal attention over train.max_seq_len) + the target's logits."""
+    h = t.hidden_size
+    heads = t.num_attention_heads or max(1, h // 64)
+    a, g = heads * (t.head_dim or h // heads), (t.num_key_value_heads or heads) * (t.head_dim or h // heads)
+    inter, k = cfg.train.intermediate_size or t.intermediate_size or 4 * h, cfg.train.ttt_steps
+    vd = min(cfg.train.draft_vocab_size, t.vocab_size or cfg.train.draft_vocab_size)
+    attn = sum(4 * a * ((cfg.train.max_seq_len + 1) / 2 + i) for i in range(k))
+    forward = 6 * h * h + k * (4 * h * (a + 2 * g) + 2 * a * h + 6 * h * inter + 2 * h * vd) + attn
+    return 3 * forward + 2 * h * vd
+
+
+def default_train_rate(t: TargetFacts, cfg: RunConfig, gpus: list[GpuFacts]) -> tuple[float, str]:
+    """Training tok/s where the host measured none: on GPUs the H200's measured FLOP rate at this drafter's FLOPs,
+    scaled to train.nproc GPUs (and saying so); on a CPU, the seeds' figure."""
+    if cfg.train.device == "cpu" or not gpus:
+        return DEFAULT_TRAIN_TOK_S, SOURCES["train"]
+    flops, n = train_flops_per_token(t, cfg), cfg.train.nproc
+    one, eff = H200_TRAIN_TFLOPS * 1e12 / flops * TRAIN_STAGE_FRACTION, DDP_GPU_EFFICIENCY if n > 1 else 1.0
+    other = sorted({g.name for g in gpus if g.name and "H200" not in g.name})
+    return one * n * eff, (
+        f"scaled: an H200 trained at {H200_TRAIN_TFLOPS:.0f} TFLOP/s (Kimi-K2.5's drafter shape, docs/benchmarks.md), "
+        f"{one:,.0f} tok/s at this drafter's {flops / 1e9:.1f} GFLOP a token and the stage's own "
+        f"{TRAIN_STAGE_FRACTION:.0%}" + (f", x {n} GPUs x {eff:.2f} (per-GPU data-parallel efficiency measured on 2 "
+                                         "H200s)" if n > 1 else "")
+        + (f"; this host's GPUs are {', '.join(other)}: an H200's rate" if other else ""))
+
+
 def train_gpu_bytes(t: TargetFacts, cfg: RunConfig) -> tuple[int, str]:
     """Peak bytes on each training rank, and how they add up. Weights, gradients and AdamW's two
     states are float32 (autocast computes in bf16); the target's embedding and lm_head and the
@@ -393,7 +388,7 @@ def plan(cfg: RunConfig, facts: HostFacts, progress: Progress | None = None) -> 
     trained = cfg.train.epochs * train_tokens
     if cfg.train.max_steps:
         trained = min(trained, cfg.train.max_steps * cfg.train.batch_tokens)
-    tr_tok_s, src = measured_rate(hist, "train", DEFAULT_TRAIN_TOK_S, SOURCES["train"], target=target)
+    tr_tok_s, src = measured_rate(hist, "train", *default_train_rate(t, cfg, gpus), target=target)
     tr_gpu, tr_detail = train_gpu_bytes(t, cfg)
     kept = cfg.train.epochs + (1 if cfg.train.checkpoint_every_steps else 0)
     on_gpu = cfg.train.device != "cpu" and bool(gpus)

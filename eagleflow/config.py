@@ -137,7 +137,8 @@ class EngineConfig(_Strict):
         True,
         description="vLLM: keep torch.compile's cache across starts under <work_root>/cache/vllm/<drafter shape> "
         "(VLLM_CACHE_ROOT), one per drafter architecture: vLLM's cache key names the speculative method but not "
-        "the drafter, so two drafter shapes never share one.",
+        "the drafter, so two drafter shapes never share one. An eager engine (CPU builds) compiles nothing and "
+        "keeps vLLM's default cache root.",
     )
     extra_args: list[str] = Field(default_factory=list, description="More engine arguments, passed as given.")
     env: dict[str, str] = Field(default_factory=dict, description="Engine environment, e.g. VLLM_CPU_KVCACHE_SPACE.")

@@ -25,9 +25,9 @@ import math
 from pydantic import BaseModel, ConfigDict, Field
 
 from eagleflow.capacity import (
-    DEFAULT_DECODE_TOK_S, DEFAULT_EXPORT_S, DEFAULT_EXTRACT_TOK_S, DEFAULT_GENERATE_TOK_S, DEFAULT_TRAIN_TOK_S,
+    DEFAULT_DECODE_TOK_S, DEFAULT_EXPORT_S, DEFAULT_EXTRACT_TOK_S, DEFAULT_GENERATE_TOK_S,
     LOAD_S_PER_GB, PARQUET_BYTES_PER_TOKEN, SOURCES, CapacityPlan, HostFacts, StagePlan, duration_text, engine_start_s,
-    measured_rate, measured_runs, size_text,
+    default_train_rate, measured_rate, measured_runs, size_text,
 )
 from eagleflow.config import RunConfig
 
@@ -109,7 +109,7 @@ def plan_nightly(cfg: RunConfig, facts: HostFacts, full: CapacityPlan) -> Nightl
         f"{new_tokens:,} tokens at {x_tok_s:,.0f} tok/s ({backend})",
         src + (f"; + {duration_text(cold)} the target's load (cold), {cold_src}" if backend == "vllm" else ""))
     add("pool", 0, DEFAULT_POOL_S, "", "default: an index and a ledger, seconds")
-    tr_tok_s, src = measured_rate(hist, "train", DEFAULT_TRAIN_TOK_S, SOURCES["train"], target=target)
+    tr_tok_s, src = measured_rate(hist, "train", *default_train_rate(t, cfg, facts.gpus), target=target)
     trained = n.train_steps * cfg.train.batch_tokens
     add("train", 0, trained / tr_tok_s, f"{n.train_steps:,} steps x {cfg.train.batch_tokens:,} tokens at "
         f"{tr_tok_s:,.0f} tok/s", src)

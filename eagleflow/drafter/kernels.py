@@ -11,10 +11,12 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None
+             ) -> torch.Tensor:
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
+    out = weight * x32.to(x.dtype)
+    return out if out_dtype is None else out.to(out_dtype)
 
 
 # Element-wise chains fused into one kernel each way on CUDA (eager, each op is a pass over memory).
@@ -33,7 +35,13 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (_rms_norm_fused if x.is_cuda else rms_norm)(x, self.weight, self.eps)
+        # Under autocast the norm's result leaves in the compute dtype. A norm feeds matmuls, and autocast
+        # would cast an fp32 result once per consumer (q, k and v: three copies of a [T, 2H] tensor each
+        # unroll step), and keep the fp32 copy for backward; the residual it feeds is then bf16, as in the
+        # engine. At Kimi-K2.5's drafter shape: 4% of a step (docs/benchmarks.md). Off autocast: unchanged.
+        dev = x.device.type
+        out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+        return (_rms_norm_fused if x.is_cuda else rms_norm)(x, self.weight, self.eps, out_dtype)
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, interleaved: bool = False

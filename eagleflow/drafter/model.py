@@ -33,12 +33,56 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from eagleflow.drafter.kernels import RMSNorm, apply_rope, apply_rope_interleaved, rms_norm, rope_tables, silu_mul
 
 # flex_attention runs its fused kernel only when compiled; eager flex is a slow reference.
 _compiled_flex = torch.compile(flex_attention)
+# Rows of a fused TTT unroll are padded to whole flex blocks: each step's diagonal keys then start on a block
+# edge, so a diagonal touches one key block per query block instead of two (half the partially masked blocks).
+FLEX_BLOCK = 128
+
+
+def ttt_block_mask(qpos: torch.Tensor, t: int, steps_done: int, mask_mod) -> BlockMask:
+    """The TTT unroll's flex block mask, from block arithmetic: which 128 x 128 blocks are empty, partial or full.
+
+    create_block_mask would evaluate `mask_mod` on every (query, key) pair of every step, T x (T + i Tq) of them
+    (at T 8,192 the last step's grid is 470 M pairs; compiled, 4% of a training step at Kimi-K2.5's shape). The
+    pattern is known: step-0 key s is visible to row r when s <= qpos[r] (a block is full when all its keys lie
+    at or below every row's qpos, partial when some do), and step j's keys T + (j-1) Tq + r' only on their
+    diagonal r' == r (partial blocks). `mask_mod` still decides each pair inside a partial block. Blocks on a
+    ragged edge (rows past Tq, keys past T) are never full, as create_block_mask has it.
+    """
+    # qpos shape: [B, Tq] (context ends, clamped to T - 1)
+    bs, dev = FLEX_BLOCK, qpos.device
+    b, tq = qpos.shape
+    kv_len = t + steps_done * tq
+    nq, nkv = -(-tq // bs), -(-kv_len // bs)
+    pad = nq * bs - tq
+    q_lo = F.pad(qpos, (0, pad), value=torch.iinfo(qpos.dtype).max).view(b, nq, bs).amin(-1)  # shape: [B, nq]
+    q_hi = F.pad(qpos, (0, pad), value=-1).view(b, nq, bs).amax(-1)  # shape: [B, nq]
+    k_lo = torch.arange(nkv, device=dev) * bs  # shape: [nkv], first key of each block
+    k_hi = k_lo + bs - 1
+    causal_any = (k_lo < t)[None, None, :] & (k_lo[None, None, :] <= q_hi[..., None])  # shape: [B, nq, nkv]
+    whole_rows = torch.arange(nq, device=dev) * bs + bs - 1 < tq  # shape: [nq]
+    full = (k_hi < t)[None, None, :] & (k_hi[None, None, :] <= q_lo[..., None]) & whole_rows[None, :, None]
+    partial = causal_any & ~full
+    rows_lo = torch.arange(nq, device=dev) * bs  # shape: [nq], each query block's first and last row
+    rows_hi = torch.clamp(rows_lo + bs - 1, max=tq - 1)
+    for j in range(1, steps_done + 1):
+        base = t + (j - 1) * tq
+        for first in ((base + rows_lo) // bs, (base + rows_hi) // bs):  # a diagonal crosses at most two blocks
+            partial[:, torch.arange(nq, device=dev), first] = True
+
+    def ordered(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # dense [B, nq, nkv] -> (counts [B, 1, nq], indices [B, 1, nq, nkv]: the set blocks first, ascending)
+        counts = dense.sum(-1, dtype=torch.int32)
+        idx = torch.argsort((~dense).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+        return counts[:, None], idx[:, None]
+
+    return BlockMask.from_kv_blocks(*ordered(partial), *ordered(full), BLOCK_SIZE=bs, mask_mod=mask_mod,
+                                    seq_lengths=(tq, kv_len))
 
 
 @dataclass(frozen=True)
@@ -184,7 +228,7 @@ class AttentionBase(nn.Module):
         def mask_mod(bi, _h, qi, kv):
             return torch.where(kv < t, kv <= qpos[bi, qi], (kv - t) % tq == qi)
 
-        mask = create_block_mask(mask_mod, B=b, H=None, Q_LEN=tq, KV_LEN=keys.shape[2], device=q.device)
+        mask = ttt_block_mask(qpos, t, len(diag), mask_mod)
         o = _compiled_flex(q, keys, values, block_mask=mask, scale=self.scale, enable_gqa=self.nkv != self.nh)
         return self.out(o)
 

@@ -18,7 +18,7 @@ from torch import nn
 
 from eagleflow.drafter.config import TrainConfig
 from eagleflow.drafter.data import Batch
-from eagleflow.drafter.model import Eagle3Drafter, TargetHead
+from eagleflow.drafter.model import FLEX_BLOCK, Eagle3Drafter, TargetHead
 
 
 # ----------------------------------------------------------------------------------- objective
@@ -230,6 +230,8 @@ def ttt_loss(model: Eagle3Drafter, target: TargetHead, vocab_rows: torch.Tensor,
     first = torch.where(jvalid.any(1), jvalid.float().argmax(1), torch.zeros_like(batch.lengths))
     query_start = (first - steps).clamp(min=0)  # shape: [B]
     query_len = max(int((batch.lengths - 2 - query_start).max()), 1)
+    if batch.aux.is_cuda:  # whole flex blocks (model.FLEX_BLOCK); the extra rows carry no label
+        query_len = -(-query_len // FLEX_BLOCK) * FLEX_BLOCK
     outs, qpos = model.ttt_forward(batch.aux, batch.input_ids, steps, query_start, query_len)
     stats = StepStats(steps, tokens=batch.num_tokens)
     total = torch.zeros((), device=batch.aux.device)

@@ -107,7 +107,10 @@ def launch_engine(config: RunConfig) -> EngineConfig:
 def target_launch(config: RunConfig, speculative: dict[str, Any] | None = None, port_offset: int = 0) -> LaunchSpec:
     """The run's target as the run config serves it, in this Python (the host environment's)."""
     engine = launch_engine(config)
-    if config.engine.kind == "vllm" and config.engine.compile_cache and "VLLM_CACHE_ROOT" not in engine.env:
+    # An eager engine compiles nothing: a cache root of its own would only hide vLLM's shared caches from it (its
+    # model-class inspection, a subprocess that imports the model's module: 13 s a start on a busy CPU host).
+    if (config.engine.kind == "vllm" and config.engine.compile_cache and not engine.enforce_eager
+            and "VLLM_CACHE_ROOT" not in engine.env):
         cache = compile_cache_dir(config.host.work_root, speculative)
         engine = engine.model_copy(update={"env": {**engine.env, "VLLM_CACHE_ROOT": cache}})
     return LaunchSpec(

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from eagleflow.capacity import HostFacts, MeasuredRun, plan
+from eagleflow.capacity import HostFacts, MeasuredRun, default_train_rate, plan
 from eagleflow.config import load_config
 from eagleflow.nightplan import DEFAULT_ROUND_CV, plan_nightly, render_nightly, window_requests
 from tests.conftest import ROOT
@@ -35,7 +35,9 @@ def test_a_kimi_night_is_its_new_samples_its_steps_and_the_loads_of_a_deploy():
     assert night.new_tokens == int(1000 * per_sample)
     # generate scales with the new samples (production's server: no engine load of ours)
     assert stage(night, "generate").seconds == pytest.approx(stage(full, "generate").seconds * 1000 / 10_000, rel=0.01)
-    assert stage(night, "train").seconds == pytest.approx(330 * 65536 / 6942.3, rel=0.01)
+    rate, source = default_train_rate(FACTS.target, cfg, FACTS.gpus)  # the H200's, scaled to 8 GPUs
+    assert stage(night, "train").seconds == pytest.approx(330 * 65536 / rate, rel=0.01)
+    assert stage(night, "train").source == source == stage(full, "train").source
     bench = stage(night, "benchmark")
     # the new drafter measured on production: no load of its own, and production serves meanwhile
     assert "on production" in bench.rate and bench.seconds < stage(full, "benchmark").seconds / 3

@@ -94,3 +94,40 @@ def test_ttt_unroll_equals_kv_cache_drafting_batched(steps):
     with torch.no_grad():
         outs, qpos = model.ttt_forward(aux, ids, steps, query_start=torch.tensor([0, 0]), query_len=t - steps)
         assert_unroll_matches_kv_cache(model, aux, ids, steps, outs, lengths)
+
+
+@pytest.mark.parametrize("t,tq,batch,shift", [(256, 256, 1, 0), (256, 254, 1, 0), (300, 130, 2, 3), (257, 256, 3, 1)])
+def test_the_ttt_block_mask_from_block_arithmetic_is_create_block_masks(t, tq, batch, shift):
+    """The fused (CUDA) unroll's block mask, built from block arithmetic, equals flex attention's own
+    create_block_mask of the same mask at every unroll step: the same partial and full blocks, and the same
+    attention output (flex attention's eager reference, on CPU). Ragged edges included: T and Tq off the
+    128 grid, rows whose context end is clamped, rows of a batch at other offsets."""
+    import itertools
+
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from eagleflow.drafter.model import ttt_block_mask
+
+    def dense(num, idx, cols):  # ordered (counts, indices) -> [B, 1, nq, cols] bool
+        out = torch.zeros(*num.shape, cols, dtype=torch.bool)
+        for b, h, m in itertools.product(*map(range, num.shape)):
+            out[b, h, m, idx[b, h, m, : num[b, h, m]].long()] = True
+        return out
+
+    start = torch.tensor([max(t - 2 - tq, 0) - k * shift for k in range(batch)]).clamp(min=0)
+    qpos = (start[:, None] + torch.arange(tq)[None]).clamp(max=t - 1)  # shape: [B, Tq]
+
+    def mask_mod(b, _h, q, kv):
+        return torch.where(kv < t, kv <= qpos[b, q], (kv - t) % tq == q)
+
+    for steps_done in range(3):
+        kv_len = t + steps_done * tq
+        ref = create_block_mask(mask_mod, B=batch, H=None, Q_LEN=tq, KV_LEN=kv_len, device="cpu")
+        got = ttt_block_mask(qpos, t, steps_done, mask_mod)
+        cols = -(-kv_len // 128)
+        assert got.seq_lengths == ref.seq_lengths
+        assert torch.equal(dense(got.kv_num_blocks, got.kv_indices, cols), dense(ref.kv_num_blocks, ref.kv_indices, cols))
+        assert torch.equal(dense(got.full_kv_num_blocks, got.full_kv_indices, cols),
+                           dense(ref.full_kv_num_blocks, ref.full_kv_indices, cols))
+        q, k, v = torch.randn(batch, 2, tq, 16), torch.randn(batch, 2, kv_len, 16), torch.randn(batch, 2, kv_len, 16)
+        assert torch.equal(flex_attention(q, k, v, block_mask=got), flex_attention(q, k, v, block_mask=ref))

@@ -18,10 +18,13 @@ def test_target_launch_follows_the_run_config():
     assert (spec.python, spec.model, spec.dtype) == (sys.executable, cfg.target.model_path, "bfloat16")
     assert spec.served_model_name == served_name(cfg) == "demo-target"
     assert spec.port == cfg.engine.port + 2
-    # "auto", resolved on this CPU build; the compile cache kept under the work root, one per drafter shape
-    assert spec.engine == cfg.engine.model_copy(update={
-        "enforce_eager": True,
-        "env": {**cfg.engine.env, "VLLM_CACHE_ROOT": compile_cache_dir(cfg.host.work_root, speculative("/d", 3))}})
+    # "auto", resolved on this CPU build: eager, so no compile cache of its own (vLLM's default root keeps the
+    # model-class inspection it would otherwise redo in a subprocess at every start)
+    assert spec.engine == cfg.engine.model_copy(update={"enforce_eager": True})
+    # a compiling engine keeps its compile cache under the work root, one per drafter shape
+    compiled = load_config(ROOT / "configs" / "demo.yaml", {"engine.enforce_eager": False})
+    assert target_launch(compiled, speculative("/d", 3)).engine.env == {
+        **cfg.engine.env, "VLLM_CACHE_ROOT": compile_cache_dir(cfg.host.work_root, speculative("/d", 3))}
     assert spec.speculative == {"method": "eagle3", "model": "/d", "num_speculative_tokens": 3}
     assert target_launch(cfg).speculative is None and target_launch(cfg).port == cfg.engine.port
     unnamed = load_config(ROOT / "configs" / "demo.yaml", {"target.served_model_name": None})
@@ -132,7 +135,7 @@ def test_the_compile_cache_is_one_per_drafter_shape(tmp_path):
     # a method with no drafter model (the triage's n-gram reference launches one): a cache of its own
     ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
     assert compile_cache_dir("/w", ngram) == "/w/cache/vllm/method-ngram"
-    cfg = load_config(ROOT / "configs" / "demo.yaml")
+    cfg = load_config(ROOT / "configs" / "demo.yaml", {"engine.enforce_eager": False})
     assert target_launch(cfg, ngram).engine.env["VLLM_CACHE_ROOT"] == f"{cfg.host.work_root}/cache/vllm/method-ngram"
-    cfg = load_config(ROOT / "configs" / "demo.yaml", {"engine.compile_cache": False})
+    cfg = load_config(ROOT / "configs" / "demo.yaml", {"engine.compile_cache": False, "engine.enforce_eager": False})
     assert "VLLM_CACHE_ROOT" not in target_launch(cfg).engine.env
