@@ -229,19 +229,19 @@ def train_flops_per_token(t: TargetFacts, cfg: RunConfig) -> float:
 
 
 def default_train_rate(t: TargetFacts, cfg: RunConfig, gpus: list[GpuFacts]) -> tuple[float, str]:
-    """Training tok/s where the host measured none: on GPUs the H200's measured FLOP rate at this drafter's FLOPs,
-    scaled to train.nproc GPUs (and saying so); on a CPU, the seeds' figure."""
-    if cfg.train.device == "cpu" or not gpus:
-        return DEFAULT_TRAIN_TOK_S, SOURCES["train"]
+    """Training tok/s where the host measured none: on H200s our measured FLOP rate at this drafter's FLOPs, scaled
+    to train.nproc GPUs (and saying so); elsewhere the seeds' figure (their RTX PRO 6000s: no rate of ours there)."""
+    other = sorted({g.name for g in gpus if "H200" not in g.name})
+    if cfg.train.device == "cpu" or not gpus or other:
+        return DEFAULT_TRAIN_TOK_S, SOURCES["train"] + (f"; this host's GPUs ({', '.join(other)}) are no H200s, "
+                                                        "where eagleflow's rate was measured" if other else "")
     flops, n = train_flops_per_token(t, cfg), cfg.train.nproc
     one, eff = H200_TRAIN_TFLOPS * 1e12 / flops * TRAIN_STAGE_FRACTION, DDP_GPU_EFFICIENCY if n > 1 else 1.0
-    other = sorted({g.name for g in gpus if g.name and "H200" not in g.name})
     return one * n * eff, (
         f"scaled: an H200 trained at {H200_TRAIN_TFLOPS:.0f} TFLOP/s (Kimi-K2.5's drafter shape, docs/benchmarks.md), "
         f"{one:,.0f} tok/s at this drafter's {flops / 1e9:.1f} GFLOP a token and the stage's own "
         f"{TRAIN_STAGE_FRACTION:.0%}" + (f", x {n} GPUs x {eff:.2f} (per-GPU data-parallel efficiency measured on 2 "
-                                         "H200s)" if n > 1 else "")
-        + (f"; this host's GPUs are {', '.join(other)}: an H200's rate" if other else ""))
+                                         "H200s)" if n > 1 else ""))
 
 
 def train_gpu_bytes(t: TargetFacts, cfg: RunConfig) -> tuple[int, str]:

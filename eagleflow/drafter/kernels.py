@@ -38,7 +38,7 @@ class RMSNorm(nn.Module):
         # Under autocast the norm's result leaves in the compute dtype. A norm feeds matmuls, and autocast
         # would cast an fp32 result once per consumer (q, k and v: three copies of a [T, 2H] tensor each
         # unroll step), and keep the fp32 copy for backward; the residual it feeds is then bf16, as in the
-        # engine. At Kimi-K2.5's drafter shape: 4% of a step (docs/benchmarks.md). Off autocast: unchanged.
+        # engine. At Kimi-K2.5's drafter shape: 3.5% of a step, 7 GiB (docs/benchmarks.md). Off autocast: unchanged.
         dev = x.device.type
         out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
         return (_rms_norm_fused if x.is_cuda else rms_norm)(x, self.weight, self.eps, out_dtype)
