@@ -15,6 +15,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ log = logging.getLogger("eagleflow.engine")
 
 # SIGTERM grace for an engine whose launch failed, before SIGKILL.
 FAILED_GRACE_S = 3.0
+GUARD_GRACE_S = 15.0  # the guard's SIGTERM-to-SIGKILL wait when the stage that started the engine dies
 # After a failed request: how long to wait for the engine to exit before saying it still runs.
 POST_MORTEM_WAIT_S = 3.0
 
@@ -138,7 +140,10 @@ class EngineServer(abc.ABC):
         env = {**os.environ, **e.env, **self.env}
         argv = self.argv_for(self.spec)
         log.info("launching engine %s: %s", self.name, " ".join(argv))
-        self.proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        # Under eagleflow.engines.guard, the group's leader: a killed stage or a crashed API server takes the
+        # engine's children (vLLM's engine core) with it, which the parent-death signal alone does not.
+        guarded = [sys.executable, "-m", "eagleflow.engines.guard", str(GUARD_GRACE_S), "--", *argv]
+        self.proc = subprocess.Popen(guarded, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=env, start_new_session=True, preexec_fn=_die_with_parent)
         logf.close()
         self.pid_path.write_text(str(self.proc.pid))

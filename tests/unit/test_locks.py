@@ -23,6 +23,7 @@ sys.stdin.read()  # hold it until stdin closes
 CRITICAL = """
 import sys, time
 from eagleflow.locks import exclusive
+print("taking", flush=True)
 with exclusive(sys.argv[1]):
     print(time.monotonic(), flush=True)
 """
@@ -70,7 +71,10 @@ def test_exclusive_serialises_processes(tmp_path):
         assert is_held(lock)
         waiter = subprocess.Popen([sys.executable, "-c", CRITICAL, str(lock)], stdout=subprocess.PIPE, text=True,
                                   cwd=ROOT)
-        time.sleep(1.0)  # the other process is blocked meanwhile
+        # Once it is taking the lock (however slowly it started), it must stay blocked: a broken lock would let it
+        # in now, before this process leaves.
+        assert waiter.stdout.readline().strip() == "taking"
+        time.sleep(1.0)
         assert waiter.poll() is None
         released = time.monotonic()
     entered = float(waiter.stdout.readline())

@@ -310,7 +310,7 @@ from prefect import flow
 from eagleflow.config import HostConfig
 from eagleflow.hosts.ssh import SshHost
 
-@flow(timeout_seconds=3)
+@flow(timeout_seconds=15)  # well after the job has started, even on a loaded machine (a connect takes under 1 s)
 def bounded(cfg: str, job_dir: str) -> None:
     with SshHost(HostConfig.model_validate_json(cfg)) as host:
         host.run_job(job_dir, ["sh", "-c", "sleep 120 & sleep 120 & wait"], log=print)
@@ -326,5 +326,6 @@ def test_a_flow_run_timeout_ends_the_remote_job(prefect_server, sshd, root):
                           env={**os.environ, **prefect_server}, capture_output=True, text=True, timeout=120)
     assert "STATE FAILED" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
     job = jobs.Job(root / "job")
+    assert job.pid() is not None, "the job never started before the flow's timeout"
     assert job.status()["state"] == "exited" and not job.running()  # stopped on the way out, not left running
     assert not group_alive(job.pid())

@@ -1,7 +1,8 @@
 """An engine server (eagleflow.engines.base.EngineServer) lives no longer than the stage that started
 it: a stage that is cancelled (SIGTERM, its `with` block ends the engine) or killed (SIGKILL, the
 engine dies with its parent) takes its engine with it, and nothing else. Real vLLM (CPU), through
-the generate stage."""
+the generate stage. The engine core runs in a child process of the engine (vLLM's default; `make test` runs
+engines without it), and the test waits for that child: the whole engine's process group must go."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from eagleflow.config import load_config
 from eagleflow.manifest import stage_dir, stage_key
 from eagleflow.request import StageRequest
 from tests.conftest import ROOT, free_port
+from tests.helpers.procs import group_members
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +37,8 @@ def alive(pid: int) -> bool:
 def start_generate(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     cfg = load_config(ROOT / "configs" / "demo.yaml", {
         "host.work_root": str(tmp_path / "runs"), "engine.port": free_port(),
-        "generate.num_samples": 1000, "generate.max_tokens": 512})
+        "generate.num_samples": 1000, "generate.max_tokens": 512,
+        "engine.env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}})
     key = stage_key("generate", cfg, {})
     d = Path(stage_dir(cfg, "generate", key))
     d.mkdir(parents=True)
@@ -45,13 +48,17 @@ def start_generate(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     return proc, d
 
 
-def wait_for_engine(d: Path, timeout: float = 120) -> int:
+def wait_for_engine(d: Path, timeout: float = 300) -> tuple[int, list[int]]:
+    """The engine's pid (its own process group) once its engine-core child runs, and the group's processes."""
     deadline = time.monotonic() + timeout
     while not (d / "engine.pid").exists():
         assert time.monotonic() < deadline, "the engine never started"
         time.sleep(0.2)
-    time.sleep(3)  # let it spawn its own children
-    return int((d / "engine.pid").read_text())
+    engine = int((d / "engine.pid").read_text())
+    while len(members := group_members(engine)) < 2:
+        assert time.monotonic() < deadline, f"the engine {engine} never started its engine-core process"
+        time.sleep(0.2)
+    return engine, members
 
 
 def wait_gone(pid: int, timeout: float = 30) -> bool:
@@ -69,11 +76,13 @@ def test_ending_the_stage_ends_its_engine_only(tmp_path, sig):
     proc, d = start_generate(tmp_path)
     engine = None
     try:
-        engine = wait_for_engine(d)
-        assert alive(engine)
+        engine, members = wait_for_engine(d)
+        assert alive(engine) and engine in members
         os.killpg(proc.pid, sig)  # what a cancelled task does to the stage's group
         proc.wait(timeout=60)
-        assert wait_gone(engine), f"engine {engine} outlived its stage after {sig.name}"
+        for pid in members:  # the engine and its engine core, each
+            assert wait_gone(pid), f"engine process {pid} (of {members}) outlived its stage after {sig.name}"
+        assert group_members(engine) == []
         assert bystander.poll() is None
         assert not (d / "manifest.json").exists()
     finally:

@@ -27,7 +27,7 @@ from eagleflow.manifest import stage_dir, stage_key
 from eagleflow.request import StageRequest
 from tests.conftest import ROOT, free_port as any_free_port
 from tests.integration.production.test_downtime import (  # noqa: F401 - `prod` is this module's fixture too
-    PY, Prod, alive, carrying, healthy, prod, standin_engine, wait_healthy,
+    PY, Prod, alive, carrying, healthy, prod, prod_server, standin_engine, wait_healthy,
 )
 
 pytestmark = pytest.mark.integration
@@ -122,4 +122,4 @@ def test_generate_from_production_survives_a_restart(prod: Prod, tmp_path: Path)
     assert manifest["metrics"]["server_waits"] >= 1 and "production answers again" in text
     rows = sum(pq.read_metadata(d / s).num_rows for s in manifest["outputs"]["shards"])
     assert rows == 64
-    wait_healthy(prod.health_url, 60)
+    wait_healthy(prod.health_url, max(60.0, 3 * prod.first_start_s))  # a restart, bounded by the first start

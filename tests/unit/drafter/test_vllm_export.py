@@ -4,6 +4,7 @@ parameters of vLLM 0.32's Eagle3LlamaForCausalLM. Host environment (torch)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import pytest
@@ -47,7 +48,8 @@ def test_vllm_export_layout(tmp_path):
 def test_export_names_land_on_vllm_parameters(tmp_path):
     """Our names, renamed the way vLLM 0.32's Eagle3LlamaForCausalLM.load_weights and its
     LlamaModel.hf_to_vllm_mapper rename them, are exactly the drafter's vLLM parameters."""
-    llama_eagle3 = pytest.importorskip("vllm.model_executor.models.llama_eagle3")
+    pytest.importorskip("vllm")  # the control environment has no engine; with vLLM, a renamed module fails
+    llama_eagle3 = importlib.import_module("vllm.model_executor.models.llama_eagle3")
     model = make_model(draft_vocab_size=16)
     names = vllm_weight_names(model.arch, DraftVocab(torch.arange(16), V))
     assert set(names) == set(model.state_dict()) | {"d2t", "t2d"}

@@ -3,7 +3,7 @@ and in which order. The probes themselves run against real vLLM in tests/e2e/flo
 
 from __future__ import annotations
 
-from eagleflow.outputs import BackendProbe, BackendRun, LayerMatch, LosslessCheck, PlumbingProbe, VerifyProbe
+from eagleflow.outputs import BackendProbe, BackendRun, LayerMatch, PlumbingProbe, VerifyProbe
 from eagleflow.triage.blame import decide
 from eagleflow.triage.verify import lossless, prefix_share
 
@@ -59,10 +59,10 @@ def test_a_clean_drafter_gets_no_false_alarm():
     assert b.blame == "none" and b.culprit == "no fault found"
 
 
-def test_a_drafter_trained_for_another_target_is_the_drafter_even_if_states_do_not_match():
+def test_a_drafter_trained_for_another_target_is_named_by_its_lineage_once_the_plumbing_is_clear():
+    # The plumbing probe compares the engine's states with this run's own extract, so a foreign drafter leaves it
+    # healthy. States that do not match are the plumbing's finding, and it comes first, lineage or not.
     b = blame(plumbing=plumbing(foreign=True), other_target="/models/other")
-    # the plumbing probe compares with this run's own states, so a foreign drafter leaves it healthy; but if
-    # only its own (foreign) states were at hand the lineage still names the drafter
     assert b.blame == "hidden-state plumbing"
     b = blame(other_target="/models/other")
     assert b.blame == "the drafter or its data" and "/models/other" in b.culprit
@@ -85,7 +85,10 @@ def test_prefix_share():
     assert prefix_share([1, 2, 3], [1, 2, 3]) == 1.0
     assert prefix_share([1, 9, 3], [1, 2, 3, 4]) == 0.25
     assert prefix_share([], []) == 1.0
-    assert isinstance(LosslessCheck(variant="d", prompts=1, identical=1, agreement=1.0), LosslessCheck)
+    # lossless() scores each drafter variant against the baseline with it: 1 of 2 identical, the other half kept
+    (check,) = lossless({"baseline": ["abcd", "wxyz"], "drafter": ["abcd", "wxQQ"]})
+    assert (check.variant, check.prompts, check.identical) == ("drafter", 2, 1)
+    assert check.agreement == (1.0 + prefix_share("wxQQ", "wxyz")) / 2 == 0.75
 
 
 def test_a_sampled_path_that_rejects_what_greedy_accepts_is_the_verify_step_at_temperature():

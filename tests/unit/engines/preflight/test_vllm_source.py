@@ -4,10 +4,12 @@ multimodal targets, and the drafter options a drafter's model module reads. No e
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 from eagleflow.engines.preflight.vllm_source import (
     check_drafter_options, check_whitelist, find_eagle3_whitelist, find_image_token_rule, whitelist_admits,
 )
-from tests.conftest import ROOT
 
 # SpeculativeConfig._verify_args of vLLM ~0.11 (vllm/config/speculative.py), as the Kimi-K2 report met it.
 OLD_SPECULATIVE_SOURCE = '''
@@ -81,8 +83,10 @@ def test_conditional_whitelist_entry_is_a_warning():
 def test_no_whitelist_passes():
     assert find_eagle3_whitelist("class SpeculativeConfig:\n    pass\n") is None
     assert check_whitelist("x = 1\n", "vllm/config/speculative.py", "kimi_k2", "0.32.0").level == "ok"
-    installed = ROOT / ".hostenv/lib/python3.11/site-packages/vllm/config/speculative.py"
-    if installed.is_file():  # the vLLM this project serves with (0.32) has none
+    spec = importlib.util.find_spec("vllm")  # where this environment's vLLM is, on any Python (not imported)
+    if spec is not None:  # the vLLM this project serves with (0.32) has none
+        installed = Path(spec.origin).parent / "config" / "speculative.py"
+        assert installed.is_file(), installed
         assert find_eagle3_whitelist(installed.read_text()) is None
 
 
