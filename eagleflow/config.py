@@ -478,6 +478,26 @@ class ProductionConfig(_Strict):
         "lease is free), the net ends the benchmark and restores production.",
     )
 
+    pause: Literal["stop", "sleep"] = Field(
+        "stop",
+        description="How production leaves the GPUs. 'stop': stopped and started again (a whole engine load). "
+        "'sleep': vLLM's sleep mode (production launched with --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1, its "
+        "port reachable from the host only): asleep in a second, woken in seconds, its drafter's acceptance probed "
+        "after every wake; a preflight that fails, or a wake or probe that does, falls back to stop and start "
+        "(docs/production.md).",
+    )
+    sleep_level: Literal[1, 2] | None = Field(
+        None, description="sleep: 1 moves production's weights to host RAM, 2 drops them (read again at the wake). "
+        "Unset: level 1 when the host's free RAM holds what production has on its GPUs, else 2.",
+    )
+    swap_drafter: bool = Field(
+        False,
+        description="sleep + promote 'deploy': a new drafter of the served one's architecture is swapped into the "
+        "woken engine over CUDA IPC (seconds) instead of a restart. Production must be launched with "
+        "--weight-transfer-config '{\"backend\": \"ipc\"}' and VLLM_ALLOW_INSECURE_SERIALIZATION=1, which lets "
+        "whoever reaches its port run code in it: only where the port is the host's alone.",
+    )
+
     promote: Literal["record", "deploy"] = Field(
         "record",
         description="What the nightly's promotion does. 'record': write the promoted record only (production's launch "
@@ -514,6 +534,8 @@ class ProductionConfig(_Strict):
                 f"production.health_url is required when production.kind is {self.kind!r}: "
                 "it is how eagleflow knows production answers again"
             )
+        if self.swap_drafter and self.pause != "sleep":
+            raise ValueError("production.swap_drafter swaps into a woken engine: it needs production.pause 'sleep'")
         return self
 
 

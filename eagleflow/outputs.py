@@ -387,6 +387,10 @@ class ProductionWindow(BaseModel):
     dir: str | None = Field(None, description="The window's directory on the host (its logs and records).")
     rolled_back: str | None = Field(None, description="Production did not come back with the drafter deployed in this "
                                     "window: the guardian pointed it back at the last good one, and why.")
+    resumed: dict[str, Any] | None = Field(None, description="Paused instead of stopped (production.pause 'sleep'): "
+                                           "the wake's level and seconds, a drafter swapped in, the probe's AL.")
+    pause_fallback: str | None = Field(None, description="production.pause 'sleep' was asked for, and why production "
+                                       "was stopped and started instead.")
 
 
 class ProductionResult(BaseModel):

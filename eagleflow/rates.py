@@ -32,6 +32,12 @@ ENGINE_BASE_START_S = 60.0
 H200_TRAIN_TFLOPS = 522.5
 TRAIN_STAGE_FRACTION = 0.94
 DDP_GPU_EFFICIENCY = 0.64
+# Production paused instead of stopped (benchmarks/pause_gpu.py, vLLM 0.26, one H200, the demo target): from
+# the window's release to healthy with a new drafter swapped in and probed, 7.2-7.9 s (wake 0.12 s, swap 3.4-3.8 s
+# with the sender's start, the probe's 4 requests). A level-1 wake copies the weights back from pinned host RAM:
+# at Kimi-K2.5's size that copy dominates, at a stated 25 GB/s a GPU (PCIe Gen5 x16 at half its peak; not measured).
+PAUSE_RESUME_S = 7.9
+WAKE_H2D_GB_S = 25.0
 DEFAULT_DECODE_TOK_S = 82.5  # Kimi-K2.5 tok/s per request, no speculation
 DEFAULT_EXPORT_S = 60.0
 DEFAULT_CHECK_S = 30.0

@@ -25,6 +25,7 @@ from eagleflow.config import RunConfig
 from eagleflow.hosts import Host
 from eagleflow.manifest import Manifest
 from eagleflow.outputs import ProductionWindow
+from eagleflow.production.deployed import link_path
 from tasks.dispatch import StageRun, is_finished, run_cached
 from tasks.naming import flow_run_owner
 
@@ -52,14 +53,22 @@ def stop_production(host: Host, config: RunConfig, stage: str) -> dict[str, Any]
     """Start a window's holder on the host; return its record (token, env for the stages) once production is down."""
     owner = flow_run_owner()
     d = f"{config.host.work_root.rstrip('/')}/production/{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{owner[-8:]}-{stage}"
-    argv = [config.host.python, "-m", WINDOW_CLI, "open", d, "--config", config.production.model_dump_json(),
+    settings = config.production.model_dump(mode="json")
+    if config.production.promote == "deploy":  # a drafter switched in the window is swapped in at the wake
+        settings["drafter_link"] = link_path(config.host.work_root, config.name)
+    argv = [config.host.python, "-m", WINDOW_CLI, "open", d, "--config", json.dumps(settings),
             "--work-root", config.host.work_root, "--owner", owner, "--stages", stage]
     rc, out, err = host.exec(argv, timeout=config.production.stop_timeout_s + 180)
     lines = [x for x in out.splitlines() if x.startswith("{")]
     rec = json.loads(lines[-1]) if lines else {"error": (err or out)[-3000:]}
     if rc != 0 or "error" in rec:
         raise ProductionWindowError(f"production on {host.name} was not stopped for {stage}: {rec.get('error')}")
-    get_run_logger().info("production is down on %s (window %s; the stop took %s s)", host.name, d, rec.get("stopped_s"))
+    if rec.get("paused"):
+        get_run_logger().info("production is asleep on %s (window %s; %s, in %s s)", host.name, d,
+                              rec["paused"].get("why"), rec["paused"].get("sleep_s"))
+    else:
+        get_run_logger().info("production is down on %s (window %s; the stop took %s s)", host.name, d,
+                              rec.get("stopped_s"))
     return {**rec, "dir": d}
 
 

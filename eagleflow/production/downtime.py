@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from eagleflow.files import read_json, write_json_atomic
 from eagleflow.locks import try_lock
 from eagleflow.procs import wait_until
+from eagleflow.production import pause
 from eagleflow.production.ownership import STOP_ENV, TOKEN_ENV
 from eagleflow.production.service import ProductionError, ProductionService, ServiceSettings, settings_dict
 from eagleflow.production.state import COMMANDS_LOG, GUARDIAN_LOG, HOLD, POLL_S, RECORD, RESULT, WATCHING, \
@@ -52,6 +53,7 @@ class Downtime:
     was_running: bool
     kind: str = "none"
     stopped_s: float | None = None
+    paused: dict[str, Any] | None = None  # asleep instead of stopped: eagleflow.production.pause's record
     result: dict[str, Any] | None = None  # the guardian's result (+ "summary"), once the block has been left
 
     def engine_env(self) -> dict[str, str]:
@@ -70,12 +72,49 @@ class Downtime:
             return f"production NOT healthy: {r.get('error', 'no result from the guardian')}"
         if not r.get("was_running"):
             return "production was not running before the benchmark; it was left stopped"
+        if r.get("resumed"):
+            res = r["resumed"]
+            swapped = f", drafter {res['swapped_in']} swapped in ({res['swap_s']:.1f} s)" if res.get("swapped_in") else ""
+            probe = f", its drafter drafts (probe AL {res['probe_al']:.2f})" if res.get("probe_al") else ""
+            return f"production woken from sleep level {res['level']}, healthy after {r['healthy_after_s']:.1f} s{swapped}{probe}"
         if not r.get("started"):
             return "production was never stopped; it answers healthy"
         if r.get("rolled_back"):
             return (f"production restored with the last good drafter, healthy after {r['healthy_after_s']:.1f} s: "
                     f"{r['rolled_back']}")
-        return f"production restored, healthy after {r['healthy_after_s']:.1f} s"
+        fallback = f" (stopped and started: {r['pause_fallback']})" if r.get("pause_fallback") else ""
+        return f"production restored, healthy after {r['healthy_after_s']:.1f} s{fallback}"
+
+
+def _pause(cfg: "ProductionConfig | ServiceSettings", log: LogFn) -> tuple[dict[str, Any] | None, str | None]:
+    """Put production to sleep (eagleflow.production.pause); (what was done, None), or (None, why it was not)."""
+    plan = pause.preflight(cfg.pause, getattr(cfg, "sleep_level", None), getattr(cfg, "url", None), cfg.health_url)
+    if not plan.ok:
+        log(f"production is stopped, not paused: {plan.why}")
+        return None, plan.why
+    assert plan.base_url and plan.level
+    link = getattr(cfg, "drafter_link", None)
+    try:
+        probed = pause.probe(plan.base_url)  # what the wake must give back: its answers, its drafter's acceptance
+    except pause.PauseError as exc:
+        log(f"production is stopped, not paused: it did not answer the probe before the sleep: {exc}")
+        return None, f"the probe before the sleep failed: {exc}"
+    try:
+        info = pause.sleep(plan.base_url, plan.level)
+        before, asleep = info["gpu_used_mib_before"], info["gpu_used_mib_asleep"]
+        if before and asleep is not None and before - asleep < pause.MIN_FREED_FRACTION * before:
+            raise pause.PauseError(f"asleep, production still holds {asleep:,} of {before:,} MiB on the GPUs: the "
+                                   "stages would not fit")
+    except pause.PauseError as exc:
+        log(f"the sleep did not free the GPUs: {exc}; waking production to stop it instead")
+        try:
+            pause.wake(plan.base_url, plan.level)
+        except pause.PauseError as wake_exc:
+            log(f"the wake before the stop failed too ({wake_exc}); the stop ends it either way")
+        return None, f"the sleep failed: {exc}"
+    log(f"production is asleep ({plan.why}) in {info['sleep_s']:.2f} s; GPU memory "
+        f"{info['gpu_used_mib_before']} -> {info['gpu_used_mib_asleep']} MiB")
+    return {**plan.as_dict(), **info, "drafter": os.path.realpath(link) if link else None, "probe_before": probed}, None
 
 
 def _wait_previous_guardian(state_dir: Path, timeout_s: float, log: LogFn) -> None:
@@ -213,11 +252,17 @@ def production_stopped(cfg: "ProductionConfig | ServiceSettings", state_dir: str
         _write_record(state_dir / RECORD, record)
         guardian = _start_guardian(state_dir, token)
         log(f"production guardian {guardian.pid} is watching (log: {state_dir / GUARDIAN_LOG})")
-        if was_running:
+        if was_running and getattr(cfg, "pause", "stop") == "sleep":
+            _write_record(state_dir / RECORD, {**record, "pausing": True})  # a guardian acting now wakes it
+            hold.paused, record["pause_fallback"] = _pause(cfg, log)
+            if hold.paused:
+                record["paused"] = hold.paused
+            _write_record(state_dir / RECORD, record)
+        if was_running and not hold.paused:
             _write_record(state_dir / RECORD, {**record, "stopping": True})
             hold.stopped_s = svc.stop(token)
             _write_record(state_dir / RECORD, {**record, "stopping": True, "stopped_s": hold.stopped_s})
-        else:
+        elif not was_running:
             log(f"production was not running ({cfg.health_url} does not answer): it will not be started afterwards")
         yield hold
     except (SystemExit, KeyboardInterrupt):

@@ -21,11 +21,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from eagleflow.files import read_json, write_json_atomic
 from eagleflow.jobs import lease_holder
 from eagleflow.locks import is_held, try_lock
 from eagleflow.procs import terminate, wait_until
-from eagleflow.production import deployed
+from eagleflow.production import deployed, pause, swap
 from eagleflow.production.ownership import STOP_ENV, end_owned, end_owned_group, owned_pids
 from eagleflow.production.service import ProductionError, ProductionService, SettingsRecord
 from eagleflow.production.deployed import WINDOW_MARK
@@ -113,6 +115,51 @@ def _restore(svc: ProductionService, was_running: bool) -> dict[str, Any]:
     return {"ok": True, "was_running": True, "started": True, "healthy_after_s": round(took, 2)}
 
 
+def _resume(svc: ProductionService, rec: dict[str, Any]) -> dict[str, Any]:
+    """Production was put to sleep for the window: wake it (a drafter switched meanwhile swapped in between the
+    weights' wake and the KV cache's), probe that its drafter drafts. Anything that fails: stop and start it."""
+    cfg, paused = svc.cfg, rec.get("paused") or {}
+    base = paused.get("base_url") or pause.base_url(cfg.url, cfg.health_url)
+    level = int(paused.get("level") or cfg.sleep_level or 2)
+    served = paused.get("drafter")
+    now = os.path.realpath(cfg.drafter_link) if cfg.drafter_link else None
+    t0 = time.monotonic()
+    try:
+        if not paused:  # the stage died mid-sleep, the level unrecorded: a restart is what is sure to work
+            if base is None or not pause.is_sleeping(base):
+                return _restore(svc, True)
+            raise pause.PauseError("the stage ended while production was being put to sleep")
+        assert base is not None
+        between = None
+        if now and now != served:
+            why = ("production.swap_drafter is off" if not cfg.swap_drafter else
+                   (f"production serves no {', '.join(m)}" if (m := swap.routes_missing(base)) else
+                    swap.incompatible(Path(served) if served else None, Path(now))))
+            if why:
+                raise pause.PauseError(f"drafter {now} was switched in while production slept and cannot be swapped "
+                                       f"in: {why}")
+            between = lambda: swap.swap_drafter(base, Path(now))  # noqa: E731
+        _glog(f"waking production (level {level})" + (f", swapping in {now}" if between else ""))
+        woke = pause.wake(base, level, between=between)
+        if not svc.healthy():
+            raise pause.PauseError(f"production does not answer healthy at {cfg.health_url} after the wake")
+        after = pause.probe(base)
+        if why := pause.judge(after, paused.get("probe_before"), swapped=between is not None):
+            raise pause.PauseError(why)
+        woke.update({k: v for k, v in after.items() if k != "probe_answers"})
+    except (pause.PauseError, swap.SwapError, httpx.HTTPError) as exc:
+        _glog(f"production is not back whole from its sleep: {exc}; stopping and starting it instead")
+        try:
+            svc.stop()
+        except ProductionError as stop_exc:
+            _glog(f"stop before the start: {stop_exc}")
+        return {**_restore(svc, True), "pause_fallback": str(exc)}
+    took = time.monotonic() - t0
+    _glog(f"production woken, healthy after {took:.1f} s: {json.dumps(woke)}")
+    return {"ok": True, "was_running": True, "started": False, "healthy_after_s": round(took, 2),
+            "resumed": {"level": level, **woke}}
+
+
 def _roll_back(svc: ProductionService, d: Path, failed: dict[str, Any]) -> dict[str, Any]:
     """Production did not come back with the drafter switched in this window: point it back at the last good
     drafter and start it again. Done here, not by the flow: the flow may be gone, production must not be."""
@@ -194,7 +241,12 @@ def _guard(d: Path, rec: dict[str, Any]) -> int:
         wait_until(lambda: not owned_pids(token, STOP_ENV), svc.cfg.stop_timeout_s)
 
     # Production is only touched now, once: the hold is free and nothing of the benchmark is left.
-    result = _restore(svc, bool(rec["was_running"]))
+    if rec.get("paused") or rec.get("pausing"):
+        result = _resume(svc, rec)
+    else:
+        result = _restore(svc, bool(rec["was_running"]))
+        if rec.get("pause_fallback"):
+            result["pause_fallback"] = rec["pause_fallback"]
     if not result["ok"] and (d / WINDOW_MARK).exists():
         result = _roll_back(svc, d, result)
     _write_record(d / RESULT, {**result, "token": token, "by": "guardian", "guardian_pid": os.getpid(), "orphaned": orphaned,

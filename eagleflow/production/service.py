@@ -60,10 +60,18 @@ class SettingsRecord:
     stop_timeout_s: float = 120.0
     restore_timeout_s: float = 1800.0
     orphan_grace_s: float = 20.0
+    # Pausing instead of stopping (eagleflow.production.pause): ProductionConfig's fields of the same names.
+    url: str | None = None
+    pause: str = "stop"
+    sleep_level: int | None = None
+    swap_drafter: bool = False
+    drafter_link: str | None = None  # promote 'deploy': the link production's launch reads its drafter from
 
 
 def settings_dict(cfg: ServiceSettings) -> dict[str, Any]:
-    return {k: getattr(cfg, k) for k in SettingsRecord.__dataclass_fields__}
+    """The record's fields from a ProductionConfig or a SettingsRecord (a field the config lacks: its default)."""
+    defaults = SettingsRecord()
+    return {k: getattr(cfg, k, getattr(defaults, k)) for k in SettingsRecord.__dataclass_fields__}
 
 
 class ProductionService:

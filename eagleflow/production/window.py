@@ -67,6 +67,7 @@ def hold(d: Path, cfg: SettingsRecord, work_root: str, owner: str, stages: list[
             env = {**downtime.engine_env(), WINDOW_ENV: str(d)}
             write_json_atomic(d / OPEN, {"token": downtime.token, "env": env, "owner": owner, "stages": stages,
                                          "was_running": downtime.was_running, "stopped_s": downtime.stopped_s,
+                                         "paused": downtime.paused,
                                          "stop_issued_at": issued, "down_at": time.time(), "pid": os.getpid()},
                               indent=1)
             _say(f"production is down for {', '.join(stages)}; waiting for {d / RELEASE}")
@@ -83,7 +84,8 @@ def hold(d: Path, cfg: SettingsRecord, work_root: str, owner: str, stages: list[
     write_json_atomic(d / CLOSED, {**closed, "ok": bool(result.get("ok")), "was_running": was_running,
                                    "summary": result.get("summary") or result.get("error", ""),
                                    "healthy_after_s": result.get("healthy_after_s"), "back_at": back,
-                                   "rolled_back": result.get("rolled_back"),
+                                   "rolled_back": result.get("rolled_back"), "resumed": result.get("resumed"),
+                                   "pause_fallback": result.get("pause_fallback"),
                                    "down_s": round(back - issued, 2) if was_running else None}, indent=1)
     return 0 if result.get("ok") else 1
 

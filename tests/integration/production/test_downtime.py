@@ -17,16 +17,19 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+import httpx
 import pytest
 
 from eagleflow import httpget
 from eagleflow.config import ProductionConfig
 from eagleflow.production import ProductionError, end_owned_group, production_stopped
+from eagleflow.production.service import SettingsRecord
 from eagleflow.production.state import COMMANDS_LOG, GUARDIAN_LOG, RECORD, RESULT, WATCHING
 from tests.conftest import ROOT
 
@@ -128,7 +131,9 @@ def prod_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prod]:
     p = Prod(
         port=port, pidfile=pidfile, health_url=f"http://127.0.0.1:{port}/health",
         start_command=[PY, PRODSERVICE, "start", "--pidfile", str(pidfile), "--log", str(d / "prod.log"),
-                       "--port", str(port), "--env", "VLLM_CPU_KVCACHE_SPACE=1", "--", *engine],
+                       "--port", str(port), "--env", "VLLM_CPU_KVCACHE_SPACE=1",
+                       # the dev routes production.pause 'sleep' drives (/sleep, /wake_up, /is_sleeping)
+                       "--env", "VLLM_SERVER_DEV_MODE=1", "--", *engine],
         stop_command=[PY, PRODSERVICE, "stop", "--pidfile", str(pidfile)],
     )
     subprocess.run(p.start_command, check=True)
@@ -312,6 +317,69 @@ def test_7_cancelled_stage_leaves_at_once_and_a_retry_waits_for_its_guardian(pro
         if block.poll() is None:
             block.kill()
         block.wait()
+
+
+def chat_in_background(prod: Prod) -> tuple[threading.Thread, dict]:
+    """A user's request to production, answered whenever production gets to it."""
+    got: dict = {}
+
+    def send() -> None:
+        t0 = time.monotonic()
+        r = httpx.post(f"http://127.0.0.1:{prod.port}/v1/chat/completions", timeout=RESTORE_CAP_S, json={
+            "model": "prod", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4})
+        got.update(status=r.status_code, at=time.monotonic(), took=time.monotonic() - t0)
+
+    t = threading.Thread(target=send, daemon=True)
+    t.start()
+    return t, got
+
+
+def test_8_paused_production_sleeps_and_wakes_without_a_restart(prod: Prod, tmp_path: Path) -> None:
+    """production.pause 'sleep' on a real engine (the CPU build: its workers keep their memory, the engine pauses
+    its scheduling, which is what this checks): no stop, no start, a user's request waits and is answered."""
+    state_dir, before = tmp_path / "bench", files_outside(tmp_path, tmp_path / "bench")
+    pid_before = prod.pidfile.read_text()
+    with production_stopped(prod.cfg(pause="sleep", sleep_level=1), state_dir, work_root=tmp_path) as downtime:
+        guardian = guardian_pid(state_dir)
+        assert downtime.paused and downtime.paused["level"] == 1 and downtime.stopped_s is None
+        assert len(downtime.paused["probe_before"]["probe_answers"]) == 4  # what the wake is judged against
+        asleep = httpx.get(f"http://127.0.0.1:{prod.port}/is_sleeping", timeout=10).json()
+        assert asleep == {"is_sleeping": True}
+        thread, got = chat_in_background(prod)
+        time.sleep(3)
+        assert got == {}, f"a request was served while production slept: {got}"
+        woken_at = time.monotonic()
+    thread.join(RESTORE_CAP_S)
+    print(f"\n{downtime.summary()}; the request sent while asleep: {got}")
+    res = downtime.result or {}
+    assert res.get("ok") and not res.get("started") and res["resumed"]["level"] == 1
+    assert "no drafter" in res["resumed"]["probe"]  # this production serves none; the H200 run probes one
+    assert got.get("status") == 200 and got["at"] > woken_at  # queued, not refused, answered after the wake
+    assert prod.pidfile.read_text() == pid_before and healthy(prod.health_url)  # the same server: no restart
+    assert "woken from sleep level 1" in downtime.summary()
+    assert_clean(state_dir, downtime.token, guardian, tmp_path, before)
+
+
+def test_9_a_drafter_switched_while_asleep_without_a_swap_is_loaded_by_a_restart(prod: Prod, tmp_path: Path) -> None:
+    (tmp_path / "d0").mkdir()
+    (tmp_path / "d1").mkdir()
+    link = tmp_path / "drafter"
+    link.symlink_to("d0")
+    state_dir, before = tmp_path / "bench", files_outside(tmp_path, tmp_path / "bench")
+    pid_before = prod.pidfile.read_text()
+    cfg = prod.cfg(pause="sleep", sleep_level=1).model_dump()
+    with production_stopped(SettingsRecord(**{k: v for k, v in cfg.items() if k in SettingsRecord.__dataclass_fields__},
+                                           drafter_link=str(link)), state_dir, work_root=tmp_path) as downtime:
+        guardian = guardian_pid(state_dir)
+        assert downtime.paused and downtime.paused["drafter"] == os.path.realpath(tmp_path / "d0")
+        tmp = tmp_path / "drafter.new"
+        tmp.symlink_to("d1")
+        os.replace(tmp, link)  # as deployed.switch does inside the window
+    print(f"\n{downtime.summary()}")
+    res = downtime.result or {}
+    assert res.get("ok") and res.get("started") and "swap_drafter is off" in res["pause_fallback"]
+    assert prod.pidfile.read_text() != pid_before and healthy(prod.health_url)  # restarted: it reads the new link
+    assert_clean(state_dir, downtime.token, guardian, tmp_path, before)
 
 
 def test_5_production_not_running_before_is_not_started_after(prod: Prod, tmp_path: Path) -> None:
