@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 from typing import Callable
 
 
@@ -22,6 +23,19 @@ def wait_until(cond: Callable[[], bool], timeout_s: float, poll_s: float = 0.05)
             return False
         time.sleep(poll_s)
     return True
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group `pgid`, read from /proc (Linux)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
 
 
 def terminate(send: Callable[[signal.Signals], None], alive: Callable[[], bool], grace_s: float,

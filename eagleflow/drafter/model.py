@@ -106,7 +106,7 @@ class DrafterArch:
     norm_output: bool = False  # the next step is fed norm(r2), not r2 (EAGLE 3.1; vLLM `norm_output`)
     # --- MLA (attention == "mla"): vLLM's Eagle3DeepseekV2ForCausalLM; the dims are the target's -------
     attention: str = "llama"  # "llama" (GQA) or "mla"
-    fc_norm: bool = False  # one RMSNorm per target state before fc (`fc_norm.{i}`; vLLM `fc_norm`)
+    fc_norm: bool = False  # one RMSNorm per target state before fc (`fc_norm.{i}`; vLLM `fc_norm`, EAGLE 3.1)
     q_lora_rank: int | None = None  # MLA: q_a_proj -> q_a_layernorm -> q_b_proj (vLLM 0.32 loads no q_proj)
     kv_lora_rank: int = 0
     qk_nope_head_dim: int = 0
@@ -118,9 +118,10 @@ class DrafterArch:
             raise ValueError(f"attention must be 'llama' or 'mla', got {self.attention!r}")
         if self.attention == "mla":
             self._check_mla()
-        elif self.fc_norm:
-            raise ValueError("fc_norm (per-state norms before fc) is written only for MLA drafters; "
-                             "llama drafters use norm_before_fc")
+        elif self.fc_norm and self.norm_before_fc:
+            # vLLM's llama drafter would apply both (input_norm, then a norm per state); no published drafter does
+            raise ValueError("a drafter normalises the target states once: fc_norm (a norm per state, EAGLE 3.1) or "
+                             "norm_before_fc (one over the concatenation), not both")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "

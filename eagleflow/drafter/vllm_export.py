@@ -160,6 +160,7 @@ def vllm_config(arch: DrafterArch, aux_layer_ids: list[int], dtype: str = "bfloa
         "head_dim": arch.head_dim,
         "mlp_bias": False,
         "norm_before_fc": arch.norm_before_fc,
+        "fc_norm": arch.fc_norm,  # EAGLE 3.1's per-state norms (a warm start from such a drafter keeps them)
         "eagle_config": {**eagle, "norm_before_fc": arch.norm_before_fc},
     }
 

@@ -29,6 +29,11 @@ from eagleflow.drafter.vocab import DraftVocab
 # self_attn.{q_proj | q_a_proj, q_a_layernorm, q_b_proj}, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj,
 # o_proj, per-state fc_norm.{i}; its config.json (model_type deepseek_v2 / kimi_k2) has the MLA dims.
 # All three store d2t as offsets (target_id = draft_id + d2t[draft_id]) and t2d as a mask.
+# Two words mean other things in the midlayer layout (SpecForge's source, SGLang's loader; tests/unit/drafter/
+# test_published_layouts.py): `eagle_config.eagle_aux_hidden_state_layer_ids` counts the output of layer k (vLLM
+# and eagleflow the input: one more), and `norm_output` only says the logits come from the normed state (vLLM and
+# speculators: the next step is fed the normed state, EAGLE 3.1). `fc_norm` (per-state norms) means the same
+# everywhere and is kept, llama drafters included.
 WARM_START_LAYOUTS = ("vllm", "eagle", "speculators")
 _DROPPED = ("embed_tokens.weight", "verifier_norm.weight", "verifier_lm_head.weight", "d2t", "t2d")
 
@@ -121,8 +126,12 @@ def read_public_drafter(path: str | Path) -> PublicDrafter:
     if vocab_size is None:
         raise FormatError(f"{cfg_path} has no vocab_size (the target vocabulary the drafter maps into)")
     vocab = _public_vocab(extra, int(vocab_size), weights.get("lm_head.weight"), cfg, cfg_path, where)
-    aux = cfg.get("eagle_aux_hidden_state_layer_ids") or (cfg.get("eagle_config") or {}).get(
-        "eagle_aux_hidden_state_layer_ids")
+    aux = cfg.get("eagle_aux_hidden_state_layer_ids")
+    if aux is None and (aux := (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")) \
+            and layout == "eagle":
+        # SpecForge and SGLang count the output of layer k (SGLang's set_eagle3_layers_to_capture adds 1);
+        # eagleflow and vLLM the input of layer k: the same layers are one more here.
+        aux = [int(i) + 1 for i in aux]
     return PublicDrafter(path=path, layout=layout, config=cfg, layer_config=layer_cfg,
                          weights={n: t.float() for n, t in weights.items()}, vocab=vocab,
                          aux_layer_ids=[int(i) for i in aux] if aux else None, weight_files=files)
@@ -193,9 +202,10 @@ def check_warm_start(drafter: PublicDrafter, target: TargetHead, aux_layer_ids: 
     rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
     if rope_type == "yarn" and float(rope.get("factor", 0)) == 1.0:
         rope_type = "default"  # YaRN with factor 1 is the default rotation (eagleflow's own MLA export writes it)
-    if drafter.field("norm_output", False):
-        warnings.append(f"warm-start drafter {cfg_path} feeds the next drafting step its post-norm output "
-                        "(norm_output); eagleflow trains and exports the pre-norm feed, so fine-tuning starts off")
+    if drafter.layout == "eagle" and drafter.field("norm_output", False):
+        warnings.append(f"warm-start drafter {cfg_path} says norm_output in SpecForge's sense (its logits come from "
+                        "the normed state; the next step is fed the pre-norm one): eagleflow keeps that feed and "
+                        "exports norm_output false, as vLLM, which reads the flag as a post-norm feed, must be told")
     if rope_type not in ("default", None):
         warnings.append(f"warm-start drafter {cfg_path} uses rope type {rope_type!r}; eagleflow trains and exports "
                         "the default rotary embedding")
@@ -250,7 +260,8 @@ def warm_start_arch(drafter: PublicDrafter, arch: DrafterArch) -> DrafterArch:
     if is_mla_drafter(drafter):
         attn = _mla_arch_fields(drafter, arch)
     else:
-        attn = {"attention": "llama", "fc_norm": False, "q_lora_rank": None, "kv_lora_rank": 0,
+        attn = {"attention": "llama", "fc_norm": "fc_norm.0.weight" in drafter.weights, "q_lora_rank": None,
+                "kv_lora_rank": 0,
                 "qk_nope_head_dim": 0, "qk_rope_head_dim": 0, "v_head_dim": 0,
                 "num_key_value_heads": int(f("num_key_value_heads") or heads),
                 "head_dim": int(f("head_dim") or arch.hidden_size // heads)}
@@ -266,5 +277,7 @@ def warm_start_arch(drafter: PublicDrafter, arch: DrafterArch) -> DrafterArch:
         # says, else vLLM's and the EAGLE reference's default (False).
         "norm_before_fc": "input_norm.weight" in drafter.weights,
         "norm_before_residual": bool(f("norm_before_residual", False)),
-        "norm_output": bool(f("norm_output", False)),
+        # SpecForge's norm_output (the midlayer layout) normalises the logits' input only, which every
+        # drafter here does; its next step is fed the pre-norm state. vLLM's and speculators' feed the normed one.
+        "norm_output": bool(f("norm_output", False)) and drafter.layout != "eagle",
     })

@@ -25,36 +25,29 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+from eagleflow.procs import group_members, terminate
 
 POLL_S = 0.1
 
 
 def group_others() -> list[int]:
-    """Live processes of this process group other than this one (read from /proc)."""
-    me, pgid, out = os.getpid(), os.getpgid(0), []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        pid = int(stat.parent.name)
-        if int(fields[2]) == pgid and pid != me and fields[0] != "Z":
-            out.append(pid)
-    return out
+    """Live processes of this process group other than this one."""
+    me = os.getpid()
+    return [pid for pid in group_members(os.getpgid(0)) if pid != me]
 
 
 def end_group(grace_s: float) -> None:
-    """SIGTERM every other process of the group, SIGKILL those left after grace_s."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        for pid in group_others():
+    """SIGTERM every other process of the group, SIGKILL those left after grace_s (this one stays: it reaps)."""
+
+    def send(sig: signal.Signals) -> None:
+        for pid in group_others():  # members of our own group, looked up right before each signal
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        deadline = time.monotonic() + wait_s
-        while group_others() and time.monotonic() < deadline:
-            time.sleep(POLL_S)
+
+    terminate(send, lambda: bool(group_others()), grace_s, kill_wait_s=5.0)
 
 
 def main(argv: list[str]) -> int:

@@ -96,7 +96,7 @@ def _pause(cfg: "ProductionConfig | ServiceSettings", log: LogFn) -> tuple[dict[
     link = getattr(cfg, "drafter_link", None)
     try:
         probed = pause.probe(plan.base_url)  # what the wake must give back: its answers, its drafter's acceptance
-    except pause.PauseError as exc:
+    except Exception as exc:  # noqa: BLE001 - production that cannot be probed is stopped, as before
         log(f"production is stopped, not paused: it did not answer the probe before the sleep: {exc}")
         return None, f"the probe before the sleep failed: {exc}"
     try:
@@ -105,11 +105,11 @@ def _pause(cfg: "ProductionConfig | ServiceSettings", log: LogFn) -> tuple[dict[
         if before and asleep is not None and before - asleep < pause.MIN_FREED_FRACTION * before:
             raise pause.PauseError(f"asleep, production still holds {asleep:,} of {before:,} MiB on the GPUs: the "
                                    "stages would not fit")
-    except pause.PauseError as exc:
+    except Exception as exc:  # noqa: BLE001 - a pause that went wrong in any way is a stop
         log(f"the sleep did not free the GPUs: {exc}; waking production to stop it instead")
         try:
             pause.wake(plan.base_url, plan.level)
-        except pause.PauseError as wake_exc:
+        except Exception as wake_exc:  # noqa: BLE001
             log(f"the wake before the stop failed too ({wake_exc}); the stop ends it either way")
         return None, f"the sleep failed: {exc}"
     log(f"production is asleep ({plan.why}) in {info['sleep_s']:.2f} s; GPU memory "

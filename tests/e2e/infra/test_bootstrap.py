@@ -11,6 +11,7 @@ The flow's test is here, last, because it needs the venv the tests before it boo
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,14 @@ DEMO = ROOT / "configs" / "demo.yaml"
 
 
 @pytest.fixture(scope="module")
+
+def visible_gpus() -> list[str]:
+    """The GPUs nvidia-smi lists here (none where it is missing): what the host's facts must report."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
+    return [line for line in out.stdout.splitlines() if line.startswith("GPU ")]
+
 def sshd(tmp_path_factory):
     server = start_sshd(tmp_path_factory.mktemp("sshd"))
     yield server
@@ -81,7 +90,7 @@ def test_first_bootstrap_creates_the_venv_installs_the_wheel_and_reports_the_hos
     assert first["eagleflow"] == eagleflow.__version__
     assert first["torch"] is None and first["transformers"] is None
     assert first["engines"] == {"vllm": None, "sglang": None}
-    assert first["gpus"] == []
+    assert len(first["gpus"]) == len(visible_gpus())  # the machine's own count, not an assumption of none
     assert first["disk"]["free_bytes"] > 0 and first["disk"]["total_bytes"] >= first["disk"]["free_bytes"]
     assert first["disk"]["path"] == config.host.work_root  # created by the wheel's upload
     assert first["errors"] == {}

@@ -131,3 +131,43 @@ def test_the_ttt_block_mask_from_block_arithmetic_is_create_block_masks(t, tq, b
                            dense(ref.full_kv_num_blocks, ref.full_kv_indices, cols))
         q, k, v = torch.randn(batch, 2, tq, 16), torch.randn(batch, 2, kv_len, 16), torch.randn(batch, 2, kv_len, 16)
         assert torch.equal(flex_attention(q, k, v, block_mask=got), flex_attention(q, k, v, block_mask=ref))
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("arch", ["gqa", "mla"])
+def test_the_fused_unrolls_attention_is_the_reference_forward(monkeypatch, arch):
+    """`ttt_flex` (the CUDA path: one flex-attention call a step over the concatenated keys, the block mask from
+    block arithmetic, GQA in the kernel) against `ttt` (the CPU path), forward, on CPU: flex attention runs its
+    eager reference here. Compiling it is torch's business, the keys, mask and layout are ours. Rows cross
+    128-blocks, a query window starts mid-sequence. The GPU suite runs the compiled kernel (tests/gpu)."""
+    import eagleflow.drafter.model as model_mod
+    from torch.nn.attention.flex_attention import flex_attention
+
+    monkeypatch.setattr(model_mod, "_compiled_flex", flex_attention)
+    kw = dict(num_attention_heads=4, num_key_value_heads=2) if arch == "gqa" else dict(
+        attention="mla", num_attention_heads=4, num_key_value_heads=4, head_dim=12, kv_lora_rank=16,
+        qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6, norm_before_fc=False, fc_norm=True, q_lora_rank=10)
+    model = make_model(**kw)
+    attn = model.layers[0].self_attn
+    t, tq, steps = 200, 150, 3
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, t, 2 * H, generator=g)
+    from eagleflow.drafter.kernels import rope_tables
+
+    cos, sin = rope_tables(torch.arange(t + steps), model.arch.rope_dim, model.arch.rope_theta, arch == "mla")
+    rows = (torch.tensor([[40], [3]]) + torch.arange(tq)[None]).clamp(max=t - 1)  # shape: [2, Tq]
+    with torch.no_grad():
+        k0e, v0e = attn.kv(x, cos[:t], sin[:t], expand=True)
+        k0, v0 = attn.kv(x, cos[:t], sin[:t], expand=False)
+        diag_e, diag = [], []
+        for i in range(steps):
+            xi = torch.randn(2, tq, 2 * H, generator=g)
+            c, s = cos[rows + i].unsqueeze(1), sin[rows + i].unsqueeze(1)
+            q = attn.q(xi, c, s)
+            if i > 0:
+                diag_e.append(attn.kv(xi, c, s, expand=True))
+                diag.append(attn.kv(xi, c, s, expand=False))
+            ref = attn.ttt(q, rows, k0e, v0e, diag_e)
+            got = attn.ttt_flex(q, rows, k0, v0, diag)
+            torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(got[:, 1:], ref[:, :-1], atol=1e-3)  # the rows are not interchangeable
