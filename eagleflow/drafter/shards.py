@@ -104,7 +104,9 @@ def quantize_fp8(states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[N, 4, H] float -> ([N, 4, H] float8_e4m3fn, [N, 4] f32 scales): one scale per token and layer,
     so a token whose residual stream is large (attention sinks) costs no precision elsewhere."""
     x = states.float()
-    scales = (x.abs().amax(dim=-1) / FP8_MAX).clamp_min(1e-12)  # [N, 4]
+    # times the reciprocal, not divided: CUDA divides a tensor by a scalar that way, and a CPU that divides
+    # would round some scales one ulp apart, then their fp8 values (seen on an H200: tests/gpu)
+    scales = (x.abs().amax(dim=-1) * (1.0 / FP8_MAX)).clamp_min(1e-12)  # [N, 4]
     return (x / scales.unsqueeze(-1)).to(torch.float8_e4m3fn), scales
 
 

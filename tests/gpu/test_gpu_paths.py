@@ -10,6 +10,7 @@ Skipped where torch sees no CUDA device.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -25,11 +26,13 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")]
 ROOT = Path(__file__).resolve().parents[2]
 
-# The tiny MLA drafter of test_mla.py: 4 heads, latent 16, rotary 4 of 12 query/key dims, values 6 wide.
-MLA = dict(attention="mla", num_attention_heads=4, num_key_value_heads=4, head_dim=12, kv_lora_rank=16,
-           qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6, norm_before_fc=False, fc_norm=True,
+# Compiled flex attention needs heads of 16 dims or more (inductor: "embedding dimension of the query, key, and value
+# must be at least 16"), so these tiny drafters have 16-wide heads where the CPU tests' have 8 (MLA: rotary 4 of 16
+# query/key dims, values 16 wide). Real drafters' heads are 64-192.
+MLA = dict(attention="mla", num_attention_heads=4, num_key_value_heads=4, head_dim=16, kv_lora_rank=16,
+           qk_nope_head_dim=12, qk_rope_head_dim=4, v_head_dim=16, norm_before_fc=False, fc_norm=True,
            rms_norm_eps=1e-6, q_lora_rank=10)
-ARCHS = {"llama-gqa": dict(num_attention_heads=4, num_key_value_heads=1), "mla": MLA}
+ARCHS = {"llama-gqa": dict(num_attention_heads=4, num_key_value_heads=1, head_dim=16), "mla": MLA}
 BF16 = dict(atol=6e-2, rtol=6e-2)  # one layer in bf16 (8 bits of mantissa): outputs are O(1) normed states
 
 
@@ -86,6 +89,8 @@ def tiny_objective(tmp_path: Path, device: str):
     root = tmp_path / "syn"
     if not root.exists():
         write_synthetic(root, n_train=40)
+        cfg = json.loads((root / "target" / "config.json").read_text())
+        (root / "target" / "config.json").write_text(json.dumps({**cfg, "head_dim": 16}))  # flex's 16 (above)
     dtype = "bfloat16" if device == "cuda" else "float32"
     return tiny_trainer(tmp_path / device, root, device=device, dtype=dtype, max_seq_len=32)
 
@@ -144,7 +149,9 @@ def test_the_cuda_stream_shard_writer_writes_the_cpu_writers_bytes(tmp_path, sto
         w.close()
         files[where] = path.read_bytes()
     assert len(files["cpu"]) == len(files["cuda"]) > 300 * 4 * 64
-    assert files["cpu"] == files["cuda"]
+    differ = sum(a != b for a, b in zip(files["cpu"], files["cuda"]))
+    # fp8 was one ulp apart on some scales (CUDA divides by a scalar through its reciprocal), fixed in quantize_fp8
+    assert differ == 0, f"{differ} of {len(files['cpu'])} bytes differ between the CPU and the CUDA writer"
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="DDP needs 2 GPUs (nvidia-h200-x2)")
