@@ -9,9 +9,10 @@ H200 with vLLM 0.26: docs/benchmarks.md, "Sleep, wake and a drafter swapped in")
 
 Production must be launched with `--enable-sleep-mode` and `VLLM_SERVER_DEV_MODE=1` (the /sleep,
 /wake_up and /is_sleeping routes). Nothing here is trusted on the engine's word alone: a sleep is
-checked by /is_sleeping, a wake by /is_sleeping and health, and the drafter by a short acceptance probe
-(`probe`), because a level-2 wake on vLLM 0.26 leaves the drafter accepting nothing (vllm#52479) while
-the target answers as before. Whatever fails falls back to what always works: stop and start.
+checked by /is_sleeping and the GPU memory given up, a wake by /is_sleeping, health and a probe judged
+against the one taken before the sleep (`probe`, `judge`: the target's answers, the drafter's acceptance),
+because a level-2 wake on vLLM 0.26 leaves the drafter accepting nothing (vllm#52479) while the target
+answers as before. Whatever fails falls back to what always works: stop and start.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import httpx
 
 from eagleflow import httpget
 
-LogFn = Callable[[str], None]
 SLEEP_ROUTES = ("/sleep", "/wake_up", "/is_sleeping")
 SLEEP_MODE = "wait"  # in-flight requests finish first; new ones queue until the wake (vLLM's PauseMode)
 MIN_FREED_FRACTION = 0.5  # asleep, production must have given up at least this much of its GPU memory
