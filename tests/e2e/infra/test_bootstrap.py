@@ -30,8 +30,6 @@ from tests.sshd import start_sshd
 DEMO = ROOT / "configs" / "demo.yaml"
 
 
-@pytest.fixture(scope="module")
-
 def visible_gpus() -> list[str]:
     """The GPUs nvidia-smi lists here (none where it is missing): what the host's facts must report."""
     if shutil.which("nvidia-smi") is None:
@@ -39,6 +37,8 @@ def visible_gpus() -> list[str]:
     out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
     return [line for line in out.stdout.splitlines() if line.startswith("GPU ")]
 
+
+@pytest.fixture(scope="module")
 def sshd(tmp_path_factory):
     server = start_sshd(tmp_path_factory.mktemp("sshd"))
     yield server
