@@ -190,7 +190,9 @@ def test_stop_ends_the_job_group_and_nothing_else(sshd, root):
     t = threading.Thread(target=run, daemon=True)
     t.start()
     deadline = time.monotonic() + 20
-    while not jobs.Job(job_dir).running():
+    # The supervisor takes job.lock before it writes job.pid (the registry entry comes between):
+    # wait for both, as `start` does, or the pid may not be there yet.
+    while not (jobs.Job(job_dir).running() and jobs.Job(job_dir).pid()):
         assert time.monotonic() < deadline
         time.sleep(0.05)
     pgid = jobs.Job(job_dir).pid()
