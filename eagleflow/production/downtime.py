@@ -88,19 +88,19 @@ class Downtime:
 
 def _pause(cfg: "ProductionConfig | ServiceSettings", log: LogFn) -> tuple[dict[str, Any] | None, str | None]:
     """Put production to sleep (eagleflow.production.pause); (what was done, None), or (None, why it was not)."""
-    plan = pause.preflight(cfg.pause, getattr(cfg, "sleep_level", None), getattr(cfg, "url", None), cfg.health_url)
+    plan = pause.preflight(cfg.pause, cfg.sleep_level, cfg.url, cfg.health_url)
     if not plan.ok:
         log(f"production is stopped, not paused: {plan.why}")
         return None, plan.why
     assert plan.base_url and plan.level
-    link = getattr(cfg, "drafter_link", None)
+    link = getattr(cfg, "drafter_link", None)  # the window's SettingsRecord only: tasks/production.py adds it
     try:
         probed = pause.probe(plan.base_url)  # what the wake must give back: its answers, its drafter's acceptance
     except Exception as exc:  # noqa: BLE001 - production that cannot be probed is stopped, as before
         log(f"production is stopped, not paused: it did not answer the probe before the sleep: {exc}")
         return None, f"the probe before the sleep failed: {exc}"
     try:
-        info = pause.sleep(plan.base_url, plan.level)
+        info = pause.sleep(plan.base_url, plan.level, gpu_before_mib=plan.gpu_used_mib)
         before, asleep = info["gpu_used_mib_before"], info["gpu_used_mib_asleep"]
         if before and asleep is not None and before - asleep < pause.MIN_FREED_FRACTION * before:
             raise pause.PauseError(f"asleep, production still holds {asleep:,} of {before:,} MiB on the GPUs: the "
@@ -252,7 +252,7 @@ def production_stopped(cfg: "ProductionConfig | ServiceSettings", state_dir: str
         _write_record(state_dir / RECORD, record)
         guardian = _start_guardian(state_dir, token)
         log(f"production guardian {guardian.pid} is watching (log: {state_dir / GUARDIAN_LOG})")
-        if was_running and getattr(cfg, "pause", "stop") == "sleep":
+        if was_running and cfg.pause == "sleep":
             _write_record(state_dir / RECORD, {**record, "pausing": True})  # a guardian acting now wakes it
             hold.paused, record["pause_fallback"] = _pause(cfg, log)
             if hold.paused:

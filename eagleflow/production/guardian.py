@@ -130,10 +130,7 @@ def _resume(svc: ProductionService, rec: dict[str, Any]) -> dict[str, Any]:
         assert base is not None
         between = None
         if now and now != served:
-            why = ("production.swap_drafter is off" if not cfg.swap_drafter else
-                   (f"production serves no {', '.join(m)}" if (m := swap.routes_missing(base)) else
-                    swap.incompatible(Path(served) if served else None, Path(now))))
-            if why:
+            if why := swap.why_not(cfg.swap_drafter, base, Path(served) if served else None, Path(now)):
                 raise pause.PauseError(f"drafter {now} was switched in while production slept and cannot be swapped "
                                        f"in: {why}")
             between = lambda: swap.swap_drafter(base, Path(now))  # noqa: E731

@@ -124,6 +124,12 @@ def is_sleeping(base: str, api_key: str | None = None) -> bool:
     return bool(r.json().get("is_sleeping"))
 
 
+def served_routes(base: str, api_key: str | None = None) -> set[str]:
+    """The routes production serves, from its /openapi.json (empty when it has none); httpx errors propagate."""
+    r = httpget.get(f"{base}/openapi.json", headers=_headers(api_key), timeout=30.0)
+    return set(r.json().get("paths", {})) if r.status_code == 200 else set()
+
+
 def preflight(mode: str, configured_level: int | None, url: str | None, health_url: str | None,
               api_key: str | None = None) -> PausePlan:
     """Can production be paused? Asks production itself which routes it serves and whether it is awake."""
@@ -133,8 +139,7 @@ def preflight(mode: str, configured_level: int | None, url: str | None, health_u
     if not base:
         return PausePlan(False, "production.url and production.health_url are unset: nothing to ask")
     try:
-        r = httpget.get(f"{base}/openapi.json", headers=_headers(api_key), timeout=30.0)
-        routes = set(r.json().get("paths", {})) if r.status_code == 200 else set()
+        routes = served_routes(base, api_key)
         missing = [p for p in SLEEP_ROUTES if p not in routes]
         if missing:
             return PausePlan(False, f"production at {base} serves no {', '.join(missing)}: launch it with "
@@ -161,9 +166,10 @@ def _post(base: str, path: str, api_key: str | None, **kw: Any) -> float:
     return time.monotonic() - t0
 
 
-def sleep(base: str, level: int, api_key: str | None = None) -> dict[str, Any]:
-    """Put production to sleep; checked by /is_sleeping. Returns seconds and GPU memory around it."""
-    before = gpu_used_mib()
+def sleep(base: str, level: int, api_key: str | None = None, gpu_before_mib: int | None = None) -> dict[str, Any]:
+    """Put production to sleep; checked by /is_sleeping. Returns seconds and GPU memory around it (before: the
+    preflight's figure when given, nvidia-smi is not asked twice)."""
+    before = gpu_before_mib if gpu_before_mib is not None else gpu_used_mib()
     took = _post(base, f"/sleep?level={level}&mode={SLEEP_MODE}", api_key)
     if not is_sleeping(base, api_key):
         raise PauseError(f"POST {base}/sleep?level={level} answered 200 but /is_sleeping says awake")

@@ -47,6 +47,10 @@ class ServiceSettings(Protocol):
     stop_timeout_s: float
     restore_timeout_s: float
     orphan_grace_s: float
+    url: str | None
+    pause: str
+    sleep_level: int | None
+    swap_drafter: bool
 
 
 @dataclass

@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 
 from eagleflow import httpget
+from eagleflow.production.pause import served_routes
 
 SWAP_ROUTES = ("/init_weight_transfer_engine", "/start_draft_weight_update", "/update_weights",
                "/finish_weight_update")
@@ -77,13 +78,21 @@ def incompatible(served: Path | None, new: Path) -> str | None:
 
 
 def routes_missing(base: str) -> list[str]:
-    """The weight-update routes production does not serve."""
+    """The weight-update routes production does not serve (all of them when it does not say)."""
     try:
-        r = httpget.get(f"{base}/openapi.json", timeout=30.0)
-        routes = set(r.json().get("paths", {})) if r.status_code == 200 else set()
+        routes = served_routes(base)
     except (httpx.HTTPError, ValueError):
         routes = set()
     return [p for p in SWAP_ROUTES if p not in routes]
+
+
+def why_not(enabled: bool, base: str, served: Path | None, new: Path) -> str | None:
+    """Why drafter `new`, switched in while production slept, cannot be swapped in for `served` (None: it can)."""
+    if not enabled:
+        return "production.swap_drafter is off"
+    if missing := routes_missing(base):
+        return f"production serves no {', '.join(missing)}"
+    return incompatible(served, new)
 
 
 def send(url: str, drafter: Path) -> dict[str, Any]:

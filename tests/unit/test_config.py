@@ -33,6 +33,9 @@ def test_examples_load_and_resolve_paths():
     assert (kimi.generate.num_samples, kimi.generate.holdout, kimi.train.epochs) == (10000, 1000, 5)
     assert kimi.train.warm_start and kimi.production.unit == "vllm-kimi-k25-int4"
     assert (kimi.extract.backend, kimi.extract.storage_dtype) == ("vllm", "float8_e4m3fn")
+    # the nightly: the demo's deployed paused (a worker left running starts nothing), Kimi's active
+    assert (demo.schedule.cron, demo.schedule.timezone, demo.schedule.active) == ("0 2 * * *", "UTC", False)
+    assert kimi.schedule.active and kimi.schedule.describe() == "cron '0 2 * * *' (UTC), active"
 
 
 @pytest.mark.parametrize(
@@ -51,6 +54,9 @@ def test_examples_load_and_resolve_paths():
         (lambda d: d["generate"].update(server="production"), "production.url"),
         (lambda d: d.update(production={"window": "nightly"}), "production.window"),
         (lambda d: d.update(production={"api_key_env": "NOT A NAME"}), "production.api_key_env"),
+        (lambda d: d.update(schedule={"cron": "0 2 * *"}), "schedule.cron"),
+        (lambda d: d.update(schedule={"timezone": "Mars/Olympus"}), "schedule.timezone"),
+        (lambda d: d.update(schedule={"active": "sometimes"}), "schedule.active"),
     ],
 )
 def test_bad_config_names_the_field(tmp_path, mutate, field):

@@ -1,0 +1,159 @@
+"""One typed config for a run. A bad config fails here, before any work starts, naming the field.
+
+Paths under `target`, `generate` and `host` are paths *on the host*. For a local host, relative
+paths are resolved against the directory of the config file, so `configs/demo.yaml` works from any
+working directory.
+
+The reference of every setting a run has: one section a class, every field with its description, in modules
+named after what they configure (host: host, target, engine; data: generate, extract, nightly; measure: export,
+benchmark, triage; production; schedule), all importable from here. The drafter's own settings are apart, in
+eagleflow.drafter.config, because the trainer reads them without the rest.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from eagleflow.config.base import ConfigError, _Strict
+from eagleflow.config.data import ExtractConfig, GenerateConfig, NightlyConfig
+from eagleflow.config.host import EngineConfig, HostConfig, TargetConfig
+from eagleflow.config.measure import BenchmarkConfig, ExportConfig, TriageConfig, TriageProbe
+from eagleflow.config.production import ProductionConfig
+from eagleflow.config.schedule import ScheduleConfig
+from eagleflow.drafter.config import TrainConfig
+
+__all__ = ["BenchmarkConfig", "ConfigError", "EngineConfig", "ExportConfig", "ExtractConfig", "GenerateConfig",
+           "HostConfig", "NightlyConfig", "ProductionConfig", "RunConfig", "ScheduleConfig", "TargetConfig", "TrainConfig", "TriageConfig",
+           "TriageProbe", "load_config", "parse_config", "parse_overrides"]
+
+
+class RunConfig(_Strict):
+    """Everything one pipeline run needs."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="Run name (letters, digits, . _ -).")
+    host: HostConfig
+    target: TargetConfig
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    generate: GenerateConfig
+    extract: ExtractConfig = Field(default_factory=ExtractConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    export: ExportConfig = Field(default_factory=ExportConfig)
+    benchmark: BenchmarkConfig = Field(default_factory=BenchmarkConfig)
+    production: ProductionConfig = Field(default_factory=ProductionConfig)
+    nightly: NightlyConfig = Field(default_factory=NightlyConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig, description="When the nightly deployment runs.")
+    report_dir: str = Field("reports", description="Where the control side writes report.json (relative: to the config file).")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return v.strip()
+
+    @model_validator(mode="after")
+    def _cross(self) -> "RunConfig":
+        if self.benchmark.num_prompts > self.generate.holdout:
+            raise ValueError(
+                f"benchmark.num_prompts ({self.benchmark.num_prompts}) exceeds generate.holdout "
+                f"({self.generate.holdout}): the benchmark only uses held-out prompts; raise holdout or lower num_prompts"
+            )
+        if self.train.max_seq_len > self.extract.max_seq_len:
+            raise ValueError(
+                f"train.max_seq_len ({self.train.max_seq_len}) exceeds extract.max_seq_len ({self.extract.max_seq_len})"
+            )
+        if self.generate.server == "production" and not self.production.url:
+            raise ValueError(
+                "generate.server is 'production' but production.url is not set: give the base URL of production's "
+                "OpenAI-compatible API, e.g. http://127.0.0.1:8000"
+            )
+        if self.benchmark.drafter_on == "production" and not (self.production.url and self.engine.kind == "vllm"):
+            raise ValueError("benchmark.drafter_on 'production' needs production.url and engine.kind 'vllm': the drafter "
+                             "is measured through production's endpoint and its /metrics counters")
+        if self.extract.backend == "vllm" and self.engine.kind != "vllm":
+            raise ValueError(
+                f"extract.backend is 'vllm' but engine.kind is {self.engine.kind!r}: SGLang has no hidden-states "
+                "capture; set extract.backend to 'hf' or serve the target with vLLM"
+            )
+        return self
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid run config {source}:"]
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        lines.append(f"  {where}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def parse_config(data: dict[str, Any], source: str = "<dict>") -> RunConfig:
+    """Validate a config dict; raise ConfigError naming every bad field."""
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, source)) from None
+
+
+def _resolve_local_paths(data: dict[str, Any], base: Path) -> None:
+    """Relative host paths of a local host are relative to the config file, not the caller's cwd."""
+
+    def fix(section: str, key: str) -> None:
+        sec = data.get(section)
+        if isinstance(sec, dict) and isinstance(sec.get(key), str) and not Path(sec[key]).is_absolute():
+            # normpath, not resolve(): a venv's bin/python is a symlink that must stay one.
+            sec[key] = os.path.normpath(os.path.join(base, sec[key]))
+
+    for section, key in [
+        ("host", "work_root"),
+        ("host", "python"),
+        ("target", "model_path"),
+        ("generate", "prompts_path"),
+        ("train", "warm_start"),
+        ("benchmark", "current_drafter"),
+        ("benchmark", "drafter"),
+        ("extract", "spool_dir"),
+        ("nightly", "source"),
+    ]:
+        fix(section, key)
+    if isinstance(data.get("report_dir"), str) and not Path(data["report_dir"]).is_absolute():
+        data["report_dir"] = os.path.normpath(os.path.join(base, data["report_dir"]))
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """`--set a.b=VALUE` command-line items (VALUE is YAML) as load_config's dotted overrides."""
+    overrides: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set benchmark.max_tokens=64")
+        try:
+            overrides[key] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {item!r}: the value is not valid YAML: {exc}") from None
+    return overrides
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Read a YAML run config, apply dotted overrides ({"benchmark.max_tokens": 64}), validate."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"run config {path} does not exist; pass the path of a YAML file such as configs/demo.yaml")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"run config {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"run config {path} must be a YAML mapping at the top level")
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    host = data.get("host")
+    if isinstance(host, dict) and host.get("kind", "local") == "local":
+        _resolve_local_paths(data, path.parent.absolute())
+    return parse_config(data, str(path))

@@ -1,0 +1,119 @@
+"""The production service on the host: stopped or paused for the GPU stages, restored after them."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from eagleflow.config.base import _Strict
+
+
+class ProductionConfig(_Strict):
+    """The production service on the host: stopped for the stages that need the GPUs, restored after them
+    whatever happens; and, with generate.server 'production', the server the data is generated from.
+
+    'systemd' runs `systemctl stop|start <unit>`; 'command' runs the operator's own stop and start
+    commands (argv lists, run on the host; start must return once the service is launched). eagleflow
+    never signals the production processes itself. Health is `health_url` answering 200.
+    """
+
+    kind: Literal["none", "systemd", "command"] = Field(
+        "none", description="'none': nothing to stop (a dedicated benchmark host); 'systemd' or 'command'."
+    )
+    unit: str | None = Field(None, description="systemd: the unit of the production server, e.g. vllm-kimi-k25-int4.")
+    user_unit: bool = Field(False, description="systemd: a user unit (systemctl --user).")
+    start_command: list[str] = Field(default_factory=list, description="command: argv that starts the service.")
+    stop_command: list[str] = Field(default_factory=list, description="command: argv that stops the service.")
+    health_url: str | None = Field(
+        None, description="URL that answers 200 when production is healthy, e.g. http://127.0.0.1:8000/health."
+    )
+    url: str | None = Field(
+        None, description="Base URL of production's OpenAI-compatible API, e.g. http://127.0.0.1:8000 "
+        "(generate.server 'production' sends its prompts there).",
+    )
+    api_key_env: str | None = Field(
+        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Name of the environment variable holding production's API key, in the environment of the "
+        "flow run (the Prefect worker). The key is handed to the generate stage in memory: never written to a "
+        "request, manifest, log, report or artifact.",
+    )
+    api_key_secret: str | None = Field(
+        None, description="Name of a Prefect Secret block holding production's API key (read by the flow run; "
+        "wins over api_key_env).",
+    )
+    window: Literal["pipeline", "stage"] = Field(
+        "pipeline",
+        description="'pipeline': production is stopped once, before the first stage that needs the GPUs (extract "
+        "through the engine or on GPU, train on GPU, benchmark), and restored after the last; 'stage': stopped and "
+        "restored around each of them.",
+    )
+    stop_timeout_s: float = Field(120, gt=0, description="Wait this long for production to be down after stopping it.")
+    restore_timeout_s: float = Field(
+        1800, gt=0, description="Wait this long for production to answer healthy after starting it again."
+    )
+    orphan_grace_s: float = Field(
+        20, gt=0,
+        description="Safety net on the host: when the pipeline that stopped production is gone this long (its host "
+        "lease is free), the net ends the benchmark and restores production.",
+    )
+
+    pause: Literal["stop", "sleep"] = Field(
+        "stop",
+        description="How production leaves the GPUs. 'stop': stopped and started again (a whole engine load). "
+        "'sleep': vLLM's sleep mode (production launched with --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1, its "
+        "port reachable from the host only): asleep in a second, woken in seconds, its drafter's acceptance probed "
+        "after every wake; a preflight that fails, or a wake or probe that does, falls back to stop and start "
+        "(docs/production.md).",
+    )
+    sleep_level: Literal[1, 2] | None = Field(
+        None, description="sleep: 1 moves production's weights to host RAM, 2 drops them (read again at the wake). "
+        "Unset: level 1 when the host's free RAM holds what production has on its GPUs, else 2.",
+    )
+    swap_drafter: bool = Field(
+        False,
+        description="sleep + promote 'deploy': a new drafter of the served one's architecture is swapped into the "
+        "woken engine over CUDA IPC (seconds) instead of a restart. Production must be launched with "
+        "--weight-transfer-config '{\"backend\": \"ipc\"}' and VLLM_ALLOW_INSECURE_SERIALIZATION=1, which lets "
+        "whoever reaches its port run code in it: only where the port is the host's alone.",
+    )
+
+    promote: Literal["record", "deploy"] = Field(
+        "record",
+        description="What the nightly's promotion does. 'record': write the promoted record only (production's launch "
+        "is the operator's to change). 'deploy': production's launch reads its drafter from the link "
+        "<work_root>/production/<name>/drafter; promoting switches the link inside the production window, so "
+        "production comes back with the new drafter, then the canary measures production through its endpoint and "
+        "rolls back to the last good drafter when it serves below the bar.",
+    )
+    canary_prompts: int = Field(16, ge=1, description="deploy: held-out prompts the canary sends to production (one "
+                                "at a time, greedy).")
+    canary_max_tokens: int | None = Field(None, ge=1, description="deploy: tokens per canary request (default: "
+                                          "benchmark.max_tokens).")
+    canary_tolerance: float = Field(
+        0.1, ge=0, lt=1,
+        description="deploy: a new drafter whose acceptance length or output tok/s on production is more than this "
+        "fraction below the last good drafter's canary is rolled back (as is one below the promotion gate's AL).",
+    )
+
+    @model_validator(mode="after")
+    def _kind(self) -> "ProductionConfig":
+        if self.promote == "deploy" and self.kind == "none":
+            raise ValueError("production.promote 'deploy' needs a production service to restart (production.kind "
+                             "'systemd' or 'command')")
+        if self.promote == "deploy" and not self.url:
+            raise ValueError("production.promote 'deploy' needs production.url: the canary measures production there")
+        if self.kind == "systemd" and not self.unit:
+            raise ValueError("production.unit is required when production.kind is 'systemd'")
+        if self.kind == "command" and not (self.start_command and self.stop_command):
+            raise ValueError(
+                "production.start_command and production.stop_command are required when production.kind is 'command'"
+            )
+        if self.kind != "none" and not self.health_url:
+            raise ValueError(
+                f"production.health_url is required when production.kind is {self.kind!r}: "
+                "it is how eagleflow knows production answers again"
+            )
+        if self.swap_drafter and self.pause != "sleep":
+            raise ValueError("production.swap_drafter swaps into a woken engine: it needs production.pause 'sleep'")
+        return self
