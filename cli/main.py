@@ -3,8 +3,9 @@
     eagleflow run CONFIG [--set KEY=VALUE ...]                 the full pipeline, then its report
     eagleflow benchmark CONFIG [--drafter PATH] [--set ...]    the benchmark alone
     eagleflow plan CONFIG [--json] [--host-facts FILE] [--set ...]   the capacity plan, nothing run
-    eagleflow deploy CONFIG [--pool NAME] [--set ...]          register the deployments on the Prefect server
-    eagleflow status [CONFIG] [--set ...] [--limit N]          runs, their stages, each stage dir on its host
+    eagleflow deploy CONFIG [CONFIG ...] [--pool NAME] [--set ...]   register each config's deployments on the Prefect server
+    eagleflow trigger KIND CONFIG [--drafter PATH] [--set ...] [--wait]   run a deployment through its worker, as the UI does
+    eagleflow status [CONFIG] [--set ...] [--limit N]          runs by config: verdicts, causes, stages, stage dirs
     eagleflow bootstrap CONFIG [...]                           create or update the host environment
     eagleflow promote CONFIG --drafter DIR [--set ...]         deploy a drafter to production (canary, rollback)
     eagleflow rollback CONFIG [--why TEXT] [--set ...]         production back to its last good drafter
@@ -25,7 +26,7 @@ USAGE = __doc__.split("\n\n")[1]
 # command -> the module whose `main(argv, prog)` it is (or module:function); imported when chosen, so `eagleflow plan`
 # does not pay for Prefect's import and `--help` for none.
 COMMANDS = {"run": "flows.pipeline", "benchmark": "flows.benchmark", "plan": "flows.plan",
-            "deploy": "deployments.deploy", "status": "flows.status", "bootstrap": "flows.bootstrap",
+            "deploy": "deployments.deploy", "trigger": "flows.trigger", "status": "flows.status", "bootstrap": "flows.bootstrap",
             "promote": "flows.deploy:promote_main", "rollback": "flows.deploy:rollback_main"}
 
 

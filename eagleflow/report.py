@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -44,6 +45,8 @@ class Report(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     run: str
+    kind: Literal["pipeline", "benchmark", "nightly"] = Field(
+        "pipeline", description="What ran: the full pipeline, the benchmark alone, or a nightly retrain.")
     created: str = Field(description="UTC, ISO 8601.")
     baseline: Measurement = Field(description="No speculation at the benchmark's first setting.")
     drafter: Measurement = Field(description="The new drafter at the first setting.")
@@ -75,7 +78,7 @@ class StageTiming(BaseModel):
 
 def build_report(run_name: str, manifests: dict[str, Manifest], timings: dict[str, StageTiming],
                  production_windows: list[ProductionWindow] | None = None, nights: list[NightRecord] | None = None,
-                 plots_on_host: dict[str, str] | None = None) -> Report:
+                 plots_on_host: dict[str, str] | None = None, kind: str = "pipeline") -> Report:
     bench = BenchmarkMetrics.of(manifests["benchmark"])
     offline = None
     plots: dict[str, str] = {}
@@ -86,7 +89,7 @@ def build_report(run_name: str, manifests: dict[str, Manifest], timings: dict[st
     plots.update({n: manifests["benchmark"].path(f) for n, f in BenchmarkOutputs.of(manifests["benchmark"]).plots.items()})
     plots.update(plots_on_host or {})
     return Report(
-        run=run_name,
+        run=run_name, kind=kind,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         baseline=bench.baseline, drafter=bench.drafter, current=bench.current, speedup=bench.speedup,
         verdict=bench.verdict, windows=bench.windows, production=bench.production,
@@ -194,9 +197,18 @@ def _verdict_lines(report: Report) -> list[str]:
     return [f"verdict: {v.summary}"] + [f"  - {f}" for f in v.findings]
 
 
+TITLES = {"pipeline": "eagleflow pipeline run", "benchmark": "eagleflow benchmark-only run",
+          "nightly": "eagleflow nightly run"}
+
+
+def title(report: Report) -> str:
+    """What ran, as the report's first line says it."""
+    return TITLES[report.kind]
+
+
 def render_text(report: Report) -> str:
     serving, stages = _rows(report)
-    lines = [f"eagleflow run {report.run}", "", f"{'':26}{'baseline':>12}{'drafter':>22}"]
+    lines = [f"{title(report)} {report.run}", "", f"{'':26}{'baseline':>12}{'drafter':>22}"]
     lines += [f"{name:26}{base:>12}{dr:>22}" for name, base, dr in serving]
     if report.windows:
         lines += [""] + _window_lines(report)
@@ -221,7 +233,7 @@ def render_markdown(report: Report, images: dict[str, str] | None = None) -> str
     """The report as markdown; `images`: plot name -> what an image link points at (a file beside
     report.md, or a data URI in a Prefect artifact)."""
     serving, stages = _rows(report)
-    md = [f"# eagleflow run `{report.run}`", "", "| metric | baseline | drafter |", "|---|---:|---:|"]
+    md = [f"# {title(report)} `{report.run}`", "", "| metric | baseline | drafter |", "|---|---:|---:|"]
     md += [f"| {n} | {b} | {d} |" for n, b, d in serving]
     if report.verdict:
         md += ["", f"**Verdict:** {report.verdict.summary}", ""]

@@ -43,7 +43,7 @@ def benchmark_only(params: BenchmarkParams = BenchmarkParams()) -> Report:
             except FileNotFoundError:
                 upstream = {}
         runs["benchmark"] = run_cached(benchmark, host, config, upstream)
-        return publish_report(host, config, runs)
+        return publish_report(host, config, runs, "benchmark")
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:

@@ -24,6 +24,22 @@ FIELD_KEYS: dict[str, str] = {
     "host_address": "host.address",
 }
 
+# A config's deployments (deployments.deploy): kind -> the flow it runs; each named `<config name>-<kind>`.
+FLOW_OF = {"pipeline": "pipeline", "nightly": "retrain", "benchmark": "benchmark", "bootstrap": "bootstrap"}
+
+
+def deployment_name(config_name: str, kind: str) -> str:
+    """The deployment of `kind` (pipeline, nightly, benchmark, bootstrap) for the config named `config_name`."""
+    if kind not in FLOW_OF:
+        raise ValueError(f"unknown deployment kind {kind!r}; one of {', '.join(FLOW_OF)}")
+    return f"{config_name}-{kind}"
+
+
+def full_name(config_name: str, kind: str) -> str:
+    """`flow/deployment`, as `prefect deployment run` and `read_deployment_by_name` take it."""
+    return f"{FLOW_OF[kind]}/{deployment_name(config_name, kind)}"
+
+
 CONFIG_PATH = Field("configs/demo.yaml", description="Run config (YAML) on the machine running the flow; "
                     "the fields below default to its values.")
 OVERRIDES = Field(default_factory=dict, description='Any other setting, as dotted keys of the run config: '

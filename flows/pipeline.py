@@ -50,7 +50,7 @@ def pipeline(params: RunParams = RunParams()) -> Report:
     config = params.load()
     with host_slot(config, f"pipeline {config.name}") as host:
         runs, windows = run_stages(host, config)
-        return publish_report(host, config, runs, windows)
+        return publish_report(host, config, runs, "pipeline", windows)
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:

@@ -1,6 +1,6 @@
 """Nightly retrain: a data pool that grows, continual training, a benchmark that measures only what changed.
 
-    python -m flows.retrain configs/demo.yaml      (the deployment eagleflow-nightly runs it at 02:00 UTC)
+    python -m flows.retrain configs/demo.yaml      (the config's nightly deployment, NAME-nightly, runs it on the config's schedule)
 
 One night (eagleflow.pool, docs/nightly.md):
 1. `select` takes tonight's new prompts from the source (nightly.source): the first ones in source order
@@ -154,7 +154,7 @@ def retrain(params: RetrainParams = RetrainParams()) -> Report | None:
             if deploy:
                 promoted = deploy_night(host, config, night, windows, gate)
         nights, picture = record_night(host, config, sel.pool_dir, night_record(night))
-        report = publish_report(host, config, night.runs, windows.records, nights=nights,
+        report = publish_report(host, config, night.runs, "nightly", windows.records, nights=nights,
                                 plots={"al-by-night": picture} if picture else None)
         if not deploy:
             promoted = promote(host, config, report, gate).promote
@@ -180,7 +180,7 @@ def deploy_night(host: Host, config: RunConfig, night: Night, windows: Windows,
         # Unmeasured, it does not stay: production goes back to the drafter that was measured good.
         roll_back(host, config, windows, drafter, f"its benchmark on production failed: {exc}"[:500], None, gate)
         raise
-    preview = build_report(config.name, {s: r.manifest for s, r in runs.items()}, {})
+    preview = build_report(config.name, {s: r.manifest for s, r in runs.items()}, {}, kind="nightly")
     decision = promote(host, config, preview, gate)
     d = preview.drafter
     figures = {"mean_acceptance_length": d.mean_acceptance_length, "output_tok_s": d.output_tok_s,

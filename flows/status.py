@@ -1,10 +1,13 @@
-"""Where things stand: the latest flow runs with their stages, and where each stage's dir is on which host.
+"""Where things stand: the latest flow runs of every config (or of one), what each concluded, its stages, and
+where each stage's dir is on which host.
 
     eagleflow status [CONFIG] [--set KEY=VALUE ...] [--limit N]
 
 From the Prefect server of PREFECT_API_URL (without one, the local ephemeral state in PREFECT_HOME,
-as `make demo` leaves it): the last N eagleflow flow runs (with CONFIG, of that config only), each with its state, start and length, and
-each stage task with its state and the stage dir its dispatch recorded (`tasks.dispatch.record_stage_dir`).
+as `make demo` leaves it): the last N eagleflow flow runs (with CONFIG, of that config only), grouped by config,
+each with its state, start and length; a finished run's verdict and report path (tasks.report.RUN_RECORD), a
+failed one's cause in one line; each stage task with its state and the stage dir its dispatch recorded
+(`tasks.dispatch.record_stage_dir`).
 With CONFIG, also the stages of that config as its host has them now: finished (its manifest is there)
 or not yet, in pipeline order, under the keys the current settings give.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -44,18 +48,29 @@ def _same_config(run: Any, config_path: str | None) -> bool:
     return bool(path) and Path(path).resolve() == Path(config_path).resolve()
 
 
+def _config_label(path: str) -> str:
+    """A config's name (its `name` field) and path; the path alone when it no longer loads."""
+    try:
+        return f"config {PlainParams(config_path=path).load().name} ({path})"
+    except (ConfigError, OSError, ValueError):
+        return f"config {path} (does not load now)"
+
+
+def _cause(run: Any) -> str:
+    """A failed run's cause, one line: the first line of its state message (the exception the flow raised)."""
+    message = (run.state.message if run.state else None) or ""
+    lines = [x.strip() for x in message.splitlines() if x.strip()]
+    return (lines[0] if lines else "no message: open the run's log")[:400]
+
+
 def runs_lines(limit: int, config_path: str | None = None) -> list[str]:
-    """The last `limit` eagleflow flow runs (of `config_path` only, when given), newest first, each with
-    its stage tasks and their dirs."""
+    """The last `limit` eagleflow flow runs (of `config_path` only, when given), newest first, grouped by config,
+    each with what it concluded, its stage tasks and their dirs."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (
-        ArtifactFilter, ArtifactFilterFlowRunId, FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterId,
-        FlowRunFilterState, FlowRunFilterStateType,
-    )
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterState, \
+        FlowRunFilterStateType
     from prefect.client.schemas.objects import StateType
     from prefect.client.schemas.sorting import FlowRunSort
-
-    from tasks.dispatch import STAGE_RECORD
 
     with get_client(sync_client=True) as client:
         flows = {f.id: f.name for f in client.read_flows(flow_filter=FlowFilter(name=FlowFilterName(any_=list(FLOWS))))}
@@ -66,35 +81,61 @@ def runs_lines(limit: int, config_path: str | None = None) -> list[str]:
         runs = client.read_flow_runs(flow_filter=ours, sort=FlowRunSort.START_TIME_DESC, limit=SCAN,
                                      flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
                                          type=FlowRunFilterStateType(not_any_=[StateType.SCHEDULED]))))
-        upcoming = client.read_flow_runs(flow_filter=ours, sort=FlowRunSort.EXPECTED_START_TIME_ASC, limit=1,
-                                         flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
-                                             type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))))
+        scheduled = client.read_flow_runs(flow_filter=ours, sort=FlowRunSort.EXPECTED_START_TIME_ASC, limit=SCAN,
+                                          flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+                                              type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))))
+        # A scheduled run whose time has come waits for a worker (a triggered run, a late night): it is listed with
+        # the others; the first still in the future is the schedule's next.
+        now = datetime.now(timezone.utc)
+        due = [r for r in scheduled if r.expected_start_time and r.expected_start_time <= now]
+        upcoming = [r for r in scheduled if r not in due and _same_config(r, config_path)][:1]
+        runs = sorted(runs + due, key=lambda r: r.start_time or r.expected_start_time or now, reverse=True)
         runs = [r for r in runs if _same_config(r, config_path)][:limit]
-        upcoming = [r for r in upcoming if _same_config(r, config_path)]
-        lines = []
-        for run in runs:
-            params = (run.parameters or {}).get("params") or {}
-            lines.append(f"{run.name}  {flows.get(run.flow_id, '?')}  {run.state_name or '?'}  {_when(run)}  "
-                         f"{_length(run.total_run_time.total_seconds() if run.total_run_time else None)}  "
-                         f"config {params.get('config_path', '?')}  (flow run {run.id})")
-            tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
-            records = client.read_artifacts(artifact_filter=ArtifactFilter(
-                flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
-            where = {}
-            for a in records:
-                if a.description != STAGE_RECORD:
-                    continue
-                data = json.loads(a.data) if isinstance(a.data, str) else a.data  # a table artifact's JSON
-                if isinstance(data, list) and data:
-                    row = data[0]
-                    where[row["stage"]] = f"{row['host']}:{row['dir']} ({row['how']})"
-            for t in sorted(tasks, key=lambda t: t.start_time or t.expected_start_time or run.created):
-                stage = t.task_key.split("-")[0] if t.task_key else t.name
-                name = t.name.split("-")[0]
-                lines.append(f"    {name:10} {t.state_name or '?':10} {_length(t.total_run_time.total_seconds() if t.total_run_time else None):>8}"
-                             f"  {where.get(name, where.get(stage, ''))}")
+        by_config: dict[str, list[Any]] = {}
+        for run in runs:  # newest first within a config; configs in the order of their newest run
+            by_config.setdefault(((run.parameters or {}).get("params") or {}).get("config_path", "?"), []).append(run)
+        lines: list[str] = []
+        for path, group in by_config.items():
+            lines += ([""] if lines else []) + [_config_label(path)]
+            for run in group:
+                lines += _run_lines(client, run, flows)
         lines += [f"next scheduled: {r.name}  {flows.get(r.flow_id, '?')}  at {_when(r)}" for r in upcoming]
         return lines
+
+
+def _run_lines(client: Any, run: Any, flows: dict[Any, str]) -> list[str]:
+    """One run: its line, what it concluded (verdict and report, or the cause of its failure), its stage tasks
+    with their dirs."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId
+
+    from tasks.dispatch import STAGE_RECORD
+    from tasks.report import RUN_RECORD
+
+    waiting = "  (waits for a worker on its pool)" if run.state and run.state.type.value == "SCHEDULED" else ""
+    lines = [f"  {run.name}  {flows.get(run.flow_id, '?')}  {run.state_name or '?'}  {_when(run)}  "
+             f"{_length(run.total_run_time.total_seconds() if run.total_run_time else None)}  (flow run {run.id}){waiting}"]
+    tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+    records = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+    where = {}
+    for a in records:
+        data = json.loads(a.data) if isinstance(a.data, str) else a.data  # a table artifact's JSON
+        if not (isinstance(data, list) and data):
+            continue
+        row = data[0]
+        if a.description == STAGE_RECORD:
+            where[row["stage"]] = f"{row['host']}:{row['dir']} ({row['how']})"
+        elif a.description == RUN_RECORD:
+            verdict = f"verdict: {row['verdict']}; " if row.get("verdict") else ""
+            lines.append(f"    {verdict}report: {row['report']}")
+    if run.state and run.state.type.value in ("FAILED", "CRASHED"):
+        lines.append(f"    cause: {_cause(run)}")
+    for t in sorted(tasks, key=lambda t: t.start_time or t.expected_start_time or run.created):
+        stage = t.task_key.split("-")[0] if t.task_key else t.name
+        name = t.name.split("-")[0]
+        lines.append(f"    {name:10} {t.state_name or '?':10} "
+                     f"{_length(t.total_run_time.total_seconds() if t.total_run_time else None):>8}"
+                     f"  {where.get(name, where.get(stage, ''))}")
+    return lines
 
 
 def stage_lines(config: RunConfig) -> list[str]:

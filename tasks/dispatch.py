@@ -171,7 +171,7 @@ def finished_upstream(host: Host, config: RunConfig, stages: tuple[str, ...]) ->
         if not host.exists(path):
             raise FileNotFoundError(
                 f"no finished {stage} stage for run config {config.name!r} on {host.name} ({path}); "
-                "run the full pipeline first (deployment 'eagleflow-pipeline' or make demo)"
+                "run the full pipeline first (the config's NAME-pipeline deployment, or make demo)"
             )
         found[stage] = Manifest.model_validate_json(host.read_text(path))
     return found

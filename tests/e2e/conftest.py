@@ -20,6 +20,7 @@ import httpx
 import pytest
 import yaml
 
+from deployments.deploy import FLOW_OF, deployment_name
 from eagleflow import httpget
 from tests.conftest import ROOT, free_port
 
@@ -77,7 +78,8 @@ def api(prefect_server: dict, method: str, path: str, **kw) -> httpx.Response:
 @contextlib.contextmanager
 def deployed_worker(prefect_server: dict, config: Path, pool: str, log_path: Path) -> Iterator[dict[str, dict]]:
     """The project's deployments registered for `config` on `pool`, and a process worker running them
-    (as from the UI); yields the deployments by name. The worker is our own process group, ended after."""
+    (as from the UI); yields the config's deployments by kind (pipeline, nightly, benchmark, bootstrap: each named
+    `<config name>-<kind>`). The worker is our own process group, ended after."""
     env = {**os.environ, **prefect_server}
     deploy = subprocess.run([sys.executable, "-m", "deployments.deploy", "--config", str(config), "--pool", pool],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -86,7 +88,9 @@ def deployed_worker(prefect_server: dict, config: Path, pool: str, log_path: Pat
     worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process"],
                               cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deps = {d["name"]: d for d in api(prefect_server, "POST", "/deployments/filter", json={}).json()}
+        name = yaml.safe_load(Path(config).read_text())["name"]
+        by_name = {d["name"]: d for d in api(prefect_server, "POST", "/deployments/filter", json={}).json()}
+        deps = {kind: by_name[deployment_name(name, kind)] for kind in FLOW_OF}
         yield {"deployments": deps, "worker": worker}
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
@@ -262,7 +266,7 @@ def nightly_production(tmp_path_factory) -> Iterator[dict]:
 
 @pytest.fixture(scope="session")
 def nightly_runs(prefect_server, nightly_production) -> dict:
-    """The `eagleflow-nightly` deployment run twice by a process worker, as the schedule does, on the
+    """The nightly deployment (`nightly-e2e-nightly`) run twice by a process worker, as the schedule does, on the
     demo with a prompt source (a directory of JSONL files) that grows between nights, and production
     (`nightly_production`) taking each promoted drafter (`production.promote: deploy`). Its reports, run ids,
     the held-out prompts' sha256 after each night, and each night's start and end."""
@@ -294,7 +298,7 @@ def nightly_runs(prefect_server, nightly_production) -> dict:
     nights: list[dict] = []
     start = 0
     with deployed_worker(prefect_server, config, "eagleflow-nightly-e2e", work / "worker.log") as w:
-        dep = w["deployments"]["eagleflow-nightly"]
+        dep = w["deployments"]["nightly"]
         for night, count in enumerate(NIGHT_PROMPTS, 1):
             (source / f"prompts-{night}.jsonl").write_text("".join(lines[start:start + count]))
             start += count

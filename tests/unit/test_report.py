@@ -49,10 +49,16 @@ def test_build_report_takes_each_figure_from_its_manifest():
     assert r.path is None  # not written yet
 
 
-def test_a_benchmark_only_report_has_no_offline_estimate():
+def test_a_benchmark_only_report_has_no_offline_estimate_and_says_what_ran():
     r = build_report("demo", {"benchmark": benchmark_manifest("/w/benchmark/b")},
-                     {"benchmark": StageTiming(seconds=5.0, cached=False)})
+                     {"benchmark": StageTiming(seconds=5.0, cached=False)}, kind="benchmark")
     assert r.offline is None and list(r.stages) == ["benchmark"] and r.production is None
+    assert render_text(r).splitlines()[0] == "eagleflow benchmark-only run demo"
+    assert render_markdown(r).splitlines()[0] == "# eagleflow benchmark-only run `demo`"
+    nightly = build_report("demo", _manifests("/w"), TIMINGS, kind="nightly")
+    assert render_markdown(nightly).splitlines()[0] == "# eagleflow nightly run `demo`"
+    with pytest.raises(ValidationError, match="kind"):
+        build_report("demo", _manifests("/w"), TIMINGS, kind="weekly")
 
 
 def test_a_manifest_with_renamed_metrics_fails_the_report():
@@ -67,7 +73,7 @@ def test_a_manifest_with_renamed_metrics_fails_the_report():
 def test_text_and_markdown_carry_the_figures():
     r = build_report("demo", _manifests("/w"), TIMINGS)
     text = render_text(r)
-    assert text.splitlines()[0] == "eagleflow run demo"
+    assert text.splitlines()[0] == "eagleflow pipeline run demo"
     lines = {line.split("  ")[0]: line for line in text.splitlines()}
     assert lines["output tok/s"].split()[-2:] == ["100.0", "140.0"]
     assert lines["speedup"].split()[-2:] == ["1.00x", "1.40x"]
@@ -85,7 +91,7 @@ def test_text_and_markdown_carry_the_figures():
                           "benchmark": ["benchmark", "81.2", "no", "78.9"]}
 
     md = render_markdown(r)
-    assert md.splitlines()[0] == "# eagleflow run `demo`"
+    assert md.splitlines()[0] == "# eagleflow pipeline run `demo`"
     assert "| output tok/s | 100.0 | 140.0 |" in md and "| speedup | 1.00x | 1.40x |" in md
     assert "| mean acceptance length | - | 3.30 |" in md
     assert "| per-position acceptance | - | 0.90 / 0.80 / 0.60 |" in md

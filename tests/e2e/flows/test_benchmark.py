@@ -9,7 +9,7 @@ no engine pid file, no guardian. (An engine that dies while loading, its root ca
 task's state and log and its engine log in the failure artifact: tests/e2e/ui, as the operator sees it.)
 
 The benchmark of a finished run reads the session's demo pipeline run (`first_run`,
-tests/e2e/conftest.py), through the `eagleflow-benchmark` deployment after an engine setting changed; it
+tests/e2e/conftest.py), through the config's benchmark deployment after an engine setting changed; it
 comes first in this module, before production (a real vLLM server, module-scoped) is started, so the
 pipeline never shares the cores with it.
 """
@@ -47,7 +47,7 @@ def test_the_benchmark_deployment_after_an_engine_flag_change_finds_the_finished
     # run's extract stage reaches the benchmark-only flow as the plumbing probe's reference.
     began = time.time()
     with deployed_worker(prefect_server, e2e_config, "eagleflow-bench-e2e", e2e_workdir / "bench-worker.log") as w:
-        dep = w["deployments"]["eagleflow-benchmark"]
+        dep = w["deployments"]["benchmark"]
         run = api(prefect_server, "POST", f"/deployments/{dep['id']}/create_flow_run", json={"parameters": {"params": {
             "config_path": str(e2e_config), "overrides": {
                 "benchmark.triage.when": "always", "engine.env": {"VLLM_CPU_KVCACHE_SPACE": "2"}}}}}).json()
@@ -197,7 +197,7 @@ def test_engine_crash_mid_run_fails_the_flow_and_production_comes_back(prefect_s
 def test_cancelling_the_flow_run_gives_production_back(prefect_server, workdir, drafter, production):
     config = write_config(workdir, "cancel", drafter, production)
     with deployed_worker(prefect_server, config, "eagleflow-bench-cancel", workdir / "worker.log") as w:
-        dep = w["deployments"]["eagleflow-benchmark"]
+        dep = w["deployments"]["benchmark"]
         run = api(prefect_server, "POST", f"/deployments/{dep['id']}/create_flow_run",
                   json={"parameters": {"params": {"config_path": str(config), "overrides": {},
                                                   "drafter": str(drafter)}}}).json()

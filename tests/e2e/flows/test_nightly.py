@@ -1,4 +1,4 @@
-"""The nightly retrain (flows.retrain) two nights running, through the `eagleflow-nightly` deployment and a
+"""The nightly retrain (flows.retrain) two nights running, through the config's nightly deployment and a
 process worker on the session's real Prefect server, with real vLLM (CPU) and the demo target; the prompt
 source (a directory of JSONL files) grows between nights (`nightly_runs`, tests/e2e/conftest.py).
 

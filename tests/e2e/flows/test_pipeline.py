@@ -69,7 +69,7 @@ def test_report_md_shows_the_plots_beside_report_json(first_run):
 
 def _report_shape(out: str) -> list[str]:
     """The printed report's tables up to the verdict, each line's label only (the figures differ per run)."""
-    lines = out[out.rindex("eagleflow run "):].split("verdict:")[0].splitlines()
+    lines = out[out.rindex("eagleflow pipeline run "):].split("verdict:")[0].splitlines()
     return [re.split(r"\s{2,}", line.strip())[0] for line in lines if line.strip()]
 
 
@@ -111,7 +111,9 @@ def test_status_lists_the_runs_their_stages_and_where_each_stage_dir_is(first_ru
     proc = run_cli(prefect_server, "status", str(e2e_config), "--limit", "50")
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
-    assert "pipeline  Completed" in out and "config " + str(e2e_config) in out
+    assert "pipeline  Completed" in out and f"config e2e ({e2e_config})" in out
+    # what the run concluded, under its line: the verdict and where the report is
+    assert f"report: {first_run['path']}" in out and f"verdict: {first_run['verdict']['summary']}" in out
     for stage in UPSTREAM:
         d = str(Path(first_run["stages"][stage]["manifest"]).parent)
         assert f"localhost:{d} (ran)" in out, stage  # the first run's record of where it ran
@@ -126,3 +128,6 @@ def test_missing_model_path_fails_in_the_check_naming_the_field(prefect_server, 
     assert "target.model_path" in proc.stdout and "/nonexistent/target" in proc.stdout
     created = {p for p in set((e2e_workdir / "runs").glob("*/*")) - before if p.parent.name != "check"}
     assert created == set()  # no stage started
+    # `eagleflow status` gives the failed run's cause in one line, under the run's line
+    lines = run_cli(prefect_server, "status", str(e2e_config), "--limit", "1").stdout.splitlines()
+    assert "Failed" in lines[1] and lines[2].startswith("    cause: ") and "no message" not in lines[2], lines[:4]

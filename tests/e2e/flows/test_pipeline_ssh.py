@@ -128,7 +128,7 @@ def test_cancelling_the_flow_run_ends_the_remote_job_within_10_s(prefect_server,
     engine is serving: the job's process group and the engine are gone within 10 s."""
     config = write_config(workdir, sshd, sshd.port, "cancel", generate={"num_samples": 1100, "shard_size": 1100})
     with deployed_worker(prefect_server, config, "eagleflow-cancel-test", workdir / "worker.log") as w:
-        dep = w["deployments"]["eagleflow-pipeline"]
+        dep = w["deployments"]["pipeline"]
         run = api(prefect_server, "POST", f"/deployments/{dep['id']}/create_flow_run",
                   json={"parameters": {"params": {"config_path": str(config), "overrides": {}}}}).json()
         deadline = time.monotonic() + 600

@@ -1,5 +1,5 @@
 """The nightly retrain as the operator sees it in the Prefect UI (Debian's Chromium, Playwright): the
-`eagleflow-nightly` deployment's schedule, and the third night of the session's nightly
+nightly deployment's schedule (the demo config's: paused, so a worker left running starts no retrain), and the third night of the session's nightly
 (`nightly_runs`, tests/e2e/conftest.py; tests/e2e/flows/test_nightly.py) with its promotion decision in the
 run's log and artifacts, the very decision the gate took, its report with AL by night, and production's drafter
 history (what production serves since that night's deploy)."""
@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from deployments.deploy import deployment_name
 from tests.e2e.conftest import api
 from tests.e2e.ui.pages import artifact_of, open_artifact_card, open_run, scroll_logs_to_end, shot
 
@@ -19,11 +20,16 @@ pytestmark = pytest.mark.e2e
 def test_the_nightly_schedule_and_a_promotion_decision_on_its_run_page(page, prefect_server, nightly_runs):
     base = prefect_server["PREFECT_API_URL"].removesuffix("/api")
     deps = api(prefect_server, "POST", "/deployments/filter",
-               json={"deployments": {"name": {"any_": ["eagleflow-nightly"]}}}).json()
+               json={"deployments": {"name": {"any_": [deployment_name("nightly-e2e", "nightly")]}}}).json()
+    assert [s["active"] for s in deps[0]["schedules"]] == [False]  # demo.yaml's schedule: active false
     page.goto(f"{base}/deployments/deployment/{deps[0]['id']}")
     schedule = page.locator(".deployment-schedule-card__content")
     schedule.wait_for()
     assert "At 02:00 AM every day" in schedule.inner_text()
+    # The card's pause/resume switch: shown, and off (Prefect's toggle marks an active one --checked).
+    toggle = page.locator(".deployment-schedule-card .p-toggle__control")
+    toggle.wait_for()
+    assert "p-toggle__control--checked" not in (toggle.get_attribute("class") or "")
     shot(page, "2-nightly-deployment-schedule")
 
     run_id = nightly_runs["nights"][-1]["id"]

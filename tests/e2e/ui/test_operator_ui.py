@@ -2,23 +2,28 @@
 real headless Chromium (Debian's /usr/bin/chromium, driven by Playwright), the deployments registered
 from this checkout and a process worker running what the UI triggers.
 
-The scenarios of the people who use it: a custom run of eagleflow-pipeline from its form (typed
+The scenarios of the people who use it: a custom run of the config's pipeline deployment from its form (typed
 fields, the config's values as defaults, a changed value that reaches the run); a failed run whose
 failed task shows the root cause at the end of its log and whose failure artifact holds the engine's
-log; eagleflow-benchmark with a `drafter` that re-measures without any upstream stage (the nightly's
+log; the benchmark deployment with a `drafter` that re-measures without any upstream stage (the nightly's
 schedule and a night's promotion decision: test_nightly_ui.py). Each page is saved as a screenshot
 under test-output/ui/ (a person can open them) and checked for the text it must show.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
+from pathlib import Path
 from typing import Iterator
 
 import pytest
+import yaml
 
+from eagleflow import httpget
 from tests.conftest import ROOT
-from tests.e2e.conftest import api, deployed_worker
+from tests.e2e.conftest import api, deployed_worker, run_cli
 from tests.e2e.ui.pages import artifact_of, open_run, prop, scroll_logs_to_end, shot, submit, task_runs, wait_final
 
 pytestmark = pytest.mark.e2e
@@ -35,7 +40,7 @@ def ui(prefect_server, e2e_config, first_run, tmp_path_factory) -> Iterator[dict
 
 
 def test_a_custom_run_of_the_pipeline_from_its_form(page, ui, prefect_server, first_run):
-    dep = ui["deployments"]["eagleflow-pipeline"]
+    dep = ui["deployments"]["pipeline"]
     page.goto(f"{ui['base']}/deployments/deployment/{dep['id']}/run")
     page.locator(".schema-form-property__label", has_text="Epochs").first.wait_for()
     # Typed fields with their descriptions, the config's values as their defaults.
@@ -76,12 +81,16 @@ def test_a_failed_run_shows_its_root_cause_and_the_engine_log(page, ui, prefect_
     shutil.copytree(ROOT / "demo" / "target", bad)
     shard = bad / "model.safetensors"
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
-    dep = ui["deployments"]["eagleflow-benchmark"]
-    run = api(prefect_server, "POST", f"/deployments/{dep['id']}/create_flow_run", json={"parameters": {"params": {
-        "config_path": str(e2e_config), "drafter": first_run["drafter_dir"],
-        "overrides": {**QUICK, "target.model_path": str(bad)}}}}).json()
+    # Triggered from a shell, as an operator does (eagleflow trigger): through the deployment and its worker.
+    proc = run_cli(prefect_server, "trigger", "benchmark", str(e2e_config), "--drafter", first_run["drafter_dir"],
+                   "--set", "benchmark.concurrencies=[1]", "--set", f"target.model_path={bad}", "--wait", "--timeout", "900")
+    run = {"id": run_url(proc)[1]}
     done = wait_final(prefect_server, run["id"])
     assert done["state"]["type"] == "FAILED", done["state"]
+    assert proc.returncode == 1 and "benchmark: Failed" in proc.stdout, proc.stdout[-3000:]
+    assert proc.stdout.splitlines()[-1].startswith("error: the flow run ended Failed: ")
+    status = run_cli(prefect_server, "status", str(e2e_config), "--limit", "1").stdout.splitlines()
+    assert status[1].split()[:3] == [done["name"], "benchmark", "Failed"] and status[2].startswith("    cause: "), status[:4]
     failed = task_runs(prefect_server, run["id"])["benchmark"]
     assert failed["state"]["type"] == "FAILED"
     assert "root cause: safetensors" in failed["state"]["message"] and "SafetensorError" in failed["state"]["message"]
@@ -104,9 +113,58 @@ def test_a_failed_run_shows_its_root_cause_and_the_engine_log(page, ui, prefect_
     shot(page, "3-failure-artifact-engine-log")
 
 
+def run_url(proc) -> tuple[str, str]:
+    """The run page `eagleflow trigger` printed first, and the flow run's id."""
+    m = re.match(r"flow run \S+ of benchmark/e2e-benchmark on pool eagleflow-ui: (http://\S+/runs/flow-run/(\S+))$",
+                 proc.stdout.splitlines()[0])
+    assert m, proc.stdout[:2000]
+    return m.group(1), m.group(2)
+
+
+def test_a_drafter_benchmarked_from_a_shell_through_the_deployment_then_its_verdict_in_status(
+        ui, prefect_server, e2e_config, first_run):
+    proc = run_cli(prefect_server, "trigger", "benchmark", str(e2e_config), "--drafter", first_run["drafter_dir"],
+                   "--temperatures", "[0.0]", "--set", "benchmark.concurrencies=[1]", "--wait", "--timeout", "900")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    url, run_id = run_url(proc)
+    assert httpget.get(url, timeout=30).status_code == 200  # the UI serves the run's page
+    run = api(prefect_server, "GET", f"/flow_runs/{run_id}").json()
+    assert run["deployment_id"] == ui["deployments"]["benchmark"]["id"] and run["state"]["type"] == "COMPLETED"
+    params = run["parameters"]["params"]
+    assert (params["drafter"], params["temperatures"], params["overrides"]) == (first_run["drafter_dir"], [0.0], QUICK)
+    out = proc.stdout.splitlines()
+    # followed: each stage task as it ran (the benchmark's minute at least) and ended, its progress, then the verdict
+    assert any(x.endswith(" benchmark: Running") for x in out), out
+    for stage in ("check", "benchmark", "report"):
+        assert any(f" {stage}: Completed after " in x for x in out), (stage, out)
+    assert any("progress benchmark: " in x for x in out), out
+    verdict, report = out[-2], out[-1]
+    assert verdict.startswith("verdict: ") and report.startswith("report: ")
+    written = json.loads(Path(report.removeprefix("report: ")).read_text())
+    assert written["kind"] == "benchmark" and verdict == f"verdict: {written['verdict']['summary']}"
+    assert (Path(report.removeprefix("report: ")).parent / "report.md").read_text().startswith(
+        "# eagleflow benchmark-only run `e2e`")
+    # what the operator reads next: the run, its verdict and its report, under the config
+    status = run_cli(prefect_server, "status", str(e2e_config), "--limit", "1").stdout.splitlines()
+    assert status[0] == f"config e2e ({e2e_config})" and status[1].split()[:3] == [run["name"], "benchmark", "Completed"]
+    assert status[2] == f"    {verdict}; {report}"
+
+
+def test_a_bad_field_or_a_config_never_deployed_is_refused_before_any_run(ui, prefect_server, e2e_config, tmp_path):
+    proc = run_cli(prefect_server, "trigger", "benchmark", str(e2e_config), "--epochs", "3")
+    assert proc.returncode == 2 and "has no field --epochs" in proc.stdout
+    proc = run_cli(prefect_server, "trigger", "pipeline", str(e2e_config), "--epochs", "0")
+    assert proc.returncode == 2 and "epochs" in proc.stdout
+    other = tmp_path / "never.yaml"
+    other.write_text(yaml.safe_dump({**yaml.safe_load(e2e_config.read_text()), "name": "never-deployed"}))
+    proc = run_cli(prefect_server, "trigger", "pipeline", str(other))
+    assert proc.returncode == 2 and "no deployment pipeline/never-deployed-pipeline" in proc.stdout
+    assert f"eagleflow deploy {other}" in proc.stdout
+
+
 def test_the_benchmark_deployment_measures_a_given_drafter_without_upstream_stages(page, ui, prefect_server,
                                                                                   first_run):
-    dep = ui["deployments"]["eagleflow-benchmark"]
+    dep = ui["deployments"]["benchmark"]
     page.goto(f"{ui['base']}/deployments/deployment/{dep['id']}/run")
     drafter = prop(page, "Drafter")
     drafter.wait_for()
