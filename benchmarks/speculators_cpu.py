@@ -24,10 +24,12 @@ then calls the same entry point as `speculators train`:
      iteration in float32 (~50 ms);
   5. the budget: `Trainer.train_epoch` is timed and stops once the summed step time reaches
      `--budget-s` (validation and checkpoints are not counted, as in eagleflow's
-     `train.time_limit_s` with `on_time_limit: stop`); the last, partial epoch is then checkpointed and validated as usual;
+     `train.time_limit_s` with `on_time_limit: stop`), or once it has trained on `--budget-tokens`
+     tokens (a budget that does not depend on how busy the machine is: benchmarks/recipes.py); the
+     last, partial epoch is then checkpointed and validated as usual;
   6. its LR schedule (by default linear: warm-up over the first 1% of epochs x steps, then decay to 0)
-     keeps its shape but follows wall time: progress = max(step / total_steps, train_seconds /
-     budget), eagleflow's rule under a budget, so both schedules end when the budget does.
+     keeps its shape but follows the budget: progress = max(step / total_steps, share of the budget
+     spent), eagleflow's rule under a budget, so both schedules end when the budget does.
 Not needed here: its resume loads onto "cuda:0", but every run writes a fresh --save-path.
 Flags (not patches) cover the rest: `--loss-implementation eager` (the default is a Triton kernel),
 `--draft-attn-impl sdpa` (flex attention needs a GPU), `--full-attention-indices 0`,
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -132,7 +135,7 @@ def _ns_fp32(grad, ns_coefficients, ns_steps, eps):
     return x
 
 
-def patch_for_cpu(budget_s: float, clock: dict) -> None:
+def patch_for_cpu(budget_s: float, clock: dict, budget_tokens: float = math.inf) -> None:
     """The workarounds listed in the module docstring; `clock` collects what was measured."""
     import torch
     import torch.optim._muon as muon
@@ -143,6 +146,10 @@ def patch_for_cpu(budget_s: float, clock: dict) -> None:
         torch.accelerator.synchronize = lambda *a, **k: None  # (3)
         trainer_mod.get_local_rank = lambda: cpu  # (1)
     muon._zeropower_via_newtonschulz = _ns_fp32  # (4)
+
+    def spent() -> float:
+        """The share of the budget used: seconds of training steps, or tokens trained on, whichever is further."""
+        return max(clock["train_s"] / budget_s, clock["tokens"] / budget_tokens)
 
     Trainer = trainer_mod.Trainer
     orig_init, orig_epoch, orig_run = Trainer.__init__, Trainer.train_epoch, Trainer.run_training
@@ -162,7 +169,7 @@ def patch_for_cpu(budget_s: float, clock: dict) -> None:
         self.model.register_forward_pre_hook(count_tokens, with_kwargs=True)
 
     def train_epoch(self, epoch, *, step_callback=None):
-        if clock["train_s"] >= budget_s:
+        if spent() >= 1.0:
             raise BudgetExhausted()
         t0 = time.perf_counter()
         before = clock["train_s"]
@@ -171,7 +178,7 @@ def patch_for_cpu(budget_s: float, clock: dict) -> None:
             clock["train_s"] = before + time.perf_counter() - t0
             if step_callback is not None:
                 step_callback()
-            if clock["train_s"] >= budget_s:
+            if spent() >= 1.0:
                 raise BudgetReached()
 
         try:
@@ -198,7 +205,7 @@ def patch_for_cpu(budget_s: float, clock: dict) -> None:
         warm = num_warmup_steps / max(1, num_training_steps)
 
         def factor(step: int) -> float:
-            progress = min(1.0, max(step / max(1, num_training_steps), clock["train_s"] / budget_s))
+            progress = min(1.0, max(step / max(1, num_training_steps), spent()))
             if progress < warm:
                 return progress / warm
             return max(0.0, (1.0 - progress) / max(1e-9, 1.0 - warm))
@@ -208,13 +215,13 @@ def patch_for_cpu(budget_s: float, clock: dict) -> None:
     trainer_mod.get_linear_schedule_with_warmup = linear_by_wall_time
 
 
-def train(budget_s: float, report: Path, argv: list[str]) -> dict:
+def train(budget_s: float, report: Path, argv: list[str], budget_tokens: float = math.inf) -> dict:
     import torch
     from speculators.train.cli import main
     from speculators.train.config import TrainConfig
 
     clock = {"train_s": 0.0, "tokens": 0, "steps": 0, "epochs": 0, "epochs_complete": 0, "partial_epoch": None}
-    patch_for_cpu(budget_s, clock)
+    patch_for_cpu(budget_s, clock, budget_tokens)
     wall0 = time.perf_counter()
     cfg = TrainConfig.resolve(argv)
     main(cfg)
@@ -229,7 +236,8 @@ def train(budget_s: float, report: Path, argv: list[str]) -> dict:
         val = json.loads(metrics_file.read_text())
     out = {
         "train_seconds": round(clock["train_s"], 2),
-        "budget_s": budget_s,
+        "budget_s": budget_s if math.isfinite(budget_s) else None,
+        "budget_tokens": budget_tokens if math.isfinite(budget_tokens) else None,
         "wall_seconds": round(wall, 2),
         "steps": clock["steps"],
         "tokens": clock["tokens"],
@@ -254,7 +262,9 @@ def main() -> int:
     pp.add_argument("--index", type=Path, required=True, help="eagleflow extract stage's data/index.json")
     pp.add_argument("--out", type=Path, required=True, help="speculators data dir to write")
     pt = sub.add_parser("train")
-    pt.add_argument("--budget-s", type=float, required=True, help="seconds of training steps")
+    pt.add_argument("--budget-s", type=float, default=math.inf, help="seconds of training steps (default: none)")
+    pt.add_argument("--budget-tokens", type=float, default=math.inf,
+                    help="tokens trained on (default: none); with neither budget, --epochs ends training")
     pt.add_argument("--report", type=Path, required=True, help="JSON written at the end")
     pt.add_argument("rest", nargs=argparse.REMAINDER, help="-- then `speculators train` flags")
     a = p.parse_args()
@@ -262,7 +272,7 @@ def main() -> int:
         print(json.dumps(prepare(a.index, a.out)))
     else:
         rest = a.rest[1:] if a.rest[:1] == ["--"] else a.rest
-        print(json.dumps(train(a.budget_s, a.report, rest)))
+        print(json.dumps(train(a.budget_s, a.report, rest, a.budget_tokens)))
     return 0
 
 

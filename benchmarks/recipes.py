@@ -1,0 +1,252 @@
+"""The drafter recipes, measured: eagleflow's training losses and step weights beside vLLM's `speculators`
+with its best shipped loss, on the same extracted data, at equal training tokens and at equal seconds,
+each drafter served by vLLM (issue 24, item 2).
+
+    .hostenv/bin/python benchmarks/recipes.py --config configs/demo.yaml --out runs/recipes/demo
+    .hostenv/bin/python benchmarks/recipes.py --config configs/demo-mla.yaml --out runs/recipes/demo-mla
+    .hostenv/bin/python benchmarks/recipes.py --table runs/recipes/demo runs/recipes/demo-mla
+
+For each seed:
+  1. eagleflow, once per recipe (`RECIPES`): the train stage for `--epochs` passes over the training split,
+     then the export stage (vLLM layout); the run's own best epoch (simulated acceptance on the holdout);
+  2. speculators 0.9.0 (`--loss-fn lk_hybrid`, its best loss; otherwise its recommended EAGLE-3 settings as in
+     benchmarks/compare_speculators.py), twice: on as many tokens as eagleflow trained on (equal tokens), and on
+     the tokens it trains in the seconds eagleflow's reference recipe took (equal seconds: eagleflow's tokens x
+     speculators' tokens a second / eagleflow's, both rates from the equal-token runs of the seed the rest of the
+     machine disturbed least; these runs come after every equal-token run);
+  3. every drafter served alone in its own vLLM engine: the held-out prompts one at a time, greedy, `ignore_eos`,
+     acceptance from the deltas of vLLM's /metrics counters (eagleflow.engines.acceptance, the canary's measure).
+The budgets are tokens, not seconds: a run's drafter is a function of its inputs however busy the machine was.
+Only the equal-seconds budget reads the clock, through the two rates, and each run records how busy the other
+cores were while it trained ("by others"). Finished steps are reused on a rerun with the same --out.
+Creates `.specenv` (benchmarks/compare_speculators.py) when it is missing; the data is the config's finished
+extract stage (`make demo`, or `python -m flows.pipeline CONFIG` for the MLA target), or made here with --make-data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import compare_speculators as cs  # noqa: E402
+from eagleflow.config import RunConfig, load_config  # noqa: E402
+from eagleflow.engines import make_server  # noqa: E402
+from eagleflow.engines.acceptance import measure  # noqa: E402
+from eagleflow.engines.launch import served_name, speculative, target_launch  # noqa: E402
+from eagleflow.manifest import Manifest  # noqa: E402
+from eagleflow.outputs import ExportOutputs, ExtractOutputs, TrainMetrics, TrainOutputs  # noqa: E402
+from eagleflow.prompts import run_holdout  # noqa: E402
+
+# eagleflow's recipes: train.* overrides. 'kl' is not among them: it is soft_ce minus the target's entropy, a
+# constant, so the same gradient (eagleflow/drafter/config.py); it trains the same drafter.
+RECIPES: dict[str, dict[str, Any]] = {
+    "soft_ce": {"train.loss": "soft_ce", "train.step_loss_decay": 0.8},  # EAGLE-3's; the default until now
+    "lk": {"train.loss": "lk", "train.step_loss_decay": 0.8},
+    "lk_flat_normout": {"train.loss": "lk", "train.step_loss_decay": 1.0, "train.norm_output": True},  # speculators'
+}
+REFERENCE = "soft_ce"  # the recipe whose seconds the equal-seconds budget is
+
+
+def log(msg: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} recipes: {msg}", flush=True)
+
+
+def train_ours(cfg_path: str, base: dict[str, Any], extract: Manifest, out: Path, recipe: str, seed: int) -> dict[str, Any]:
+    overrides = {**base, **RECIPES[recipe], "train.seed": seed}
+    cfg = load_config(cfg_path, overrides)
+    args = {"config": cfg_path, "overrides": overrides}
+    train, usage = cs.run_stage(cfg, "train", out / "train", {"extract": extract}, ROOT, args)
+    export, _ = cs.run_stage(cfg, "export", out / "export", {"train": train}, ROOT, args)
+    metrics = TrainMetrics.of(train)
+    vllm_dir = ExportOutputs.of(export).vllm
+    assert vllm_dir is not None, f"the export in {export.dir} wrote no vLLM drafter"
+    best = metrics.best
+    return {"trainer": "eagleflow", "recipe": recipe, "seed": seed, "drafter_dir": export.path(vllm_dir),
+            "tokens": sum(e.train.tokens for e in metrics.epochs), "train_seconds": round(sum(e.seconds for e in metrics.epochs), 2),
+            "tokens_per_s": metrics.tokens_per_s, "process": usage, "checkpoint": train.path(TrainOutputs.of(train).best),
+            "offline": {"acceptance_length": best.acceptance_length, "accept_pos": best.accept_pos, "epoch": best.epoch},
+            "overrides": RECIPES[recipe]}
+
+
+def train_theirs(cfg: RunConfig, extract: Manifest, out: Path, seed: int, epochs: int, budget_tokens: float | None,
+                 args: argparse.Namespace) -> dict[str, Any]:
+    python = cs.ensure_specenv()
+    data = out.parent.parent / "speculators-data"  # one copy of the data for every speculators run of this --out
+    env = {**cfg.host.env}
+    if not (data / "eagleflow_prepare.json").is_file():
+        log(f"speculators: writing its data layout to {data}")
+        cs.Child([python, cs.SPECULATORS_HELPER, "prepare", "--index", extract.path(ExtractOutputs.of(extract).index),
+                  "--out", data], out.parent.parent / "prepare.log", env).wait("speculators data preparation")
+    prep = json.loads((data / "eagleflow_prepare.json").read_text())
+    report = out / "train_report.json"
+    if not report.is_file():
+        ns = argparse.Namespace(spec_lr=1e-3, epochs=epochs, spec_total_seq_len=1024, spec_num_workers=0)
+        argv = cs.speculators_train_argv(cfg.model_copy(update={"train": cfg.train.model_copy(update={"seed": seed})}),
+                                         data, out / "checkpoints", prep["train_data_ratio"], ns)
+        argv[argv.index("--loss-fn") + 1] = "lk_hybrid"  # its best shipped loss (arXiv 2602.23881)
+        budget = ["--budget-tokens", repr(float(budget_tokens))] if budget_tokens else []
+        log(f"speculators: seed {seed}, {epochs} epochs" + (f", at most {budget_tokens:,.0f} tokens" if budget_tokens else ""))
+        usage = cs.Child([python, cs.SPECULATORS_HELPER, "train", *budget, "--report", report, "--", *argv],
+                         out / "train.log", env).wait("speculators training")
+        (out / "process.json").write_text(json.dumps(usage))
+    r = json.loads(report.read_text())
+    val, k = r.get("val_metrics", {}), cfg.train.ttt_steps
+    return {"trainer": "speculators", "recipe": "lk_hybrid", "seed": seed, "drafter_dir": r["checkpoint"],
+            "tokens": r["tokens"], "train_seconds": r["train_seconds"], "tokens_per_s": r["tokens_per_s"],
+            "process": json.loads((out / "process.json").read_text()), "checkpoint": r["checkpoint"],
+            "offline": {"full_acc": [val.get(f"full_acc_{i}_epoch") for i in range(k)],
+                        "cond_acc": [val.get(f"cond_acc_{i}_epoch") for i in range(k)], "val_loss": val.get("loss_epoch")},
+            "budget_tokens": budget_tokens, "epochs": epochs}
+
+
+def serve(cfg: RunConfig, drafter: str | None, out: Path, port: int) -> dict[str, Any]:
+    """One drafter (None: the target alone) in its own engine, the held-out prompts through it."""
+    done = out / "served.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    b = cfg.benchmark
+    prompts = run_holdout(cfg.generate, b.num_prompts)
+    spec = speculative(drafter, b.num_speculative_tokens, b.draft_attention_backend) if drafter else None
+    launch = dataclasses.replace(target_launch(cfg, spec), port=port)
+    out.mkdir(parents=True, exist_ok=True)
+    with make_server(launch, out / "engine.log", name="recipe") as server:
+        m = measure(server.base_url, served_name(cfg), prompts, b.max_tokens)
+    if m["errors"]:
+        raise SystemExit(f"{m['errors']} requests failed serving {drafter}: {m['first_error']} ({out / 'engine.log'})")
+    m["drafter"] = drafter
+    done.write_text(json.dumps(m, indent=1))
+    return m
+
+
+def run(args: argparse.Namespace) -> Path:
+    cfg_path = str(Path(args.config).resolve())
+    base: dict[str, Any] = {"train.epochs": args.epochs}
+    cfg = load_config(cfg_path, base)
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if args.make_data:
+        _, extract = cs.make_data(cfg, out / "data", {"config": cfg_path, "overrides": base})
+    else:
+        _, extract = cs.finished_run(Path(cfg.host.work_root))
+    log(f"data: {extract.dir}; {args.epochs} epochs; seeds {args.seeds}; output {out}")
+    port = args.port or cfg.engine.port + 200
+    rows: list[dict[str, Any]] = []
+    baseline = serve(cfg, None, out / "baseline", port)
+    pairs = {}  # seed -> (eagleflow's reference run, speculators' equal-token run): the two rates
+    for seed in args.seeds:  # first every equal-token run: none reads the clock
+        for recipe in RECIPES:
+            d = out / f"seed{seed}" / f"eagleflow-{recipe}"
+            ours = train_ours(cfg_path, base, extract, d, recipe, seed)
+            ours["served"] = serve(cfg, ours["drafter_dir"], d / "serve", port)
+            rows.append({**ours, "budget": "equal tokens"})
+            log(f"seed {seed} eagleflow {recipe}: AL {ours['served']['mean_acceptance_length']:.3f}")
+            if recipe == REFERENCE:
+                pairs[seed] = [ours]
+        d = out / f"seed{seed}" / "speculators-tokens"
+        tok = train_theirs(cfg, extract, d, seed, args.epochs, None, args)
+        tok["served"] = serve(cfg, tok["drafter_dir"], d / "serve", port)
+        rows.append({**tok, "budget": "equal tokens"})
+        pairs[seed].append(tok)
+        log(f"seed {seed} speculators: AL {tok['served']['mean_acceptance_length']:.3f} (equal tokens)")
+    # Equal seconds: what speculators trains in the seconds eagleflow's reference recipe trained for, at the two
+    # rates of the seed whose runs the rest of the machine disturbed least (rates.json keeps them for reruns).
+    ratio = rate_ratio(out / "rates.json", pairs, args.rate_ratio)
+    for seed in args.seeds:
+        ref = pairs[seed][0]
+        d = out / f"seed{seed}" / "speculators-seconds"
+        sec = train_theirs(cfg, extract, d, seed, args.epochs, ref["tokens"] * ratio, args)
+        sec["served"] = serve(cfg, sec["drafter_dir"], d / "serve", port)
+        rows.append({**sec, "budget": "equal seconds", "rate_ratio": round(ratio, 4)})
+        log(f"seed {seed} speculators: AL {sec['served']['mean_acceptance_length']:.3f} (equal seconds, "
+            f"{ratio:.3f} of eagleflow's rate)")
+    result = {"config": cfg_path, "rates": json.loads((out / "rates.json").read_text()), "target": cfg.target.model_path,
+              "epochs": args.epochs, "seeds": args.seeds, "data": extract.dir, "baseline": baseline, "rows": rows,
+              "versions": cs.versions(), "argv": sys.argv}
+    path = out / f"recipes-seeds-{'-'.join(map(str, args.seeds))}.json"
+    path.write_text(json.dumps(result, indent=1))
+    return path
+
+
+def rate_ratio(path: Path, pairs: dict[int, list[dict[str, Any]]], given: str | None = None) -> float:
+    """speculators' training tokens a second over eagleflow's: `given` ("RATIO:SOURCE", measured on a quiet
+    machine), else from the seed whose two runs had the least of the machine taken by others; kept in `path`."""
+    if not path.is_file() and given:
+        ratio, _, source = given.partition(":")
+        path.write_text(json.dumps({"ratio": float(ratio), "source": source or "given on the command line"}, indent=1))
+    if not path.is_file():
+        def disturbed(seed: int) -> float:
+            return max(r["process"].get("other_cores_busy", 0.0) for r in pairs[seed])
+
+        seed = min(pairs, key=disturbed)
+        ours, theirs = pairs[seed]
+        path.write_text(json.dumps({
+            "seed": seed, "ratio": theirs["tokens_per_s"] / ours["tokens_per_s"],
+            "speculators_tokens_per_s": theirs["tokens_per_s"], "eagleflow_tokens_per_s": ours["tokens_per_s"],
+            "by_others": {"speculators": theirs["process"].get("other_cores_busy"),
+                          "eagleflow": ours["process"].get("other_cores_busy")},
+            "by_others_each_seed": {s: disturbed(s) for s in pairs}}, indent=1))
+    return float(json.loads(path.read_text())["ratio"])
+
+
+def table(paths: list[Path]) -> str:
+    """recipe x target x budget: served AL and per-position acceptance (mean over seeds, +- half their spread)."""
+    fmt = lambda xs: " / ".join(f"{x:.3f}" for x in xs)  # noqa: E731
+    lines = ["| target | budget | trainer, recipe | tokens | train s | served AL (seeds) | mean +- half spread | "
+             "per-position acceptance | offline | by others |", "|---|---|---|---:|---:|---|---:|---|---|---:|"]
+    for p in paths:
+        runs = [json.loads(f.read_text()) for f in (sorted(p.glob("recipes-seeds-*.json")) if p.is_dir() else [p])]
+        target = Path(runs[0]["target"]).name
+        groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+        seen = set()
+        for row in (row for r in runs for row in r["rows"]):
+            if (key := (row["budget"], row["trainer"], row["recipe"], row["seed"])) not in seen:
+                seen.add(key)
+                groups.setdefault(key[:3], []).append(row)
+        for (budget, trainer, recipe), rs in groups.items():
+            als = [x["served"]["mean_acceptance_length"] for x in rs]
+            pos = [statistics.fmean(col) for col in zip(*(x["served"]["per_position_acceptance"] for x in rs))]
+            off = [x["offline"].get("acceptance_length") for x in rs]
+            offline = (" / ".join(f"{a:.2f}" for a in off) + " sim") if all(off) else "val acc " + " / ".join(
+                fmt(x["offline"]["full_acc"]) for x in rs if all(x["offline"]["full_acc"]))
+            busy = max(x["process"].get("other_cores_busy", 0) for x in rs)
+            lines.append(f"| {target} | {budget} | {trainer} {recipe} | {statistics.fmean(x['tokens'] for x in rs):,.0f} | "
+                         f"{statistics.fmean(x['train_seconds'] for x in rs):.0f} | {' / '.join(f'{a:.3f}' for a in als)} | "
+                         f"{statistics.fmean(als):.3f} +- {(max(als) - min(als)) / 2:.3f} | {fmt(pos)} | {offline} | {busy:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"))
+    p.add_argument("--out", type=Path, default=None, help="output dir; a rerun with the same --out reuses finished steps")
+    p.add_argument("--epochs", type=int, default=3, help="passes over the training split for every equal-token run")
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--port", type=int, default=None, help="engine port (default: the config's engine.port + 200)")
+    p.add_argument("--rate-ratio", default=None, metavar="RATIO:SOURCE",
+                   help="speculators' tokens a second over eagleflow's for the equal-seconds runs, measured when the "
+                   "machine was quiet (default: from this run's equal-token runs)")
+    p.add_argument("--make-data", action="store_true", help="generate and extract here instead of reading a finished run")
+    p.add_argument("--table", type=Path, nargs="+", default=None, help="print the table of finished runs and exit")
+    args = p.parse_args()
+    if args.table:
+        print(table(args.table))
+        return 0
+    args.out = args.out or ROOT / "runs" / "recipes" / Path(args.config).stem
+    path = run(args)
+    print(table([path]))
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
