@@ -113,7 +113,7 @@ def deploy_config(config_path: str, pool: str, overrides: dict[str, Any] | None 
         with contextlib.redirect_stdout(io.StringIO()):
             dep_id = f.deploy(
                 name=name, work_pool_name=pool, description=f"{description} (config {config_path})",
-                schedules=[Cron(sched.cron, timezone=sched.timezone, active=sched.active, slug="nightly")] if sched else [],
+                schedules=[Cron(sched.cron, timezone=sched.timezone, active=sched.active)] if sched else [],
                 parameters={"params": {"config_path": config_path, "overrides": overrides or {}}},
                 tags=["eagleflow", f"config:{config.name}", f"host:{config.host.name}"],
                 build=False, push=False, print_next_steps=False, ignore_warnings=True,

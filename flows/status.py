@@ -60,7 +60,8 @@ def _cause(run: Any) -> str:
     """A failed run's cause, one line: the first line of its state message (the exception the flow raised)."""
     message = (run.state.message if run.state else None) or ""
     lines = [x.strip() for x in message.splitlines() if x.strip()]
-    return (lines[0] if lines else "no message: open the run's log")[:400]
+    first = lines[0].removeprefix("Flow run encountered an exception: ") if lines else "no message: open the run's log"
+    return first[:400]
 
 
 def runs_lines(limit: int, config_path: str | None = None) -> list[str]:
@@ -91,6 +92,8 @@ def runs_lines(limit: int, config_path: str | None = None) -> list[str]:
         upcoming = [r for r in scheduled if r not in due and _same_config(r, config_path)][:1]
         runs = sorted(runs + due, key=lambda r: r.start_time or r.expected_start_time or now, reverse=True)
         runs = [r for r in runs if _same_config(r, config_path)][:limit]
+        if not runs and not upcoming:
+            return [f"no eagleflow flow runs{f' of {config_path}' if config_path else ''} yet"]
         by_config: dict[str, list[Any]] = {}
         for run in runs:  # newest first within a config; configs in the order of their newest run
             by_config.setdefault(((run.parameters or {}).get("params") or {}).get("config_path", "?"), []).append(run)
@@ -118,6 +121,8 @@ def _run_lines(client: Any, run: Any, flows: dict[Any, str]) -> list[str]:
     records = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
     where = {}
     for a in records:
+        if a.description not in (STAGE_RECORD, RUN_RECORD):  # the report, progress, pictures: not ours to read
+            continue
         data = json.loads(a.data) if isinstance(a.data, str) else a.data  # a table artifact's JSON
         if not (isinstance(data, list) and data):
             continue

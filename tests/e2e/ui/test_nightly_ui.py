@@ -27,8 +27,8 @@ def test_the_nightly_schedule_and_a_promotion_decision_on_its_run_page(page, pre
     schedule.wait_for()
     assert "At 02:00 AM every day" in schedule.inner_text()
     # The card's pause/resume switch: shown, and off (Prefect's toggle marks an active one --checked).
-    toggle = page.locator(".deployment-schedule-card .p-toggle__control")
-    toggle.wait_for()
+    toggle = page.locator(".deployment-schedule-card .p-toggle__control").first
+    toggle.wait_for(state="attached")  # the switch's control may be drawn over a hidden input
     assert "p-toggle__control--checked" not in (toggle.get_attribute("class") or "")
     shot(page, "2-nightly-deployment-schedule")
 
