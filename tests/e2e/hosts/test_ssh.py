@@ -137,14 +137,23 @@ def test_a_production_window_outlives_the_ssh_command_that_opened_it(sshd, root,
 
 
 def test_log_lines_arrive_while_the_job_runs(sshd, root):
-    seen: list[tuple[float, str]] = []
-    script = "import time\nfor i in range(3):\n    print('tick', i, flush=True); time.sleep(1)\n"
-    start = time.monotonic()
+    """Causal, not timed: the job prints a line, then waits until the controller has seen it (a file the log
+    callback creates; the loopback host shares this file system), then says whether it was seen. Lines that came
+    only at the job's end would leave it waiting out its 120 s and saying so."""
+    mark = root / "tick-0-seen"
+    script = (f"import os, time\nprint('tick 0', flush=True)\nend = time.time() + 120\n"
+              f"while not os.path.exists({str(mark)!r}) and time.time() < end:\n    time.sleep(0.05)\n"
+              f"print('tick 1:', 'seen while running' if os.path.exists({str(mark)!r}) else 'never seen', flush=True)\n")
+    seen: list[str] = []
+
+    def log(line: str) -> None:
+        seen.append(line)
+        if line.startswith("tick 0"):
+            mark.touch()
+
     with SshHost(host_config(sshd, root)) as host:
-        host.run_job(str(root / "ticks"), [HOST_PY, "-c", script], log=lambda s: seen.append((time.monotonic() - start, s)))
-    ticks = [t for t, s in seen if s.startswith("tick")]
-    assert len(ticks) == 3
-    assert ticks[0] < ticks[-1] - 1.5  # the first line came ~2 s before the last, not at the end
+        host.run_job(str(root / "ticks"), [HOST_PY, "-c", script], log=log)
+    assert [s for s in seen if s.startswith("tick")] == ["tick 0", "tick 1: seen while running"], seen
 
 
 def test_cut_connection_then_retry_reattaches_and_the_job_runs_once(sshd, relay, root):
