@@ -257,7 +257,8 @@ def train_eagleflow(cfg: RunConfig, extract: Manifest, out: Path, args: argparse
     }
 
 
-def speculators_train_argv(cfg: RunConfig, data: Path, save: Path, ratio: float, args: argparse.Namespace) -> list[str]:
+def speculators_train_argv(cfg: RunConfig, data: Path, save: Path, ratio: float, args: argparse.Namespace,
+                           loss: str = "kl_div") -> list[str]:
     t = cfg.train
     return [
         "--verifier-name-or-path", cfg.target.model_path,
@@ -267,7 +268,7 @@ def speculators_train_argv(cfg: RunConfig, data: Path, save: Path, ratio: float,
         "--draft-vocab-size", str(t.draft_vocab_size),
         # Its recommended EAGLE-3 recipe (these are its defaults, spelled out): unroll 3, KL loss,
         # frozen target embedding (lm_head is the target's rows), norm before fc, Muon + AdamW at 1e-3.
-        "--ttt-steps", str(t.ttt_steps), "--loss-fn", "kl_div", "--norm-before-fc", "--no-embed-requires-grad",
+        "--ttt-steps", str(t.ttt_steps), "--loss-fn", loss, "--norm-before-fc", "--no-embed-requires-grad",
         "--optimizer", "muon", "--lr", str(args.spec_lr),
         "--epochs", str(args.epochs), "--seed", str(t.seed),
         "--total-seq-len", str(args.spec_total_seq_len),
@@ -278,15 +279,27 @@ def speculators_train_argv(cfg: RunConfig, data: Path, save: Path, ratio: float,
     ]
 
 
+def speculators_data(python: Path, extract: Manifest, data: Path, env: dict[str, str]) -> dict[str, Any]:
+    """The extract stage's shards in speculators' layout under `data` (written once); its summary."""
+    if not (data / "eagleflow_prepare.json").is_file():
+        log(f"speculators: writing its data layout to {data}")
+        Child([python, SPECULATORS_HELPER, "prepare", "--index", extract.path(ExtractOutputs.of(extract).index), "--out", data],
+              data.parent / f"{data.name}-prepare.log", env).wait("speculators data preparation")
+    return json.loads((data / "eagleflow_prepare.json").read_text())
+
+
+def speculators_offline(report: dict[str, Any], k: int) -> dict[str, Any]:
+    """speculators' own holdout figures of its chosen checkpoint, per unroll step."""
+    val = report.get("val_metrics", {})
+    return {"full_acc": [val.get(f"full_acc_{i}_epoch") for i in range(k)],
+            "cond_acc": [val.get(f"cond_acc_{i}_epoch") for i in range(k)], "val_loss": val.get("loss_epoch")}
+
+
 def train_speculators(cfg: RunConfig, extract: Manifest, out: Path, args: argparse.Namespace) -> dict[str, Any]:
     python = ensure_specenv()
     data = out / "data"
     env = {**cfg.host.env}
-    if not (data / "eagleflow_prepare.json").is_file():
-        log(f"speculators: writing its data layout to {data}")
-        Child([python, SPECULATORS_HELPER, "prepare", "--index", extract.path(ExtractOutputs.of(extract).index), "--out", data],
-              out / "prepare.log", env).wait("speculators data preparation")
-    prep = json.loads((data / "eagleflow_prepare.json").read_text())
+    prep = speculators_data(python, extract, data, env)
     report = out / "train_report.json"
     busy = None
     if not report.is_file():
@@ -298,8 +311,6 @@ def train_speculators(cfg: RunConfig, extract: Manifest, out: Path, args: argpar
         (out / "process.json").write_text(json.dumps(usage))
     usage = json.loads((out / "process.json").read_text())
     r = json.loads(report.read_text())
-    val = r.get("val_metrics", {})
-    k = cfg.train.ttt_steps
     return {
         "drafter_dir": r["checkpoint"],  # speculators' format; vLLM loads it as EAGLE-3 directly
         "train_seconds": r["train_seconds"],
@@ -312,9 +323,7 @@ def train_speculators(cfg: RunConfig, extract: Manifest, out: Path, args: argpar
         "epochs_complete": r["epochs_complete"],
         "checkpoint": r["checkpoint"],
         "chosen_by": r["chosen_by"],
-        "offline": {"full_acc": [val.get(f"full_acc_{i}_epoch") for i in range(k)],
-                    "cond_acc": [val.get(f"cond_acc_{i}_epoch") for i in range(k)],
-                    "val_loss": val.get("loss_epoch")},
+        "offline": speculators_offline(r, cfg.train.ttt_steps),
         "data": prep,
         "argv": r["argv"],
     }

@@ -44,7 +44,7 @@ from eagleflow.engines import make_server  # noqa: E402
 from eagleflow.engines.acceptance import measure  # noqa: E402
 from eagleflow.engines.launch import served_name, speculative, target_launch  # noqa: E402
 from eagleflow.manifest import Manifest  # noqa: E402
-from eagleflow.outputs import ExportOutputs, ExtractOutputs, TrainMetrics, TrainOutputs  # noqa: E402
+from eagleflow.outputs import ExportOutputs, TrainMetrics, TrainOutputs  # noqa: E402
 from eagleflow.prompts import run_holdout  # noqa: E402
 
 # eagleflow's recipes: train.* overrides. 'kl' is not among them: it is soft_ce minus the target's entropy, a
@@ -78,35 +78,28 @@ def train_ours(cfg_path: str, base: dict[str, Any], extract: Manifest, out: Path
             "overrides": RECIPES[recipe]}
 
 
-def train_theirs(cfg: RunConfig, extract: Manifest, out: Path, seed: int, epochs: int, budget_tokens: float | None,
-                 args: argparse.Namespace) -> dict[str, Any]:
+def train_theirs(cfg: RunConfig, extract: Manifest, out: Path, seed: int, epochs: int,
+                 budget_tokens: float | None) -> dict[str, Any]:
     python = cs.ensure_specenv()
-    data = out.parent.parent / "speculators-data"  # one copy of the data for every speculators run of this --out
     env = {**cfg.host.env}
-    if not (data / "eagleflow_prepare.json").is_file():
-        log(f"speculators: writing its data layout to {data}")
-        cs.Child([python, cs.SPECULATORS_HELPER, "prepare", "--index", extract.path(ExtractOutputs.of(extract).index),
-                  "--out", data], out.parent.parent / "prepare.log", env).wait("speculators data preparation")
-    prep = json.loads((data / "eagleflow_prepare.json").read_text())
+    # one copy of the data for every speculators run of this --out
+    prep = cs.speculators_data(python, extract, out.parent.parent / "speculators-data", env)
     report = out / "train_report.json"
     if not report.is_file():
         ns = argparse.Namespace(spec_lr=1e-3, epochs=epochs, spec_total_seq_len=1024, spec_num_workers=0)
         argv = cs.speculators_train_argv(cfg.model_copy(update={"train": cfg.train.model_copy(update={"seed": seed})}),
-                                         data, out / "checkpoints", prep["train_data_ratio"], ns)
-        argv[argv.index("--loss-fn") + 1] = "lk_hybrid"  # its best shipped loss (arXiv 2602.23881)
+                                         out.parent.parent / "speculators-data", out / "checkpoints",
+                                         prep["train_data_ratio"], ns, loss="lk_hybrid")  # its best shipped loss
         budget = ["--budget-tokens", repr(float(budget_tokens))] if budget_tokens else []
         log(f"speculators: seed {seed}, {epochs} epochs" + (f", at most {budget_tokens:,.0f} tokens" if budget_tokens else ""))
         usage = cs.Child([python, cs.SPECULATORS_HELPER, "train", *budget, "--report", report, "--", *argv],
                          out / "train.log", env).wait("speculators training")
         (out / "process.json").write_text(json.dumps(usage))
     r = json.loads(report.read_text())
-    val, k = r.get("val_metrics", {}), cfg.train.ttt_steps
     return {"trainer": "speculators", "recipe": "lk_hybrid", "seed": seed, "drafter_dir": r["checkpoint"],
             "tokens": r["tokens"], "train_seconds": r["train_seconds"], "tokens_per_s": r["tokens_per_s"],
             "process": json.loads((out / "process.json").read_text()), "checkpoint": r["checkpoint"],
-            "offline": {"full_acc": [val.get(f"full_acc_{i}_epoch") for i in range(k)],
-                        "cond_acc": [val.get(f"cond_acc_{i}_epoch") for i in range(k)], "val_loss": val.get("loss_epoch")},
-            "budget_tokens": budget_tokens, "epochs": epochs}
+            "offline": cs.speculators_offline(r, cfg.train.ttt_steps), "budget_tokens": budget_tokens, "epochs": epochs}
 
 
 def serve(cfg: RunConfig, drafter: str | None, out: Path, port: int) -> dict[str, Any]:
@@ -153,7 +146,7 @@ def run(args: argparse.Namespace) -> Path:
             if recipe == REFERENCE:
                 pairs[seed] = [ours]
         d = out / f"seed{seed}" / "speculators-tokens"
-        tok = train_theirs(cfg, extract, d, seed, args.epochs, None, args)
+        tok = train_theirs(cfg, extract, d, seed, args.epochs, None)
         tok["served"] = serve(cfg, tok["drafter_dir"], d / "serve", port)
         rows.append({**tok, "budget": "equal tokens"})
         pairs[seed].append(tok)
@@ -164,7 +157,7 @@ def run(args: argparse.Namespace) -> Path:
     for seed in args.seeds:
         ref = pairs[seed][0]
         d = out / f"seed{seed}" / "speculators-seconds"
-        sec = train_theirs(cfg, extract, d, seed, args.epochs, ref["tokens"] * ratio, args)
+        sec = train_theirs(cfg, extract, d, seed, args.epochs, ref["tokens"] * ratio)
         sec["served"] = serve(cfg, sec["drafter_dir"], d / "serve", port)
         rows.append({**sec, "budget": "equal seconds", "rate_ratio": round(ratio, 4)})
         log(f"seed {seed} speculators: AL {sec['served']['mean_acceptance_length']:.3f} (equal seconds, "

@@ -40,7 +40,7 @@ from prefect.exceptions import ObjectAlreadyExists
 from prefect.schedules import Cron
 
 from eagleflow.config import ConfigError, RunConfig, parse_overrides
-from flows.params import (  # noqa: F401 - FLOW_OF, deployment_name: re-exported for the tests
+from flows.params import (
     FIELD_KEYS, FLOW_OF, BenchmarkParams, ConfigParams, PlainParams, RetrainParams, RunParams, deployment_name,
 )
 

@@ -6,7 +6,7 @@ where each stage's dir is on which host.
 From the Prefect server of PREFECT_API_URL (without one, the local ephemeral state in PREFECT_HOME,
 as `make demo` leaves it): the last N eagleflow flow runs (with CONFIG, of that config only), grouped by config,
 each with its state, start and length; a finished run's verdict and report path (tasks.report.RUN_RECORD), a
-failed one's cause in one line; each stage task with its state and the stage dir its dispatch recorded
+failed one's cause in its three lines (what failed, the cause, the fix and logs); each stage task with its state and the stage dir its dispatch recorded
 (`tasks.dispatch.record_stage_dir`).
 With CONFIG, also the stages of that config as its host has them now: finished (its manifest is there)
 or not yet, in pipeline order, under the keys the current settings give.
@@ -56,12 +56,17 @@ def _config_label(path: str) -> str:
         return f"config {path} (does not load now)"
 
 
-def _cause(run: Any) -> str:
-    """A failed run's cause, one line: the first line of its state message (the exception the flow raised)."""
+def _cause(run: Any) -> list[str]:
+    """A failed run's cause: its state message's three lines (eagleflow.failure: what failed, `cause: ...`, the
+    fix and the logs) without Prefect's prefix, or the first line of any other message as `cause: ...`."""
     message = (run.state.message if run.state else None) or ""
-    lines = [x.strip() for x in message.splitlines() if x.strip()]
-    first = lines[0].removeprefix("Flow run encountered an exception: ") if lines else "no message: open the run's log"
-    return first[:400]
+    lines = [x.strip()[:400] for x in message.splitlines() if x.strip()]
+    if not lines:
+        return ["cause: no message: open the run's log"]
+    first = lines[0].removeprefix("Flow run encountered an exception: ")
+    if len(lines) > 1 and lines[1].startswith("cause: "):
+        return [f"failed: {first}", *lines[1:3]]
+    return [f"cause: {first}"]
 
 
 def runs_lines(limit: int, config_path: str | None = None) -> list[str]:
@@ -106,21 +111,24 @@ def runs_lines(limit: int, config_path: str | None = None) -> list[str]:
         return lines
 
 
-def _run_lines(client: Any, run: Any, flows: dict[Any, str]) -> list[str]:
-    """One run: its line, what it concluded (verdict and report, or the cause of its failure), its stage tasks
-    with their dirs."""
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId
+def task_label(task_run: Any) -> str:
+    """A task run's name without the suffix Prefect adds (`-` and its dynamic key's first 3 characters):
+    `benchmark-2f1` -> `benchmark`, `production-down-0` -> `production-down`."""
+    suffix = f"-{str(task_run.dynamic_key or '')[:3]}"
+    return task_run.name.removesuffix(suffix) if task_run.dynamic_key else task_run.name
+
+
+def run_records(client: Any, run_id: Any) -> tuple[dict[str, str], dict[str, Any] | None]:
+    """What a run's tasks recorded in table artifacts: where each stage's dir is (tasks.dispatch.STAGE_RECORD), and
+    the run's result, kind, verdict, speedup and report path (tasks.report.RUN_RECORD; None before the report)."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
     from tasks.dispatch import STAGE_RECORD
     from tasks.report import RUN_RECORD
 
-    waiting = "  (waits for a worker on its pool)" if run.state and run.state.type.value == "SCHEDULED" else ""
-    lines = [f"  {run.name}  {flows.get(run.flow_id, '?')}  {run.state_name or '?'}  {_when(run)}  "
-             f"{_length(run.total_run_time.total_seconds() if run.total_run_time else None)}  (flow run {run.id}){waiting}"]
-    tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
-    records = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
-    where = {}
-    for a in records:
+    where: dict[str, str] = {}
+    result = None
+    for a in client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]))):
         if a.description not in (STAGE_RECORD, RUN_RECORD):  # the report, progress, pictures: not ours to read
             continue
         data = json.loads(a.data) if isinstance(a.data, str) else a.data  # a table artifact's JSON
@@ -129,14 +137,29 @@ def _run_lines(client: Any, run: Any, flows: dict[Any, str]) -> list[str]:
         row = data[0]
         if a.description == STAGE_RECORD:
             where[row["stage"]] = f"{row['host']}:{row['dir']} ({row['how']})"
-        elif a.description == RUN_RECORD:
-            verdict = f"verdict: {row['verdict']}; " if row.get("verdict") else ""
-            lines.append(f"    {verdict}report: {row['report']}")
+        else:
+            result = row
+    return where, result
+
+
+def _run_lines(client: Any, run: Any, flows: dict[Any, str]) -> list[str]:
+    """One run: its line, what it concluded (verdict and report, or the cause of its failure), its stage tasks
+    with their dirs."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    waiting = "  (waits for a worker on its pool)" if run.state and run.state.type.value == "SCHEDULED" else ""
+    lines = [f"  {run.name}  {flows.get(run.flow_id, '?')}  {run.state_name or '?'}  {_when(run)}  "
+             f"{_length(run.total_run_time.total_seconds() if run.total_run_time else None)}  (flow run {run.id}){waiting}"]
+    tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+    where, result = run_records(client, run.id)
+    if result is not None:
+        verdict = f"verdict: {result['verdict']}; " if result.get("verdict") else ""
+        lines.append(f"    {verdict}report: {result['report']}")
     if run.state and run.state.type.value in ("FAILED", "CRASHED"):
-        lines.append(f"    cause: {_cause(run)}")
+        lines += [f"    {line}" for line in _cause(run)]
     for t in sorted(tasks, key=lambda t: t.start_time or t.expected_start_time or run.created):
         stage = t.task_key.split("-")[0] if t.task_key else t.name
-        name = t.name.split("-")[0]
+        name = task_label(t)
         lines.append(f"    {name:10} {t.state_name or '?':10} "
                      f"{_length(t.total_run_time.total_seconds() if t.total_run_time else None):>8}"
                      f"  {where.get(name, where.get(stage, ''))}")

@@ -18,7 +18,6 @@ run what the team's server and workers run, and see it in the UI.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -31,6 +30,7 @@ from pydantic import ValidationError
 
 from eagleflow.config import ConfigError, parse_overrides
 from flows.params import FIELD_KEYS, BenchmarkParams, ConfigParams, PlainParams, RetrainParams, RunParams, full_name
+from flows.status import run_records, task_label
 
 MODELS: dict[str, type[ConfigParams]] = {"pipeline": RunParams, "nightly": RetrainParams, "benchmark": BenchmarkParams,
                                           "bootstrap": PlainParams}
@@ -58,12 +58,6 @@ def build_params(kind: str, config_path: str, typed: dict[str, Any], overrides: 
                    **{k: v for k, v in typed.items() if v is not None})
     params.load()
     return params
-
-
-def task_label(task_run: Any) -> str:
-    """A task run's name without the suffix Prefect adds (`-` and its dynamic key's first 3 characters)."""
-    suffix = f"-{str(task_run.dynamic_key or '')[:3]}"
-    return task_run.name.removesuffix(suffix) if task_run.dynamic_key else task_run.name
 
 
 def _stage_lines(client: Any, run_id: Any, seen: dict[str, str]) -> list[str]:
@@ -101,20 +95,6 @@ def _progress_lines(client: Any, run_id: Any, after: Any) -> tuple[list[str], An
     return lines, after
 
 
-def result_of(client: Any, run_id: Any) -> dict[str, Any] | None:
-    """The run's result record (tasks.report.RUN_RECORD): kind, verdict, speedup, report path; None without one."""
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
-
-    from tasks.report import RUN_RECORD
-
-    for a in client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]))):
-        if a.description == RUN_RECORD:
-            data = json.loads(a.data) if isinstance(a.data, str) else a.data
-            if isinstance(data, list) and data:
-                return data[0]
-    return None
-
-
 def follow(client: Any, run_id: Any, pool: str, timeout_s: float | None) -> int:
     """Print the run's stages and progress until it ends; its verdict and report; the exit status."""
     seen: dict[str, str] = {}
@@ -146,10 +126,11 @@ def follow(client: Any, run_id: Any, pool: str, timeout_s: float | None) -> int:
         for line in _stage_lines(client, run_id, seen) + lines:
             print(line, flush=True)
     if state != "COMPLETED":
-        message = (run.state.message or "").strip().splitlines()
-        print(f"error: the flow run ended {run.state_name}: {message[0] if message else 'no message'}")
+        # At most three lines (eagleflow.failure): what failed, the cause, the fix and where the logs are.
+        message = "\n".join((run.state.message or "").strip().splitlines()[:3]) or "no message"
+        print(f"error: the flow run ended {run.state_name}: {message}")
         return 1
-    result = result_of(client, run_id)
+    result = run_records(client, run_id)[1]
     if result is None:
         print("completed, no report: nothing ran past the selection of new prompts (the run's log says why)")
         return 0

@@ -20,8 +20,8 @@ import httpx
 import pytest
 import yaml
 
-from deployments.deploy import FLOW_OF, deployment_name
 from eagleflow import httpget
+from flows.params import FLOW_OF, deployment_name
 from tests.conftest import ROOT, free_port
 
 

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from deployments.deploy import deployment_name
+from flows.params import deployment_name
 from tests.e2e.conftest import api
 from tests.e2e.ui.pages import artifact_of, open_artifact_card, open_run, scroll_logs_to_end, shot
 
