@@ -22,6 +22,7 @@ from prefect import Task, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from eagleflow.config import RunConfig
+from eagleflow.failure import split_message, three_lines
 from eagleflow.hosts import Host
 from eagleflow.manifest import Manifest
 from eagleflow.outputs import ProductionWindow
@@ -62,7 +63,9 @@ def stop_production(host: Host, config: RunConfig, stage: str) -> dict[str, Any]
     lines = [x for x in out.splitlines() if x.startswith("{")]
     rec = json.loads(lines[-1]) if lines else {"error": (err or out)[-3000:]}
     if rc != 0 or "error" in rec:
-        raise ProductionWindowError(f"production on {host.name} was not stopped for {stage}: {rec.get('error')}")
+        cause, fix, _ = split_message(str(rec.get("error")))
+        raise ProductionWindowError(three_lines(f"production on {host.name} was not stopped for {stage}", cause, fix,
+                                                [f"{host.name}:{d}"]))
     if rec.get("paused"):
         get_run_logger().info("production is asleep on %s (window %s; %s, in %s s)", host.name, d,
                               rec["paused"].get("why"), rec["paused"].get("sleep_s"))
@@ -78,22 +81,25 @@ def restore_production(host: Host, config: RunConfig, window: dict[str, Any], st
     d = window["dir"]
     host.write_text(f"{d}/window.release", "")
     # twice: a deployed drafter's start that fails, then the guardian's rollback and second start
-    deadline = time.monotonic() + 2 * config.production.restore_timeout_s + CLOSE_MARGIN_S
+    deadline_s = 2 * config.production.restore_timeout_s + CLOSE_MARGIN_S
+    deadline = time.monotonic() + deadline_s
     while True:
         rc, out, _ = host.exec([config.host.python, "-m", WINDOW_CLI, "status", d], timeout=60)
         status = json.loads(out.strip().splitlines()[-1]) if rc == 0 and out.strip() else {}
         if status.get("state") == "closed":
             break
         if time.monotonic() > deadline:
-            raise ProductionWindowError(f"production on {host.name} is not back after the window of {', '.join(stages)}; "
-                                        f"see {d}/window.log and {d}/production-guardian.log on the host")
+            raise ProductionWindowError(three_lines(
+                f"production on {host.name} is not back after the window of {', '.join(stages)}",
+                f"its window did not close within {deadline_s:.0f} s", None,
+                [f"{host.name}:{d}/window.log", f"{host.name}:{d}/production-guardian.log"]))
         time.sleep(POLL_S)
     record = ProductionWindow.model_validate({**status["result"], "stages": stages, "dir": d})
     get_run_logger().info("production window of %s closed: %s (down %s s)", ", ".join(stages), record.summary,
                           record.down_s)
     if not record.ok:
-        raise ProductionWindowError(f"production on {host.name} is NOT healthy after {', '.join(stages)}: "
-                                    f"{record.summary}; see {d} on the host")
+        raise ProductionWindowError(three_lines(f"production on {host.name} is NOT healthy after {', '.join(stages)}",
+                                                record.summary, None, [f"{host.name}:{d}"]))
     return record
 
 

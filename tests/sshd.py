@@ -13,7 +13,7 @@ import socket
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.conftest import free_port
@@ -32,6 +32,7 @@ class Sshd:
     proc: subprocess.Popen
     user_key: Path
     known_hosts: Path
+    argv: list[str] = field(default_factory=list)
 
     def host_overrides(self, port: int | None = None, **extra: object) -> dict[str, object]:
         """Run-config overrides that send the host to this server (or to a relay in front of it)."""
@@ -44,6 +45,13 @@ class Sshd:
         entry = self.known_hosts.read_text().splitlines()[0].split(maxsplit=1)[1]
         with open(self.known_hosts, "a") as f:
             f.write(f"[127.0.0.1]:{port} {entry}\n")
+
+    def restart(self, down_s: float) -> None:
+        """Stop the listener, stay down `down_s`, start it again on the same port with the same keys: what an
+        sshd restart or upgrade does (sessions it already forked live in sessions of their own)."""
+        self.stop()
+        time.sleep(down_s)
+        self.proc = _listen(self.argv, self.dir, self.port)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -67,7 +75,9 @@ def run_settings() -> str:
     return f"SetEnv {' '.join(pairs)}\n" if pairs else ""
 
 
-def start_sshd(base: Path) -> Sshd:
+def start_sshd(base: Path, *, sftp: str | None = "internal-sftp", extra: str = "", wrap: list[str] | None = None) -> Sshd:
+    """`sftp`: the sftp subsystem's command (None: no subsystem, as on a hardened host); `extra`: more
+    sshd_config lines; `wrap`: argv the sshd runs under (a mount namespace, a capability set)."""
     if not os.path.exists(SSHD):
         raise RuntimeError("sshd is not installed: apt-get install -y openssh-server (.ci/run does it)")
     base.mkdir(parents=True, exist_ok=True)
@@ -85,14 +95,18 @@ def start_sshd(base: Path) -> Sshd:
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {host_key}\nPidFile {base / 'sshd.pid'}\n"
         f"AuthorizedKeysFile {base / 'authorized_keys'}\nPasswordAuthentication no\n"
         "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPermitRootLogin prohibit-password\n"
-        "Subsystem sftp internal-sftp\nLogLevel VERBOSE\nMaxStartups 100\nMaxSessions 50\n"
-        + run_settings()
+        + (f"Subsystem sftp {sftp}\n" if sftp else "") + "LogLevel VERBOSE\nMaxStartups 100\nMaxSessions 50\n"
+        + run_settings() + extra
     )
     if os.geteuid() == 0:
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
-    log = open(base / "sshd.log", "wb")
-    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    argv = [*(wrap or []), SSHD, "-D", "-e", "-f", str(config)]
+    return Sshd(base, port, _listen(argv, base, port), user_key, known_hosts, argv)
+
+
+def _listen(argv: list[str], base: Path, port: int) -> subprocess.Popen:
+    log = open(base / "sshd.log", "ab")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 20
     while True:
         if proc.poll() is not None:
@@ -103,7 +117,7 @@ def start_sshd(base: Path) -> Sshd:
         if time.monotonic() > deadline:
             raise RuntimeError("sshd did not listen within 20 s")
         time.sleep(0.1)
-    return Sshd(base, port, proc, user_key, known_hosts)
+    return proc
 
 
 class Relay:
@@ -128,7 +142,11 @@ class Relay:
                 client, _ = self.server.accept()
             except OSError:
                 return
-            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:  # the server is down (restarting): this client is refused, the next may not be
+                client.close()
+                continue
             with self.lock:
                 self.open += [client, upstream]
                 self.accepted += 1

@@ -79,9 +79,13 @@ def root_cause_line(log_text: str) -> str | None:
     if not starts:
         return None
     end = starts[1] if len(starts) > 1 else len(lines)
-    for line in lines[starts[0] + 1:end]:
+    block = lines[starts[0] + 1:end]
+    for i, line in enumerate(block):
         bare = _PREFIX.sub("", line).strip()
         if _EXC_LINE.match(bare):
+            # pydantic's "1 validation error for ModelConfig" says what failed on the line after it
+            if re.search(r"validation errors? for \w+$", bare) and i + 1 < len(block):
+                bare += ": " + _PREFIX.sub("", block[i + 1]).strip().removeprefix("Value error, ")
             return _clip(bare, 400)
     return None
 

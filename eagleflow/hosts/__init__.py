@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from eagleflow.config import HostConfig
 from eagleflow.hosts.base import (
-    ConnectionLost, Host, HostAuthError, HostBusy, HostError, HostKeyError, HostUnreachable, StageFailed,
+    ConnectionLost, Host, HostAuthError, HostBusy, HostError, HostKeyError, HostSetupError, HostUnreachable,
+    StageFailed,
 )
 from eagleflow.hosts.local import LocalHost
 
-__all__ = ["ConnectionLost", "Host", "HostAuthError", "HostBusy", "HostError", "HostKeyError", "HostUnreachable",
+__all__ = ["ConnectionLost", "Host", "HostAuthError", "HostBusy", "HostError", "HostKeyError", "HostSetupError",
+           "HostUnreachable",
            "LocalHost", "StageFailed", "make_host", "is_transient"]
 
 

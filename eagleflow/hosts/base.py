@@ -7,6 +7,8 @@ import contextlib
 from collections import deque
 from typing import Callable, Iterator
 
+from eagleflow.failure import read_ending, split_message, three_lines
+
 LogFn = Callable[[str], None]
 
 
@@ -22,6 +24,20 @@ class HostAuthError(HostError):
     """The host refused our key (or the key file is unusable). Never retried."""
 
 
+class HostSetupError(HostError):
+    """The host is reachable but set up so that no retry can help (a login shell that prints, no permission on
+    host.work_root, a full disk, host.python missing). Never retried. Its message is three lines
+    (eagleflow.failure): which host, the cause, the fix (`message`'s ". Fix: ..." part)."""
+
+    def __init__(self, host: str, message: str):
+        self.host, self.message = host, message
+        cause, fix, _ = split_message(message)
+        super().__init__(three_lines(f"host {host} cannot be used as it is set up (no retry can mend it)", cause, fix, []))
+
+    def __reduce__(self):
+        return (HostSetupError, (self.host, self.message))
+
+
 class HostUnreachable(HostError):
     """No SSH connection after every attempt with backoff (refused, timed out, no route)."""
 
@@ -35,17 +51,36 @@ class HostBusy(HostError):
 
 
 class StageFailed(RuntimeError):
-    """A stage process exited non-zero. Carries its last lines, the root cause usually among them."""
+    """A stage process exited non-zero. Its message is three lines (eagleflow.failure): what failed, the
+    cause the stage printed last, the fix when it named one and where the logs are. `tail` keeps the log's
+    last lines for the failure artifact, never for the message."""
 
     def __init__(self, host: str, argv: list[str], returncode: int, tail: list[str], log_path: str | None):
-        self.returncode = returncode
-        self.tail = tail
-        cause = next((line for line in reversed(tail) if line.startswith("error:")), None)
-        head = f"{argv[-1] if argv else 'command'} failed on {host} (exit {returncode})"
-        if cause:
-            head += f": {cause[len('error:'):].strip()}"
-        where = f"\nfull log: {host}:{log_path}" if log_path else ""
-        super().__init__(head + "\nlast lines:\n" + "\n".join(tail) + where)
+        self.host, self.argv, self.returncode, self.tail, self.log_path = host, argv, returncode, tail, log_path
+        self.stage = stage_of(argv)
+        cause, self.fix = read_ending(tail)
+        self.cause = cause or (f"the process ended with exit status {returncode} without saying why; "
+                               "its last lines are in the log")
+        self.logs = [f"{host}:{log_path}"] if log_path else []
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        return three_lines(f"{self.stage} failed on {self.host} (exit {self.returncode})", self.cause, self.fix, self.logs)
+
+    def __reduce__(self):  # pickled by Prefect with its fields, not its message
+        state = {"logs": self.logs}
+        return (StageFailed, (self.host, self.argv, self.returncode, self.tail, self.log_path), state)
+
+    def __setstate__(self, state: dict) -> None:
+        self.logs = state["logs"]
+
+
+def stage_of(argv: list[str]) -> str:
+    """`python -m eagleflow.stages.train req.json` -> train; any other command: its program's name."""
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "-m":
+            return argv[i + 1].rsplit(".", 1)[-1]
+    return argv[0].rsplit("/", 1)[-1] if argv else "command"
 
 
 class TailBuffer:

@@ -1,4 +1,5 @@
-"""The SSH host: stages run as detached jobs on a GPU host, followed over SSH, files moved by SFTP.
+"""The SSH host: stages run as detached jobs on a GPU host, followed over SSH, files moved by SFTP (or plain
+commands where the sshd has none: eagleflow.hosts.ssh_files).
 
 The host side is `eagleflow.jobs` (installed there with the project wheel): a job outlives the
 connection that started it, and a retry of the same stage re-attaches to it instead of starting a
@@ -7,7 +8,9 @@ second copy. Only what the controller needs crosses the wire: requests, manifest
 Errors are distinct because the right reaction differs: an unknown or changed host key
 (`HostKeyError`) and a refused key (`HostAuthError`) are never retried; an unreachable host is tried
 `connect_attempts` times with doubling backoff (`HostUnreachable`); a connection that drops while a
-job runs (`ConnectionLost`) is the one Prefect retries, and the retry re-attaches.
+job runs (`ConnectionLost`) is the one Prefect retries, and the retry re-attaches. A host reachable but
+set up so that no retry can help (a login shell that prints, host.python missing or without eagleflow,
+no permission on host.work_root, a full disk) fails at first contact with its fix (`HostSetupError`).
 """
 
 from __future__ import annotations
@@ -21,20 +24,19 @@ import os
 import posixpath
 import shlex
 import socket
-import stat
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import paramiko
 
 from eagleflow.config import HostConfig
+from eagleflow.hosts.ssh_files import TRANSPORT_ERRORS as _TRANSPORT_ERRORS, SshFiles
 from eagleflow.hosts.base import (
-    ConnectionLost, Host, HostAuthError, HostBusy, HostError, HostKeyError, HostUnreachable, LogFn, StageFailed,
+    ConnectionLost, Host, HostAuthError, HostBusy, HostError, HostKeyError, HostSetupError, HostUnreachable, LogFn,
+    StageFailed,
 )
 
-# paramiko raises these when the transport breaks under an open channel or SFTP session.
-_TRANSPORT_ERRORS = (EOFError, OSError, socket.timeout, paramiko.SSHException)
 CANCEL_GRACE_S = 5.0  # SIGTERM to SIGKILL when a cancelled run ends its job: gone well within 10 s
 
 
@@ -60,7 +62,7 @@ class _RefuseUnknown(paramiko.MissingHostKeyPolicy):
         )
 
 
-class SshHost(Host):
+class SshHost(SshFiles, Host):
     def __init__(self, config: HostConfig):
         assert config.kind == "ssh" and config.address
         self.config = config
@@ -74,6 +76,7 @@ class SshHost(Host):
         self.key_path = os.path.expanduser(config.key_path) if config.key_path else None
         self._client: paramiko.SSHClient | None = None
         self._sftp: paramiko.SFTPClient | None = None
+        self.no_sftp = False  # the sshd refused the sftp subsystem: files over commands (cat, mv, test)
 
     @property
     def label(self) -> str:
@@ -132,11 +135,45 @@ class SshHost(Host):
             transport = client.get_transport()
             assert transport is not None
             transport.set_keepalive(15)  # a silently dead link is noticed while following a job
+            try:
+                self._check_login(client)
+            except BaseException:
+                client.close()
+                raise
             return client
         raise HostUnreachable(
             f"cannot reach {self.label} after {self.config.connect_attempts} attempts: {last}. "
             "Check that the host is up and sshd listens there (host.address, host.port)."
         )
+
+    def _check_login(self, client: paramiko.SSHClient) -> None:
+        """First contact: a command that prints nothing must print nothing. A login shell whose startup files
+        print (a banner in ~/.bashrc) corrupts SFTP and every answer eagleflow reads, and a shell that cannot run
+        commands (nologin) never will: both are the host's setup, named now and never retried."""
+        try:
+            chan = client.get_transport().open_session()
+            chan.settimeout(self.config.connect_timeout_s)
+            chan.exec_command("true")
+            out, err = chan.makefile("rb").read(), chan.makefile_stderr("rb").read()
+            rc = chan.recv_exit_status()
+        except _TRANSPORT_ERRORS as exc:
+            raise ConnectionLost(f"connection to {self.label} lost at first contact: {exc}") from None
+        if out.strip():
+            said = out.decode(errors="replace").strip().splitlines()[0][:200]
+            raise HostSetupError(
+                self.label,
+                f"the login shell of {self.user} on {self.label} prints to standard output before every command "
+                f"({said!r}): SFTP and every answer eagleflow reads would be corrupted. Fix: make the shell's startup "
+                "files quiet when not interactive (at the top of ~/.bashrc: `[[ $- == *i* ]] || return`), or move "
+                "the message to /etc/motd, which only interactive logins show"
+            )
+        if rc != 0:
+            said = err.decode(errors="replace").strip()[-300:] or f"exit status {rc}"
+            raise HostSetupError(
+                self.label,
+                f"the login shell of {self.user} on {self.label} cannot run commands (`true` failed: {said!r}). "
+                "Fix: give that user a shell (chsh), or set host.user to the account that runs eagleflow there"
+            )
 
     def _conn(self) -> paramiko.SSHClient:
         if self._client is None or not (self._client.get_transport() and self._client.get_transport().is_active()):
@@ -144,9 +181,22 @@ class SshHost(Host):
             self._client = self.connect()
         return self._client
 
-    def _sftp_client(self) -> paramiko.SFTPClient:
+    def _sftp_client(self) -> paramiko.SFTPClient | None:
+        """The SFTP session, or None where the sshd refuses the sftp subsystem (hardened hosts remove
+        `Subsystem sftp`): files then go over plain commands (eagleflow.hosts.ssh_files), which any sshd runs."""
+        if self.no_sftp:
+            return None
         if self._sftp is None or self._client is None or not self._client.get_transport().is_active():
-            self._sftp = self._conn().open_sftp()
+            client = self._conn()
+            try:
+                self._sftp = client.open_sftp()
+            except _TRANSPORT_ERRORS as exc:
+                transport = client.get_transport()
+                if not isinstance(exc, paramiko.SSHException) or transport is None or not transport.is_active():
+                    raise self._lost("opening SFTP", exc) from None
+                # The link is up and the request was refused: no sftp subsystem. Not a lost link, not retried.
+                self.no_sftp = True
+                return None
         return self._sftp
 
     def close(self) -> None:
@@ -296,15 +346,34 @@ class SshHost(Host):
             log(f"started job on {self.name}: pid {started['pid']} (its process group), log {job_dir}/stage.log")
 
     def _raise_setup_error(self, rc: int, err: str) -> None:
-        if rc == 127 or "No such file" in err:
-            raise HostError(
-                f"host.python {self.python} does not exist on {self.label}; bootstrap the host first "
-                "(python -m infra.bootstrap CONFIG) or fix host.python"
+        """Job control (`python -m eagleflow.jobs`) could not run or refused: the host's setup, named with its fix."""
+        if rc == 127 or ("No such file" in err and self.python in err):
+            raise HostSetupError(
+                self.label,
+                f"host.python {self.python} does not exist on {self.label}. Fix: bootstrap the host first "
+                "(eagleflow bootstrap CONFIG) or set host.python to the python of its eagleflow environment"
             )
         if "No module named" in err:
-            raise HostError(
-                f"eagleflow is not installed in {self.python} on {self.label}; bootstrap the host "
-                "(python -m infra.bootstrap CONFIG)"
+            raise HostSetupError(
+                self.label,
+                f"{self.python} on {self.label} is not an environment with eagleflow installed ({err.strip().splitlines()[-1]}). "
+                "Fix: bootstrap the host (eagleflow bootstrap CONFIG), or set host.python to the python of that environment"
+            )
+        if "No space left on device" in err:
+            free = self._free_bytes(self.work_root)
+            raise HostSetupError(
+                self.label,
+                f"the disk holding host.work_root {self.work_root} on {self.label} is full"
+                + (f" ({free:,} bytes free)" if free is not None else "")
+                + ". Fix: free space there, or point host.work_root at a larger disk"
+            )
+        if "PermissionError" in err or "Permission denied" in err:
+            said = next((x for x in reversed(err.strip().splitlines()) if "ermission" in x), err.strip()[-300:])
+            raise HostSetupError(
+                self.label,
+                f"{self.user} may not write under host.work_root {self.work_root} on {self.label} ({said.strip()}). "
+                f"Fix: give {self.user} that directory (chown -R {self.user} {self.work_root}), or set host.work_root "
+                "to a directory the user owns"
             )
         raise HostError(f"job control on {self.label} failed (exit {rc}): {err.strip()[-2000:]}")
 
@@ -388,80 +457,3 @@ class SshHost(Host):
             with contextlib.suppress(Exception):
                 chan.shutdown_write()
             client.close()
-
-    # -- files (SFTP) -----------------------------------------------------------------------------
-
-    def exists(self, path: str) -> bool:
-        try:
-            self._sftp_client().stat(path)
-            return True
-        except FileNotFoundError:
-            return False
-        except _TRANSPORT_ERRORS as exc:
-            raise self._fail(f"checking {path}", exc) from None
-
-    def read_text(self, path: str) -> str:
-        return self.read_bytes(path).decode()
-
-    def read_bytes(self, path: str) -> bytes:
-        try:
-            with self._sftp_client().open(path, "r") as f:
-                return f.read()
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{path} does not exist on {self.label}") from None
-        except _TRANSPORT_ERRORS as exc:
-            raise self._fail(f"reading {path}", exc) from None
-
-    def write_text(self, path: str, text: str) -> None:
-        self.write_bytes(path, text.encode())
-
-    def write_bytes(self, path: str, data: bytes) -> None:
-        """Write atomically: a temporary name in the same directory, then rename over the target."""
-
-        def write(sftp: paramiko.SFTPClient, tmp: str) -> None:
-            with sftp.open(tmp, "w") as f:
-                f.write(data)
-
-        self._upload(path, write, f"writing {path}")
-
-    def put_file(self, local: str, remote: str) -> None:
-        """Copy a local file to the host (temporary name, then rename)."""
-        self._upload(remote, lambda sftp, tmp: sftp.put(local, tmp), f"copying {local} to {remote}")
-
-    def _upload(self, path: str, write: Callable[[paramiko.SFTPClient, str], object], what: str) -> None:
-        """`write(sftp, tmp)` fills a temporary name beside `path`; then it is renamed over `path`."""
-        tmp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.{os.getpid()}.tmp")
-        try:
-            sftp = self._sftp_client()
-            self._makedirs(sftp, posixpath.dirname(path))
-            write(sftp, tmp)
-            sftp.posix_rename(tmp, path)
-        except _TRANSPORT_ERRORS as exc:
-            raise self._fail(what, exc) from None
-
-    def tail(self, path: str, lines: int = 40) -> list[str]:
-        """The last lines of a host file (the stage log, for failure messages)."""
-        try:
-            with self._sftp_client().open(path, "r") as f:
-                size = f.stat().st_size
-                f.seek(max(0, size - 16384))
-                return f.read().decode(errors="replace").splitlines()[-lines:]
-        except FileNotFoundError:
-            return []
-        except _TRANSPORT_ERRORS as exc:
-            raise self._fail(f"reading {path}", exc) from None
-
-    @staticmethod
-    def _makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
-        missing = []
-        while path and path != "/":
-            try:
-                if stat.S_ISDIR(sftp.stat(path).st_mode):
-                    break
-                raise HostError(f"{path} exists on the host and is not a directory")
-            except FileNotFoundError:
-                missing.append(path)
-                path = posixpath.dirname(path)
-        for p in reversed(missing):
-            with contextlib.suppress(OSError):  # created meanwhile by a concurrent writer
-                sftp.mkdir(p)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -29,6 +30,14 @@ LogFn = Callable[[str], None]
 HEALTH_TIMEOUT_S = 3.0  # one health probe; a loaded server still answers /health well within this
 
 _default_logger = logging.getLogger("eagleflow.production")
+
+
+# What systemctl prints when no retry can help (systemd's own texts: src/libsystemd/sd-bus/bus-error.c,
+# src/systemctl): the unit is unknown, polkit refused the user, or there is no systemd to talk to.
+_NO_UNIT = re.compile(r"Unit \S+ (not found|not loaded|could not be found)")
+_NO_SYSTEMD = re.compile(r"System has not been booted with systemd|Failed to connect to (bus|user scope bus)")
+_SYSTEMD_REFUSALS = re.compile(_NO_UNIT.pattern + "|" + _NO_SYSTEMD.pattern
+                               + r"|Interactive authentication required|Access denied|Permission denied")
 
 
 class ProductionError(RuntimeError):
@@ -170,6 +179,55 @@ class ProductionService:
                     f"the host user must be allowed to {action} the unit (a polkit rule, or production.user_unit)")
         return f"run production.{action}_command by hand on the host to see why it fails, and fix it"
 
+    def _refused(self, action: str, argv: list[str], rc: int, out: str, state: str = "") -> str:
+        """The message of a stop or start command that failed: systemd's own reason first where it is one no
+        retry can mend (no such unit, polkit's refusal, no systemd to talk to), with its fix; else the output."""
+        head = "stopping production failed" if action == "stop" else "starting production failed"
+        cmd = f"`{' '.join(argv)}` exited with status {rc}" + (f" ({state})" if state else "")
+        known = self._systemd_refusal(action, out)
+        if known is None:
+            return f"{head}: {cmd}.\nIts output:\n{out or '(none)'}\nFix: {self._fix(action)}"
+        why, said, fix = known
+        return f"{head}: {why}; systemctl said {said!r} ({cmd}).\nIts output:\n{out}\nFix: {fix}"
+
+    def _systemd_refusal(self, action: str, out: str) -> tuple[str, str, str] | None:
+        """(why, systemctl's line, fix) when systemctl's output is a refusal no retry mends; else None."""
+        said = next((line.strip() for line in out.splitlines() if _SYSTEMD_REFUSALS.search(line)), None)
+        if self.cfg.kind != "systemd" or said is None:
+            return None
+        user = " --user" if self.cfg.user_unit else ""
+        if _NO_UNIT.search(said):
+            return (f"production.unit {self.cfg.unit!r} is not a unit systemd{user} knows here", said,
+                    f"set production.unit to the unit that runs production on this host (`systemctl{user} list-units "
+                    "--type=service` lists them), or install it (infra/systemd/eagleflow-production-example.service)")
+        if _NO_SYSTEMD.search(said):
+            return (f"there is no systemd{user} to ask on this host", said,
+                    "production.kind systemd needs a running systemd (a user manager for production.user_unit: "
+                    "`loginctl enable-linger USER`); else production.kind command with its start and stop commands")
+        return (f"the host user may not {action} {self.cfg.unit}: polkit refused it", said,
+                f"allow the host user to stop and start {self.cfg.unit} without a password: a polkit rule for "
+                "org.freedesktop.systemd1.manage-units on that unit (docs/production.md), or production.user_unit")
+
+    def unit_problem(self) -> str | None:
+        """Why production.unit cannot be stopped and started here, found without touching it (the check stage):
+        no systemd to ask, or a unit systemd does not know. None when it can be, or for another production.kind."""
+        if self.cfg.kind != "systemd":
+            return None
+        argv = self._systemctl("show", "--property=LoadState", "--value")
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        except OSError as exc:
+            return f"production.kind is systemd but systemctl cannot run here: {exc}"
+        except subprocess.TimeoutExpired:
+            return None  # a slow systemd is not a wrong config; the stop will say more
+        if out.stdout.strip() == "not-found":
+            out.stdout = f"Unit {self.cfg.unit} not found."
+        known = self._systemd_refusal("stop", out.stdout + "\n" + out.stderr)
+        if known is None:
+            return None
+        why, said, fix = known
+        return f"{why}; `{' '.join(argv)}` said {said!r}. Fix: {fix}"
+
     def stop(self, token: str | None = None) -> float:
         """Stop production and wait until it is down; returns seconds taken.
 
@@ -183,10 +241,7 @@ class ProductionService:
         if rc != 0:
             state = "it still answers healthy: nothing was stopped" if self.healthy() else \
                 "it no longer answers healthy: it will be started again"
-            raise ProductionError(
-                f"stopping production failed: `{' '.join(argv)}` exited with status {rc} ({state}).\n"
-                f"Its output:\n{out or '(none)'}\nFix: {self._fix('stop')}"
-            )
+            raise ProductionError(self._refused("stop", argv, rc, out, state))
 
         def down() -> bool:
             return not self.healthy() and self.unit_state() not in ("active", "activating", "deactivating", "reloading")
@@ -206,10 +261,7 @@ class ProductionService:
         self.log(f"starting {self.what()}: {' '.join(argv)}")
         rc, out = self._run(argv, self.cfg.restore_timeout_s, "start")
         if rc != 0:
-            raise ProductionError(
-                f"starting production failed: `{' '.join(argv)}` exited with status {rc}.\n"
-                f"Its output:\n{out or '(none)'}\nFix: {self._fix('start')}"
-            )
+            raise ProductionError(self._refused("start", argv, rc, out))
 
     def wait_healthy(self, timeout_s: float) -> float:
         """Seconds until health answers 200; ProductionError after timeout_s."""

@@ -2,7 +2,7 @@
 
 Catches what would otherwise fail an hour in: a missing target, a layer count that does not match
 the config, an empty or malformed prompt set, thinking markers the tokenizer splits, a missing engine,
-an engine kernel that would serve an MLA target wrongly, and a run whose extracted states will not fit
+an engine kernel that would serve an MLA target wrongly, a production.unit systemd does not know, and a run whose extracted states will not fit
 the free disk. It prints the capacity plan
 (`eagleflow.capacity`: each stage's disk, GPU memory and time) and records it in its manifest; the
 prompts are counted with the target's tokenizer and chat template (up to 2,000 of them, evenly spaced),
@@ -23,6 +23,7 @@ from eagleflow.hostfacts import ENGINE_DISTRIBUTIONS, version_of
 from eagleflow.manifest import Manifest
 from eagleflow.outputs import CheckMetrics
 from eagleflow.planfacts import gather
+from eagleflow.production import ProductionService
 from eagleflow.prompts import PromptError, load_prompts, split_indices
 from eagleflow.request import StageError, StageRequest
 from eagleflow.stages.common import stage_main
@@ -77,6 +78,9 @@ def run(request: StageRequest) -> Manifest:
         facts["engine"] = f"{kind} {version}"
         if kind == "vllm" and hf and is_mla(hf):
             problems += _mla_engine_problems(cfg, hf)
+    unit = ProductionService(cfg.production).unit_problem()
+    if unit is not None:  # found now, not after hours of generate when the first window stops production
+        problems.append(unit)
     log.info("host facts: %s", facts)
     capacity = _plan(cfg, tok)
     if capacity is not None:

@@ -2,8 +2,8 @@
 
 A stage runs as `python -m eagleflow.stages.<stage> <stage_dir>/request.json`. The request
 (`eagleflow.request.StageRequest`) holds the validated run config, the stage key and the upstream
-manifests; the stage writes its outputs under its directory and `manifest.json` last. A stage that fails exits non-zero with the cause on its last
-line and leaves no manifest, so nothing half-written is ever taken as complete.
+manifests; the stage writes its outputs under its directory and `manifest.json` last. A stage that fails exits non-zero with its cause and fix on its last
+lines (eagleflow.failure) and leaves no manifest, so nothing half-written is ever taken as complete.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from eagleflow.capacity import size_text
+from eagleflow.failure import stage_ending
 from eagleflow.manifest import Manifest, write_manifest
 from eagleflow.production import ProductionError
 from eagleflow.request import StageError, StageRequest
@@ -68,12 +69,12 @@ def stage_main(stage: str, fn: StageFn, argv: list[str] | None = None) -> int:
         log.info("%s done in %.1f s: %s/manifest.json", stage, manifest.seconds, manifest.dir)
         return 0
     except (StageError, ProductionError) as exc:
-        print(f"error: {exc}", flush=True)
+        print("\n".join(stage_ending(str(exc))), flush=True)
         return 1
-    except Exception as exc:  # noqa: BLE001 - the last line must carry the cause for the control side
+    except Exception as exc:  # noqa: BLE001 - the last lines must carry the cause for the control side
         traceback.print_exc(file=sys.stdout)
         full = disk_full(exc, request)
-        print(f"error: {full or f'{type(exc).__name__}: {exc}'}", flush=True)
+        print("\n".join(stage_ending(full or f"{type(exc).__name__}: {exc}")), flush=True)
         return 1
 
 

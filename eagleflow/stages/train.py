@@ -25,6 +25,7 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from eagleflow.failure import stage_ending
 from eagleflow.manifest import Manifest, read_manifest, sha256_file
 from eagleflow.outputs import BestEpoch, EpochMetrics, EvalSummary, ExtractOutputs, TrainMetrics, TrainOutputs
 from eagleflow.request import StageError, StageRequest
@@ -163,11 +164,11 @@ def _rank_main(argv: list[str]) -> int:
         _train(request)
         return 0
     except StageError as exc:
-        print(f"error: rank {os.environ.get('RANK')}: {exc}", flush=True)
+        print("\n".join(stage_ending(f"rank {os.environ.get('RANK')}: {exc}")), flush=True)
         return 1
     except Exception as exc:  # noqa: BLE001 - the launcher reports the last `error:` line
         traceback.print_exc(file=sys.stdout)
-        print(f"error: rank {os.environ.get('RANK')}: {type(exc).__name__}: {exc}", flush=True)
+        print("\n".join(stage_ending(f"rank {os.environ.get('RANK')}: {type(exc).__name__}: {exc}")), flush=True)
         return 1
 
 

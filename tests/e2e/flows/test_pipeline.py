@@ -126,8 +126,13 @@ def test_missing_model_path_fails_in_the_check_naming_the_field(prefect_server, 
                     "--set", "name=e2e-missing")
     assert proc.returncode == 1
     assert "target.model_path" in proc.stdout and "/nonexistent/target" in proc.stdout
-    created = {p for p in set((e2e_workdir / "runs").glob("*/*")) - before if p.parent.name != "check"}
+    created = {p for p in set((e2e_workdir / "runs").glob("*/*")) - before if p.parent.name not in ("check", ".eagleflow")}  # .eagleflow: the host lease's own
     assert created == set()  # no stage started
-    # `eagleflow status` gives the failed run's cause in one line, under the run's line
+    # The CLI's error in three lines at most: what failed, the finding, where the logs are; no progress JSON.
+    error = proc.stdout[proc.stdout.index("error: "):].strip().splitlines()
+    assert len(error) <= 3 and error[1].startswith("cause: the run config does not fit this host: target.model_path"), error
+    assert "#progress" not in proc.stdout[proc.stdout.index("error: "):]
+    # `eagleflow status` gives the failed run's three lines under the run's line
     lines = run_cli(prefect_server, "status", str(e2e_config), "--limit", "1").stdout.splitlines()
-    assert "Failed" in lines[1] and lines[2].startswith("    cause: ") and "no message" not in lines[2], lines[:4]
+    assert "Failed" in lines[1] and lines[2].startswith("    failed: StageFailed: check failed on localhost"), lines[:5]
+    assert lines[3].startswith("    cause: the run config does not fit this host") and "target.model_path" in lines[3], lines[:5]

@@ -66,7 +66,9 @@ def test_job_runs_streams_its_log_and_reports_a_failure_with_its_cause(sshd, roo
             host.run_job(str(root / "bad"), ["sh", "-c", "echo working; echo 'error: the disk is full'; exit 3"],
                          log=lines.append)
     assert err.value.returncode == 3
-    assert "the disk is full" in str(err.value).splitlines()[0] and "loopback" in str(err.value)
+    what, cause, logs = str(err.value).splitlines()  # three lines: what failed, its cause, where the log is
+    assert what == "sh failed on loopback (exit 3)" and cause == "cause: the disk is full", str(err.value)
+    assert logs == f"logs: loopback:{root / 'bad' / 'stage.log'}"
     assert (root / "bad" / "job.exit").exists() and not (root / "bad" / "manifest.json").exists()
 
 

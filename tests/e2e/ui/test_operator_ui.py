@@ -88,12 +88,21 @@ def test_a_failed_run_shows_its_root_cause_and_the_engine_log(page, ui, prefect_
     done = wait_final(prefect_server, run["id"])
     assert done["state"]["type"] == "FAILED", done["state"]
     assert proc.returncode == 1 and "benchmark: Failed" in proc.stdout, proc.stdout[-3000:]
-    assert proc.stdout.splitlines()[-1].startswith("error: the flow run ended Failed: ")
+    # Three lines wherever a person reads the failure: what failed (stage, host), the root cause (the engine's
+    # first traceback's last line), where the logs are (the failure artifact, the stage log on the host).
+    error = proc.stdout[proc.stdout.rindex("error: the flow run ended Failed: "):].strip().splitlines()
+    assert len(error) == 3 and "benchmark failed on localhost" in error[0], error
+    assert error[1].startswith("cause: ") and "root cause: safetensors" in error[1], error
+    assert "artifact eagleflow-e2e-benchmark-failure" in error[2] and "stage.log" in error[2], error
     status = run_cli(prefect_server, "status", str(e2e_config), "--limit", "1").stdout.splitlines()
-    assert status[1].split()[:3] == [done["name"], "benchmark", "Failed"] and status[2].startswith("    cause: "), status[:4]
+    assert status[1].split()[:3] == [done["name"], "benchmark", "Failed"], status[:5]
+    assert status[2].startswith("    failed: StageFailed: benchmark failed") and status[3].startswith("    cause: "), status[:5]
     failed = task_runs(prefect_server, run["id"])["benchmark"]
     assert failed["state"]["type"] == "FAILED"
-    assert "root cause: safetensors" in failed["state"]["message"] and "SafetensorError" in failed["state"]["message"]
+    message = failed["state"]["message"]
+    assert len(message.splitlines()) <= 3 and "#progress" not in message and "Traceback" not in message, message
+    assert "root cause: safetensors" in message and "SafetensorError" in message
+    assert len(done["state"]["message"].splitlines()) <= 3, done["state"]["message"]
 
     open_run(page, ui, run["id"], "Task Runs")
     shot(page, "3-failed-run-page")
@@ -110,6 +119,11 @@ def test_a_failed_run_shows_its_root_cause_and_the_engine_log(page, ui, prefect_
     body.wait_for()
     text = body.inner_text()
     assert "engine-baseline.log" in text and "SafetensorError" in text and "Benchmark failed on localhost" in text
+    # the rest is here (its markdown, as the API gives it): the stage's own log, its progress as a person reads it
+    # (never its JSON), and the engine's log with its traceback
+    data = art["data"]
+    assert "## stage.log" in data and "## engine-baseline.log" in data and "#progress" not in data, data[:3000]
+    assert "Traceback (most recent call last)" in data and "stage.log" in text
     shot(page, "3-failure-artifact-engine-log")
 
 

@@ -61,8 +61,10 @@ def test_states_that_outgrow_the_free_disk_are_refused_in_seconds(tmp_path):
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert seconds < 60, f"the refusal took {seconds:.0f} s"
     assert "error: the run config does not fit this host:" in proc.stdout
-    error = proc.stdout.strip().splitlines()[-1]  # the cause on the last line, for the control side
-    assert "the extraction will not fit the free disk" in error
+    # the cause, then its fix, on the last two lines (eagleflow.failure), for the control side
+    cause, fix = proc.stdout.strip().splitlines()[-2:]
+    assert cause.startswith("error: ") and fix.startswith("fix: ") and "the extraction will not fit the free disk" in cause
+    error = cause + fix
     needed, stated_free = (int(x.replace(",", "")) for x in re.findall(r"\(([\d,]+) bytes\)", error)[:2])
     assert needed > stated_free
     assert stated_free == pytest.approx(shutil.disk_usage(tmp_path).free, rel=0.02)

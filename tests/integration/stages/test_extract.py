@@ -198,8 +198,9 @@ def test_states_that_outgrow_the_free_disk_are_refused_before_anything_is_writte
         proc = subprocess.run([sys.executable, "-m", "eagleflow.stages.extract", str(Path(req.dir) / "request.json")],
                               cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 1 and time.monotonic() - start < 60, proc.stdout[-3000:]
-        last = proc.stdout.strip().splitlines()[-1]
+        last, fix = proc.stdout.strip().splitlines()[-2:]  # the cause, then its fix (eagleflow.failure)
         assert last.startswith("error: the extraction will not fit the free disk") and f"{n * seq:,} tokens" in last
+        assert fix.startswith("fix: ") and "host.work_root" in fix, fix
         needed, stated_free = (int(x.replace(",", "")) for x in re.findall(r"\(([\d,]+) bytes", last)[:2])
         assert needed > stated_free == pytest.approx(free, rel=0.02)
         assert not list((Path(req.dir) / "data").glob("*.safetensors")) and not list(Path(req.dir, "data").glob(".*"))
