@@ -375,7 +375,10 @@ class SshHost(SshFiles, Host):
                 f"Fix: give {self.user} that directory (chown -R {self.user} {self.work_root}), or set host.work_root "
                 "to a directory the user owns"
             )
-        raise HostError(f"job control on {self.label} failed (exit {rc}): {err.strip()[-2000:]}")
+        # One line, as every failure a person reads (eagleflow.failure): its traceback's last line says why.
+        said = next((x.strip() for x in reversed(err.splitlines()) if x.strip()), "no output")[:400]
+        raise HostError(f"job control on {self.label} failed (exit {rc}): {said}. Fix: run "
+                        f"`{self.python} -m eagleflow.jobs --help` on the host to see it fail whole, or bootstrap it again")
 
     def _job(self, *args: str) -> dict[str, Any]:
         argv = [self.python, "-m", "eagleflow.jobs", *args]
