@@ -12,12 +12,14 @@ Each case prints one line of the table in the closing note: the fault, the secon
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -29,7 +31,7 @@ from eagleflow.hosts import HostSetupError
 from eagleflow.hosts.ssh import SshHost
 from tests.conftest import ROOT
 from tests.e2e.conftest import api
-from tests.sshd import start_sshd
+from tests.sshd import Sshd, start_sshd
 
 pytestmark = pytest.mark.e2e
 
@@ -119,19 +121,29 @@ def test_host_python_without_eagleflow_is_named_at_first_contact(prefect_server,
     assert_fails_at_first_contact(result, "is not an environment with eagleflow installed", "No module named")
 
 
-@pytest.mark.skipif(not shutil.which("setpriv") and ROOTED, reason="root needs setpriv to drop its override")
-def test_no_permission_on_work_root_is_named_at_first_contact(prefect_server, tmp_path):
-    # As root the sshd runs without CAP_DAC_OVERRIDE (a root that bypasses permissions meets none).
+NEEDS_SETPRIV = pytest.mark.skipif(not shutil.which("setpriv") and ROOTED, reason="root needs setpriv to drop its override")
+
+
+@contextlib.contextmanager
+def locked_sshd(tmp_path: Path) -> Iterator[tuple[Sshd, Path]]:
+    """An sshd whose sessions may not write in the directory it yields (mode 0555). As root the sshd runs
+    without CAP_DAC_OVERRIDE (a root that bypasses permissions meets none); the mode is restored after."""
     wrap = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"] if ROOTED else None
     sshd = start_sshd(tmp_path / "sshd", wrap=wrap)
     locked = tmp_path / "locked"
     locked.mkdir()
     locked.chmod(0o555)
     try:
-        result = run_benchmark_flow(prefect_server, sshd, tmp_path, locked / "eagleflow")
+        yield sshd, locked
     finally:
         locked.chmod(0o755)
         sshd.stop()
+
+
+@NEEDS_SETPRIV
+def test_no_permission_on_work_root_is_named_at_first_contact(prefect_server, tmp_path):
+    with locked_sshd(tmp_path) as (sshd, locked):
+        result = run_benchmark_flow(prefect_server, sshd, tmp_path, locked / "eagleflow")
     assert_fails_at_first_contact(result, "may not write under host.work_root", "chown -R")
 
 
@@ -154,22 +166,14 @@ def test_a_full_disk_is_named_at_first_contact(prefect_server, tmp_path):
     assert_fails_at_first_contact(result, "is full", "host.work_root")
 
 
+@NEEDS_SETPRIV
 def test_a_write_refused_for_permission_names_the_directory_and_the_fix(tmp_path):
     """The same refusal met by a file write (a request, a copied wheel), not job control: named, not a lost link."""
-    wrap = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"] if ROOTED else None
-    sshd = start_sshd(tmp_path / "sshd", wrap=wrap)
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    locked.chmod(0o555)
-    try:
-        with SshHost(host_config(sshd, locked)) as host:
-            t0 = time.monotonic()
-            with pytest.raises(HostSetupError) as err:
-                host.write_text(str(locked / "stage" / "request.json"), "{}")
-            took = time.monotonic() - t0
-    finally:
-        locked.chmod(0o755)
-        sshd.stop()
+    with locked_sshd(tmp_path) as (sshd, locked), SshHost(host_config(sshd, locked)) as host:
+        t0 = time.monotonic()
+        with pytest.raises(HostSetupError) as err:
+            host.write_text(str(locked / "stage" / "request.json"), "{}")
+        took = time.monotonic() - t0
     assert "may not write in" in str(err.value) and "fix: " in str(err.value) and took < 10, (took, str(err.value))
 
 

@@ -54,7 +54,7 @@ def test_sigkill_mid_epoch_then_resume_reaches_the_uninterrupted_checkpoint(tmp_
     train = {"epochs": 2, "batch_tokens": 64, "draft_vocab_size": 24, "warmup_steps": 2, "max_seq_len": 32,
              "num_threads": 1, "checkpoint_every_steps": 10, "log_every_steps": 1000}
     whole, killed = _stage(tmp_path, root, "whole", train), _stage(tmp_path, root, "killed", train)
-    subprocess.run(_cmd(whole), check=True, capture_output=True, text=True, timeout=300)
+    subprocess.run(_cmd(whole), check=True, capture_output=True, text=True, timeout=900)
 
     ckpts = killed / "checkpoints"
     proc = subprocess.Popen(_cmd(killed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -74,7 +74,7 @@ def test_sigkill_mid_epoch_then_resume_reaches_the_uninterrupted_checkpoint(tmp_
     epoch_1_steps = json.loads((whole / "manifest.json").read_text())["metrics"]["epochs"][0]["step"]
     assert step % 10 == 0 and step < epoch_1_steps, (left, epoch_1_steps)
 
-    resumed = subprocess.run(_cmd(killed), capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(_cmd(killed), capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert f"resuming mid-epoch from step-{step}: epoch 1 at batch {step} (step {step})" in resumed.stdout
 
@@ -106,7 +106,7 @@ def test_two_ranks_follow_the_one_rank_curve(tmp_path):
     curves, weights, metrics = {}, {}, {}
     for name, kw in runs.items():
         d = _stage(tmp_path, root, name, {**train, **kw})
-        out = subprocess.run(_cmd(d), capture_output=True, text=True, timeout=300)
+        out = subprocess.run(_cmd(d), capture_output=True, text=True, timeout=900)
         assert out.returncode == 0, out.stdout[-3000:]
         curves[name] = [float(x) for x in STEP_LOSS.findall(out.stdout)]
         weights[name] = _final_state(d, 2)[0]
