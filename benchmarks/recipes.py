@@ -7,7 +7,7 @@ each drafter served by vLLM (issue 24, item 2).
     .hostenv/bin/python benchmarks/recipes.py --table runs/recipes/demo runs/recipes/demo-mla
 
 For each seed:
-  1. eagleflow, once per recipe (`RECIPES`): the train stage for `--epochs` passes over the training split,
+  1. eagleflow, once per recipe (`RECIPES`, or those `--recipes` names): the train stage for `--epochs` passes over the training split,
      then the export stage (vLLM layout); the run's own best epoch (simulated acceptance on the holdout);
   2. speculators 0.9.0 (`--loss-fn lk_hybrid`, its best loss; otherwise its recommended EAGLE-3 settings as in
      benchmarks/compare_speculators.py), twice: on as many tokens as eagleflow trained on (equal tokens), and on
@@ -53,6 +53,9 @@ RECIPES: dict[str, dict[str, Any]] = {
     "soft_ce": {"train.loss": "soft_ce", "train.step_loss_decay": 0.8},  # EAGLE-3's; the default until now
     "lk": {"train.loss": "lk", "train.step_loss_decay": 0.8},
     "lk_flat_normout": {"train.loss": "lk", "train.step_loss_decay": 1.0, "train.norm_output": True},  # speculators'
+    # speculators' optimizer (Muon over the matrices, AdamW over the rest), eagleflow's schedule and weights
+    "soft_ce_muon": {"train.loss": "soft_ce", "train.step_loss_decay": 0.8, "train.optimizer": "muon"},
+    "lk_muon": {"train.loss": "lk", "train.step_loss_decay": 0.8, "train.optimizer": "muon"},
 }
 REFERENCE = "soft_ce"  # the recipe whose seconds the equal-seconds budget is
 
@@ -137,7 +140,7 @@ def run(args: argparse.Namespace) -> Path:
     baseline = serve(cfg, None, out / "baseline", port)
     pairs = {}  # seed -> (eagleflow's reference run, speculators' equal-token run): the two rates
     for seed in args.seeds:  # first every equal-token run: none reads the clock
-        for recipe in RECIPES:
+        for recipe in args.recipes:
             d = out / f"seed{seed}" / f"eagleflow-{recipe}"
             ours = train_ours(cfg_path, base, extract, d, recipe, seed)
             ours["served"] = serve(cfg, ours["drafter_dir"], d / "serve", port)
@@ -154,7 +157,7 @@ def run(args: argparse.Namespace) -> Path:
     # Equal seconds: what speculators trains in the seconds eagleflow's reference recipe trained for, at the two
     # rates of the seed whose runs the rest of the machine disturbed least (rates.json keeps them for reruns).
     ratio = rate_ratio(out / "rates.json", pairs, args.rate_ratio)
-    for seed in args.seeds:
+    for seed in args.seeds if args.equal_seconds else []:
         ref = pairs[seed][0]
         d = out / f"seed{seed}" / "speculators-seconds"
         sec = train_theirs(cfg, extract, d, seed, args.epochs, ref["tokens"] * ratio)
@@ -228,9 +231,15 @@ def main() -> int:
     p.add_argument("--rate-ratio", default=None, metavar="RATIO:SOURCE",
                    help="speculators' tokens a second over eagleflow's for the equal-seconds runs, measured when the "
                    "machine was quiet (default: from this run's equal-token runs)")
+    p.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES),
+                   help=f"eagleflow's recipes to train (default: all); {REFERENCE} is the equal-seconds reference")
+    p.add_argument("--no-equal-seconds", dest="equal_seconds", action="store_false",
+                   help="equal-token runs only (the equal-seconds budget is a function of the rates alone)")
     p.add_argument("--make-data", action="store_true", help="generate and extract here instead of reading a finished run")
     p.add_argument("--table", type=Path, nargs="+", default=None, help="print the table of finished runs and exit")
     args = p.parse_args()
+    if REFERENCE not in args.recipes:
+        p.error(f"--recipes must include {REFERENCE}: the equal-seconds budget is its seconds")
     if args.table:
         print(table(args.table))
         return 0

@@ -172,7 +172,7 @@ def synthetic_data(s: Shape, batch: int, seq_len: int, device: torch.device, see
 
 # ------------------------------------------------------------------------------------ eagleflow
 
-def eagleflow_step(s: Shape, data: SyntheticData, steps: int, device: torch.device):
+def eagleflow_step(s: Shape, data: SyntheticData, steps: int, device: torch.device, optimizer: str = "adamw"):
     """(a zero-argument training step, the model): eagleflow's public one-step entry point."""
     from eagleflow.drafter.config import TrainConfig
     from eagleflow.drafter.data import Batch
@@ -181,7 +181,7 @@ def eagleflow_step(s: Shape, data: SyntheticData, steps: int, device: torch.devi
     from eagleflow.drafter.step import make_optimizer, train_step
     from eagleflow.drafter.target import arch_for_target
 
-    cfg = TrainConfig(ttt_steps=steps, draft_vocab_size=s.draft_vocab, device=device.type,
+    cfg = TrainConfig(ttt_steps=steps, draft_vocab_size=s.draft_vocab, device=device.type, optimizer=optimizer,
                       dtype="bfloat16" if device.type == "cuda" else "float32")
     target = TargetHead(embed_tokens=data.embed, norm_weight=data.norm_weight, rms_norm_eps=s.rms_norm_eps,
                         lm_head=data.lm_head, config=s.target_config())
@@ -376,7 +376,7 @@ def profile_step(step, device: torch.device, rows: int) -> str:
 def run_one(trainer: str, s: Shape, batch: int, seq_len: int, args, device: torch.device) -> dict:
     data = synthetic_data(s, batch, seq_len, device, seed=args.seed)
     if trainer == "eagleflow":
-        step, model = eagleflow_step(s, data, args.ttt_steps, device)
+        step, model = eagleflow_step(s, data, args.ttt_steps, device, args.optimizer)
     else:
         step, model = speculators_step(s, data, args.ttt_steps, device, args.spec_optimizer,
                                        "eager" if device.type == "cpu" else args.spec_loss, args.spec_attn)
@@ -408,6 +408,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps (the first compiles)")
     parser.add_argument("--iters", type=int, default=8, help="timed steps; the median is reported")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw", help="eagleflow's train.optimizer")
     parser.add_argument("--spec-optimizer", choices=["adamw", "muon"], default="adamw")
     parser.add_argument("--spec-loss", choices=["fused", "eager"], default="eager",
                         help="speculators' loss implementation (fused fails under torch 2.11's dynamo)")

@@ -29,7 +29,7 @@ from eagleflow.config import RunConfig
 from eagleflow.rates import (
     DDP_GPU_EFFICIENCY, DEFAULT_ANSWER_TOKENS, DEFAULT_CHECK_S, DEFAULT_DECODE_TOK_S, DEFAULT_DISK_WRITE_BPS,
     DEFAULT_EXPORT_S, DEFAULT_EXTRACT_TOK_S, DEFAULT_GENERATE_TOK_S, DEFAULT_PROMPT_TOKENS, DEFAULT_TRAIN_TOK_S,
-    ENGINE_BASE_START_S, H200_TRAIN_TFLOPS, LOAD_S_PER_GB, NUM_STATES, SOURCES, TRAIN_GPU_FRACTION,
+    ENGINE_BASE_START_S, H200_MUON_NS_TFLOPS, H200_TRAIN_TFLOPS, LOAD_S_PER_GB, NUM_STATES, SOURCES, TRAIN_GPU_FRACTION,
     TRAIN_STAGE_FRACTION,
 )
 
@@ -218,14 +218,30 @@ def drafter_params(t: TargetFacts, cfg: RunConfig) -> tuple[int, int]:
 def train_flops_per_token(t: TargetFacts, cfg: RunConfig) -> float:
     """Model FLOPs of a training token as benchmarks/train_gpu.py counts them: 3x the forward (fc; per TTT step
     q/k/v from 2H, o, MLP, draft-vocabulary head, causal attention over train.max_seq_len) + the target's logits."""
-    h = t.hidden_size
-    heads = t.num_attention_heads or max(1, h // 64)
-    a, g = heads * (t.head_dim or h // heads), (t.num_key_value_heads or heads) * (t.head_dim or h // heads)
-    inter, k = cfg.train.intermediate_size or t.intermediate_size or 4 * h, cfg.train.ttt_steps
+    h, a, g, inter = _drafter_dims(t, cfg)
+    k = cfg.train.ttt_steps
     vd = min(cfg.train.draft_vocab_size, t.vocab_size or cfg.train.draft_vocab_size)
     attn = sum(4 * a * ((cfg.train.max_seq_len + 1) / 2 + i) for i in range(k))
     forward = 6 * h * h + k * (4 * h * (a + 2 * g) + 2 * a * h + 6 * h * inter + 2 * h * vd) + attn
     return 3 * forward + 2 * h * vd
+
+
+def _drafter_dims(t: TargetFacts, cfg: RunConfig) -> tuple[int, int, int, int]:
+    """(hidden, attention width, KV width, MLP width) of the drafter layer, as the plan assumes them."""
+    h = t.hidden_size
+    heads = t.num_attention_heads or max(1, h // 64)
+    head_dim = t.head_dim or h // heads
+    inter = cfg.train.intermediate_size or t.intermediate_size or 4 * h
+    return h, heads * head_dim, (t.num_key_value_heads or heads) * head_dim, inter
+
+
+def muon_flops_per_step(t: TargetFacts, cfg: RunConfig, ns_steps: int = 5) -> float:
+    """FLOPs of one Muon step's Newton-Schulz iterations over the drafter's weight matrices (fc, q, k, v, o and
+    the MLP's three): per iteration on an m x n matrix (m <= n), X X^T, (bA + cA^2) and that times X, 4 m^2 n +
+    2 m^3. Independent of the tokens a step; under DDP every rank repeats it whole."""
+    h, a, g, inter = _drafter_dims(t, cfg)
+    shapes = [(h, 3 * h), (a, 2 * h), (g, 2 * h), (g, 2 * h), (h, a), (inter, h), (inter, h), (h, inter)]
+    return ns_steps * sum(4 * min(m, n) ** 2 * max(m, n) + 2 * min(m, n) ** 3 for m, n in shapes)
 
 
 def default_train_rate(t: TargetFacts, cfg: RunConfig, gpus: list[GpuFacts]) -> tuple[float, str]:
@@ -237,34 +253,47 @@ def default_train_rate(t: TargetFacts, cfg: RunConfig, gpus: list[GpuFacts]) -> 
                                                         "where eagleflow's rate was measured" if other else "")
     flops, n = train_flops_per_token(t, cfg), cfg.train.nproc
     one, eff = H200_TRAIN_TFLOPS * 1e12 / flops * TRAIN_STAGE_FRACTION, DDP_GPU_EFFICIENCY if n > 1 else 1.0
+    muon = ""
+    if cfg.train.optimizer == "muon":  # a fixed cost a step on each rank: fewer tokens a step pay more of it
+        rank_tokens = cfg.train.batch_tokens / n
+        ns_s = muon_flops_per_step(t, cfg) / (H200_MUON_NS_TFLOPS * 1e12)
+        one = rank_tokens / (rank_tokens / one + ns_s)
+        muon = (f"; Muon's Newton-Schulz {ns_s * 1e3:.0f} ms a step on every rank ({rank_tokens:,.0f} tokens a rank "
+                f"a step, at the {H200_MUON_NS_TFLOPS:.0f} TFLOP/s measured at Kimi-K2.5's drafter shape)")
     return one * n * eff, (
         f"scaled: an H200 trained at {H200_TRAIN_TFLOPS:.0f} TFLOP/s (Kimi-K2.5's drafter shape, docs/benchmarks.md), "
         f"{one:,.0f} tok/s at this drafter's {flops / 1e9:.1f} GFLOP a token and the stage's own "
-        f"{TRAIN_STAGE_FRACTION:.0%}" + (f", x {n} GPUs x {eff:.2f} (per-GPU data-parallel efficiency measured on 2 "
-                                         "H200s)" if n > 1 else ""))
+        f"{TRAIN_STAGE_FRACTION:.0%}{muon}" + (f", x {n} GPUs x {eff:.2f} (per-GPU data-parallel efficiency measured "
+                                               "on 2 H200s)" if n > 1 else ""))
+
+
+# float32 optimizer state a trainable weight: AdamW's two moments, Muon's one (its norms' AdamW: a rounding error)
+OPTIMIZER_STATE_BYTES = {"adamw": 8, "muon": 4}
 
 
 def train_gpu_bytes(t: TargetFacts, cfg: RunConfig) -> tuple[int, str]:
-    """Peak bytes on each training rank, and how they add up. Weights, gradients and AdamW's two
-    states are float32 (autocast computes in bf16); the target's embedding and lm_head and the
-    drafter's embedding copy are float32 V x H each. Activations are a rough per-token figure: per
+    """Peak bytes on each training rank, and how they add up. Weights, gradients and the optimizer's
+    states (AdamW's two, Muon's one) are float32 (autocast computes in bf16); the target's embedding
+    and lm_head and the drafter's embedding copy are float32 V x H each. Activations are a rough per-token figure: per
     TTT step ~(14 H + 4 I) bf16 values of the layer and two float32 rows of draft-vocabulary logits."""
     total, trainable = drafter_params(t, cfg)
     h, v = t.hidden_size, t.vocab_size or cfg.train.draft_vocab_size
     inter = cfg.train.intermediate_size or t.intermediate_size or 4 * h
     vd = min(cfg.train.draft_vocab_size, v)
-    states = 4 * total + 12 * trainable + 3 * 4 * v * h
+    states = 4 * total + (4 + OPTIMIZER_STATE_BYTES[cfg.train.optimizer]) * trainable + 3 * 4 * v * h
     micro = math.ceil(cfg.train.batch_tokens / (cfg.train.nproc * cfg.train.grad_accum_steps))
     per_token = cfg.train.ttt_steps * ((14 * h + 4 * inter) * 2 + 2 * vd * 4) + 4 * h * 2 + vd * 4
     act = micro * per_token
-    return states + act, (f"weights+grads+AdamW+frozen heads {size_text(states)}, activations {size_text(act)} "
+    return states + act, (f"weights+grads+{'Muon' if cfg.train.optimizer == 'muon' else 'AdamW'}+frozen heads "
+                          f"{size_text(states)}, activations {size_text(act)} "
                           f"({micro:,} tokens a micro-batch x {cfg.train.ttt_steps} TTT steps)")
 
 
 def checkpoint_bytes(t: TargetFacts, cfg: RunConfig) -> int:
-    """One checkpoint: float32 weights + AdamW's two float32 states of the trainable ones."""
+    """One checkpoint: float32 weights + the optimizer's float32 states of the trainable ones."""
     total, trainable = drafter_params(t, cfg)
-    return 4 * total + 8 * trainable
+    return 4 * total + OPTIMIZER_STATE_BYTES[cfg.train.optimizer] * trainable
+
 
 
 def engine_start_s(weights_bytes: int | None, cache: str = "cold") -> float:

@@ -32,6 +32,11 @@ ENGINE_BASE_START_S = 60.0
 H200_TRAIN_TFLOPS = 522.5
 TRAIN_STAGE_FRACTION = 0.94
 DDP_GPU_EFFICIENCY = 0.64
+# Muon's Newton-Schulz (train.optimizer 'muon'): a fixed cost a step on every rank (DDP repeats it), measured as the
+# step's growth against AdamW at Kimi-K2.5's drafter shape on one H200 (912.9 - 666.7 ms, T 8,192,
+# benchmarks/train_gpu.py --optimizer muon), over its FLOPs as eagleflow.capacity.muon_flops_per_step counts them
+# (1.61e14): the rate those matrices orthogonalize at.
+H200_MUON_NS_TFLOPS = 654.0
 # Production paused instead of stopped (benchmarks/pause_gpu.py, vLLM 0.26, one H200, the demo target): from
 # the window's release to healthy with a new drafter swapped in and probed, 7.2-7.9 s (wake 0.12 s, swap 3.4-3.8 s
 # with the sender's start, the probe's 4 requests). A level-1 wake copies the weights back from pinned host RAM:

@@ -14,12 +14,23 @@ class TrainConfig(BaseModel):
 
     # --- schedule -------------------------------------------------------------------------------
     epochs: int = Field(3, ge=1, le=1000, description="Passes over the training split.")
-    learning_rate: float = Field(1e-3, gt=0, le=1, description="Peak AdamW learning rate.")
+    learning_rate: float = Field(1e-3, gt=0, le=1, description="Peak learning rate (AdamW's, and Muon's at AdamW's RMS).")
     min_lr_ratio: float = Field(
         0.05, ge=0, le=1, description="The cosine decays to learning_rate * min_lr_ratio at the end of training."
     )
     weight_decay: float = Field(0.0, ge=0, le=1, description="AdamW weight decay (not applied to norms).")
     adam_beta2: float = Field(0.95, gt=0, lt=1, description="AdamW beta2 (beta1 is 0.9).")
+    optimizer: Literal["adamw", "muon"] = Field(
+        "adamw",
+        description="'adamw' over every trainable weight; 'muon' (speculators' and Moonshot's recipe): torch.optim.Muon "
+        "over the drafter layer's and fc's weight matrices (Newton-Schulz orthogonalized momentum, its learning rate "
+        "scaled to match AdamW's update RMS, so learning_rate and its schedule apply unchanged), AdamW over the rest "
+        "(norms, lm_head). Muon keeps one float32 state a weight where AdamW keeps two.",
+    )
+    muon_momentum: float = Field(0.95, gt=0, lt=1, description="Muon's Nesterov momentum (optimizer 'muon').")
+    muon_weight_decay: float = Field(
+        0.1, ge=0, le=1, description="Muon's decoupled weight decay on the matrices (optimizer 'muon'; speculators: 0.1)."
+    )
     warmup_steps: int = Field(20, ge=0, le=10_000, description="Linear warm-up steps before cosine decay.")
     batch_tokens: int = Field(
         4096, ge=64, le=16_777_216,

@@ -14,15 +14,66 @@ from eagleflow.drafter.objective import StepStats, TTTObjective
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW over the trainable parameters; no weight decay on norms (1-D weights)."""
-    decay, no_decay = [], []
-    for p in model.parameters():
-        if p.requires_grad:
-            (no_decay if p.dim() < 2 else decay).append(p)
+    """The optimizer `cfg.optimizer` names over the trainable parameters. AdamW: no weight decay on norms
+    (1-D weights). Muon: the weight matrices but lm_head (a vocabulary's rows, not a linear map Muon's
+    orthogonalization suits, as speculators and Keller Jordan's Muon keep it out), AdamW for the rest."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if cfg.optimizer == "muon":
+        is_matrix = {n: p.dim() == 2 and min(p.shape) > 1 and "lm_head" not in n for n, p in named}
+        matrices = [p for n, p in named if is_matrix[n]]
+        rest = [p for n, p in named if not is_matrix[n]]
+        parts: list[torch.optim.Optimizer] = []
+        if matrices:
+            parts.append(torch.optim.Muon(matrices, lr=cfg.learning_rate, momentum=cfg.muon_momentum,
+                                          weight_decay=cfg.muon_weight_decay, adjust_lr_fn="match_rms_adamw"))
+        if rest:
+            parts.append(_adamw(rest, cfg))
+        return parts[0] if len(parts) == 1 else Optimizers(parts)
+    return _adamw([p for _, p in named], cfg)
+
+
+def _adamw(params: list[nn.Parameter], cfg: TrainConfig) -> torch.optim.AdamW:
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
     return torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=cfg.learning_rate, betas=(0.9, cfg.adam_beta2),
     )
+
+
+class Optimizers(torch.optim.Optimizer):
+    """Several optimizers over disjoint parameters, stepped, zeroed, scheduled and checkpointed as one
+    (Muon for the matrices beside AdamW for the rest). `param_groups` are the parts' own groups, read
+    anew each time (a part's `load_state_dict` replaces its group dicts), so a schedule that sets each
+    group's lr reaches every part, after a resume too."""
+
+    def __init__(self, parts: list[torch.optim.Optimizer]) -> None:  # no super().__init__: no state of its own
+        self.parts = parts
+        self.defaults: dict = {}
+        self.state: dict = {}
+
+    @property
+    def param_groups(self) -> list[dict]:  # type: ignore[override]
+        return [g for part in self.parts for g in part.param_groups]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for part in self.parts:
+            part.zero_grad(set_to_none=set_to_none)
+
+    @torch.no_grad()
+    def step(self, closure: None = None) -> None:  # type: ignore[override]
+        for part in self.parts:
+            part.step()
+
+    def state_dict(self) -> dict:  # type: ignore[override]
+        return {"parts": [part.state_dict() for part in self.parts]}
+
+    def load_state_dict(self, state_dict: dict) -> None:  # type: ignore[override]
+        if len(state_dict.get("parts", ())) != len(self.parts):
+            raise ValueError(f"the checkpoint's optimizer state has {len(state_dict.get('parts', ()))} parts, this "
+                             f"optimizer {len(self.parts)}: it was written with another train.optimizer")
+        for part, state in zip(self.parts, state_dict["parts"]):
+            part.load_state_dict(state)
 
 
 def autocast_for(device: torch.device, cfg: TrainConfig) -> torch.autocast:

@@ -41,9 +41,10 @@ def test_dispatch_overhead_runs():
     assert "dispatch overhead, per task (cold):" in out
 
 
-def test_train_gpu_runs_the_public_train_step_on_cpu():
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_train_gpu_runs_the_public_train_step_on_cpu(optimizer):
     out = run([sys.executable, BENCH / "train_gpu.py", "--tiny", "--device", "cpu", "--trainer", "eagleflow",
-               "--seq-len", "64", "--batch", "2", "--warmup", "1", "--iters", "2"], timeout=300)
+               "--optimizer", optimizer, "--seq-len", "64", "--batch", "2", "--warmup", "1", "--iters", "2"], timeout=300)
     assert "| eagleflow | 2 x 64 |" in out
 
 

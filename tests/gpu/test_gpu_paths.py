@@ -129,6 +129,42 @@ def test_a_training_step_on_the_gpu_is_the_cpu_step_within_bf16(tmp_path):
     assert torch.nn.functional.cosine_similarity(moved, grads["cpu"][name].flatten(), dim=0).item() < 0.98
 
 
+def test_a_muon_step_on_the_gpu_moves_the_weights_as_on_the_cpu(tmp_path):
+    """train.optimizer 'muon' on CUDA: the same weights and gradients, one step of Muon beside AdamW on each
+    device; every weight's update agrees with the CPU's (Newton-Schulz runs in bf16 on both), and the update of a
+    matrix is Muon's (near-orthogonal), not Adam's. Control: a step on other gradients moves it elsewhere."""
+    from tests.helpers.drafter import tiny_trainer, write_synthetic
+
+    root = tmp_path / "syn"
+    write_synthetic(root, n_train=40)
+    cpu, gpu = (tiny_trainer(tmp_path / d, root, device=d, optimizer="muon", max_seq_len=32) for d in ("cpu", "cuda"))
+    gpu.model.load_state_dict({k: v.cuda() for k, v in cpu.model.state_dict().items()})
+    gen = torch.Generator().manual_seed(0)
+    grads = {n: torch.randn(p.shape, generator=gen) for n, p in cpu.model.named_parameters() if p.requires_grad}
+    before = {n: p.detach().clone() for n, p in cpu.model.named_parameters()}
+    for t in (cpu, gpu):
+        for n, p in t.model.named_parameters():
+            if n in grads:
+                p.grad = grads[n].to(p.device)
+        t.optimizer.step()
+    for n, g in grads.items():
+        dc = dict(cpu.model.named_parameters())[n].detach() - before[n]
+        dg = dict(gpu.model.named_parameters())[n].detach().cpu() - before[n]
+        cos = torch.nn.functional.cosine_similarity(dc.flatten(), dg.flatten(), dim=0).item()
+        assert cos > 0.99, f"{n}: the GPU's update is off the CPU's (cosine {cos:.4f})"
+    sv = torch.linalg.svdvals((dict(gpu.model.named_parameters())["fc.weight"].detach().cpu()
+                               - before["fc.weight"]).double())
+    assert float(sv.max() / sv.min()) < 2.0  # orthogonalized
+    other = torch.randn(grads["fc.weight"].shape, generator=gen)
+    w = dict(cpu.model.named_parameters())["fc.weight"]
+    start = w.detach().clone()
+    w.grad = other
+    cpu.optimizer.step()
+    dc = (w.detach() - start).flatten()
+    ref = (dict(gpu.model.named_parameters())["fc.weight"].detach().cpu() - before["fc.weight"]).flatten()
+    assert torch.nn.functional.cosine_similarity(dc, ref, dim=0).item() < 0.99
+
+
 @pytest.mark.parametrize("storage", ["bfloat16", "float8_e4m3fn"])
 def test_the_cuda_stream_shard_writer_writes_the_cpu_writers_bytes(tmp_path, storage):
     """States on the GPU go through the copy stream into pinned chunks (and fp8 is quantized on the GPU): the

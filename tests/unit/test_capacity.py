@@ -12,9 +12,10 @@ import pytest
 
 from eagleflow.capacity import (
     DEFAULT_EXTRACT_TOK_S, H200_TRAIN_TFLOPS, HostFacts, MeasuredRun, Progress, extract_bytes, plan, render_plan,
-    state_bytes_per_token, states_refusal, train_flops_per_token,
+    muon_flops_per_step, state_bytes_per_token, states_refusal, train_flops_per_token,
 )
 from eagleflow.config import load_config
+from eagleflow.rates import H200_MUON_NS_TFLOPS
 from eagleflow.manifest import Manifest, stage_dir, stage_key, write_manifest
 from eagleflow.outputs import CheckMetrics, ExtractMetrics, GenerateMetrics, GenerateOutputs
 from eagleflow.planfacts import progress, run_history, target_facts
@@ -82,7 +83,11 @@ def test_kimi_on_the_stated_h200_host_reads_true_against_the_seeds():
     # Training on the 8 GPUs: the H200's measured rate at this drafter's FLOPs, scaled to 8 (and saying so)
     train = stage(bf16, "train")
     cfg = kimi(**{"extract.storage_dtype": "bfloat16"})
-    tok_s = H200_TRAIN_TFLOPS * 1e12 / train_flops_per_token(facts().target, cfg) * 0.94 * 8 * 0.64
+    one = H200_TRAIN_TFLOPS * 1e12 / train_flops_per_token(facts().target, cfg) * 0.94
+    assert cfg.train.optimizer == "muon"  # plus Newton-Schulz's fixed seconds a step on each rank
+    rank_tokens = cfg.train.batch_tokens / 8
+    one = rank_tokens / (rank_tokens / one + muon_flops_per_step(facts().target, cfg) / (H200_MUON_NS_TFLOPS * 1e12))
+    tok_s = one * 8 * 0.64
     trained = cfg.train.epochs * bf16.tokens.tokens * (1 - cfg.generate.holdout / cfg.generate.num_samples)
     assert train.seconds == pytest.approx(trained / tok_s, rel=0.01)
     assert train.source.startswith("scaled: an H200 trained at") and "x 8 GPUs x 0.64" in train.source
@@ -189,3 +194,22 @@ def test_the_plan_is_in_the_check_manifest_and_the_report():
     assert report.capacity == p
     assert "capacity plan: /models/Kimi-K2.5" in render_text(report)
     assert "**Capacity plan**" in render_markdown(report) and "414.4 GB" in render_markdown(report)
+
+
+def test_muon_adds_its_measured_newton_schulz_to_every_step_of_every_rank():
+    """optimizer 'muon': the plan's train time grows by Newton-Schulz's seconds a step (a fixed cost on each rank,
+    at the rate measured at Kimi-K2.5's drafter shape), so fewer tokens a rank a step pay more of it."""
+    # The count at the measured shape (hidden 7168, 64 x 128 heads, 64 KV heads, MLP 12,288) is the 1.61e14 that
+    # the measured 246 ms was divided by.
+    bench = facts().target.model_copy(update={"head_dim": 128})
+    assert muon_flops_per_step(bench, kimi(**{"train.intermediate_size": 12288})) == pytest.approx(1.61e14, rel=0.01)
+    adamw, muon = (stage(plan(kimi(**{"train.optimizer": o}), facts()), "train") for o in ("adamw", "muon"))
+    ns_s = muon_flops_per_step(facts().target, kimi()) / (H200_MUON_NS_TFLOPS * 1e12)
+    rank_tokens = kimi().train.batch_tokens / 8
+    per_token_s = 1 / (H200_TRAIN_TFLOPS * 1e12 / train_flops_per_token(facts().target, kimi()) * 0.94)
+    assert muon.seconds / adamw.seconds == pytest.approx((rank_tokens * per_token_s + ns_s) / (rank_tokens * per_token_s),
+                                                         rel=1e-3)
+    assert 1.2 < muon.seconds / adamw.seconds < 1.6 and "Muon's Newton-Schulz" in muon.source
+    fewer = stage(plan(kimi(**{"train.optimizer": "muon", "train.batch_tokens": 16384}), facts()), "train")
+    assert fewer.seconds > muon.seconds * 1.5  # a quarter of the tokens a step: the same cost a step, 4x the steps
+

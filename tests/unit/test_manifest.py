@@ -49,6 +49,18 @@ def test_the_drafter_arch_left_to_auto_keeps_the_keys_runs_had_before_it_existed
     assert {s for s in base if base[s] != explicit[s]} == {"train", "export", "benchmark"}
 
 
+def test_adamw_the_default_optimizer_keeps_the_keys_runs_had_before_muon_existed():
+    # Muon's settings do not touch an AdamW drafter; runs trained before train.optimizer existed keep their keys
+    cfg = load_config(ROOT / "configs" / "demo.yaml", {"train.muon_momentum": 0.9})
+    assert not {"optimizer", "muon_momentum", "muon_weight_decay"} & set(stage_settings("train", cfg)["train"])
+    base = keys(load_config(ROOT / "configs" / "demo.yaml"))
+    assert keys(cfg) == base
+    muon = keys(load_config(ROOT / "configs" / "demo.yaml", {"train.optimizer": "muon"}))
+    assert {s for s in base if base[s] != muon[s]} == {"train", "export", "benchmark"}
+    slower = keys(load_config(ROOT / "configs" / "demo.yaml", {"train.optimizer": "muon", "train.muon_momentum": 0.9}))
+    assert slower["train"] != muon["train"]
+
+
 @pytest.mark.parametrize("override", [
     {"train.time_limit_s": 7200},  # a safety cap: raised, the same stage dir resumes
     {"train.nproc": 2, "train.grad_accum_steps": 4},

@@ -45,3 +45,39 @@ def test_optimizer_groups_and_autocast():
     assert not any(p is model.lm_head.weight for p in decay["params"])  # frozen: not optimized
     with autocast_for(torch.device("cpu"), cfg):
         assert not torch.is_autocast_enabled("cpu")  # the CPU computes in float32
+
+
+def test_muon_takes_the_layer_matrices_and_adamw_the_rest():
+    """optimizer 'muon': torch.optim.Muon over fc's and the layer's weight matrices, AdamW over the norms;
+    the frozen lm_head in neither. One schedule reaches both (the trainer sets every group's lr), and a
+    step moves the matrices by Muon's orthogonalized update, not Adam's."""
+    cfg = TrainConfig(optimizer="muon", weight_decay=0.0)
+    model = make_model()
+    model.lm_head.weight.requires_grad_(False)
+    opt = make_optimizer(model, cfg)
+    muon, adamw = opt.parts
+    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+    names = {id(p): n for n, p in model.named_parameters()}
+    in_muon = {names[id(p)] for g in muon.param_groups for p in g["params"]}
+    in_adamw = {names[id(p)] for g in adamw.param_groups for p in g["params"]}
+    assert "fc.weight" in in_muon and any("q_proj" in n for n in in_muon) and any("down_proj" in n for n in in_muon)
+    assert all(model.get_parameter(n).dim() == 2 for n in in_muon)
+    assert in_adamw and all(model.get_parameter(n).dim() == 1 for n in in_adamw)
+    assert "lm_head.weight" not in in_muon | in_adamw
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert in_muon | in_adamw == trainable and not in_muon & in_adamw
+    assert muon.param_groups[0]["weight_decay"] == cfg.muon_weight_decay
+    for group in opt.param_groups:
+        group["lr"] = 1e-2
+    assert muon.param_groups[0]["lr"] == adamw.param_groups[0]["lr"] == 1e-2
+    before = model.fc.weight.detach().clone()
+    model.fc.weight.grad = torch.randn_like(model.fc.weight)
+    opt.step()
+    update = (before - model.fc.weight.detach()).double()
+    # Newton-Schulz leaves the update near-orthogonal: its singular values are close together (an Adam
+    # step's first update is sign(g), whose singular values spread like a random matrix's).
+    sv = torch.linalg.svdvals(update)
+    assert float(sv.max() / sv.min()) < 2.0
+    opt.zero_grad()
+    assert model.fc.weight.grad is None
+

@@ -87,15 +87,18 @@ def test_max_steps_stops_at_exactly_that_step_and_marks_the_epoch_incomplete(tmp
     assert again.epochs[0].complete is False
 
 
-def test_time_limit_fails_after_a_step_checkpoint_and_a_rerun_reaches_the_uninterrupted_weights(tmp_path):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_time_limit_fails_after_a_step_checkpoint_and_a_rerun_reaches_the_uninterrupted_weights(tmp_path, optimizer):
     """train.time_limit_s is a safety cap: reached (1e-9 s: right after the first step), the trainer
     writes a step checkpoint and raises TrainError naming the limit. The same stage dir rerun without
-    the cap resumes there and ends with the weights of a run that was never interrupted."""
+    the cap resumes there and ends with the weights of a run that was never interrupted: with Muon
+    beside AdamW too (both optimizers' states are in the checkpoint: Muon's momentum lost would move
+    every later step)."""
     root = write_synthetic(tmp_path / "syn", n_train=40)
-    whole = tiny_trainer(tmp_path / "whole", root, epochs=2)
+    whole = tiny_trainer(tmp_path / "whole", root, epochs=2, optimizer=optimizer)
     expected = whole.train()
 
-    capped = tiny_trainer(tmp_path / "cut", root, epochs=2, time_limit_s=1e-9)
+    capped = tiny_trainer(tmp_path / "cut", root, epochs=2, time_limit_s=1e-9, optimizer=optimizer)
     with pytest.raises(TrainError) as err:
         capped.train()
     msg = str(err.value)
@@ -103,7 +106,7 @@ def test_time_limit_fails_after_a_step_checkpoint_and_a_rerun_reaches_the_uninte
     assert "raise train.time_limit_s" in msg
     assert sorted(d.name for d in (tmp_path / "cut" / "checkpoints").iterdir()) == ["step-1"]
 
-    rerun = tiny_trainer(tmp_path / "cut", root, epochs=2)
+    rerun = tiny_trainer(tmp_path / "cut", root, epochs=2, optimizer=optimizer)
     result = rerun.train()
     assert (result.steps, result.bounded_by) == (expected.steps, "epochs")
     assert [(e.epoch, e.step, e.complete, e.train["tokens"]) for e in result.epochs] == [
