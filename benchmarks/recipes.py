@@ -7,8 +7,8 @@ each drafter served by vLLM (issue 24, item 2).
     .hostenv/bin/python benchmarks/recipes.py --table runs/recipes/demo runs/recipes/demo-mla
 
 For each seed:
-  1. eagleflow, once per recipe (`RECIPES`, or those `--recipes` names): the train stage for `--epochs` passes over the training split,
-     then the export stage (vLLM layout); the run's own best epoch (simulated acceptance on the holdout);
+  1. eagleflow, once per recipe (`RECIPES`, or those `--recipes` names): the train stage for `--epochs` passes
+     over the training split, then the export stage (vLLM layout); the run's own best epoch (simulated acceptance on the holdout);
   2. speculators 0.9.0 (`--loss-fn lk_hybrid`, its best loss; otherwise its recommended EAGLE-3 settings as in
      benchmarks/compare_speculators.py), twice: on as many tokens as eagleflow trained on (equal tokens), and on
      the tokens it trains in the seconds eagleflow's reference recipe took (equal seconds: eagleflow's tokens x

@@ -16,7 +16,7 @@ autocast, frozen lm_head (the trainer's defaults), the batch as `collate` hands 
 speculators 0.9.0: `Eagle3DraftModel.forward` (its own `torch.compile`, flex attention with a
 block mask, `kl_div` loss) driven the way `speculators.train.trainer.Trainer` does:
 bf16 autocast, zero_grad, backward, clip 1.0, optimizer step (AdamW by default here, as eagleflow;
-`--spec-optimizer muon` for its CLI default). Sequences are packed into one row with document ids,
+`--spec-optimizer muon` for its CLI default, `--optimizer muon` for eagleflow's `train.optimizer: muon`). Sequences are packed into one row with document ids,
 as its collate does, after its `shift_batch` (so each document is T-1 long and the row B*T).
 Its default loss implementation, "fused" (a Triton kernel), fails to trace under torch 2.11's
 dynamo inside the compiled forward ("ListVariable ... is already tracked for mutation"), so the
