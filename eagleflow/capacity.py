@@ -277,8 +277,8 @@ def train_gpu_bytes(t: TargetFacts, cfg: RunConfig) -> tuple[int, str]:
     and lm_head and the drafter's embedding copy are float32 V x H each. Activations are a rough per-token figure: per
     TTT step ~(14 H + 4 I) bf16 values of the layer and two float32 rows of draft-vocabulary logits."""
     total, trainable = drafter_params(t, cfg)
-    h, v = t.hidden_size, t.vocab_size or cfg.train.draft_vocab_size
-    inter = cfg.train.intermediate_size or t.intermediate_size or 4 * h
+    h, _, _, inter = _drafter_dims(t, cfg)
+    v = t.vocab_size or cfg.train.draft_vocab_size
     vd = min(cfg.train.draft_vocab_size, v)
     states = 4 * total + (4 + OPTIMIZER_STATE_BYTES[cfg.train.optimizer]) * trainable + 3 * 4 * v * h
     micro = math.ceil(cfg.train.batch_tokens / (cfg.train.nproc * cfg.train.grad_accum_steps))
@@ -293,7 +293,6 @@ def checkpoint_bytes(t: TargetFacts, cfg: RunConfig) -> int:
     """One checkpoint: float32 weights + the optimizer's float32 states of the trainable ones."""
     total, trainable = drafter_params(t, cfg)
     return 4 * total + OPTIMIZER_STATE_BYTES[cfg.train.optimizer] * trainable
-
 
 
 def engine_start_s(weights_bytes: int | None, cache: str = "cold") -> float:

@@ -64,6 +64,11 @@ class GenerateMetrics(MetricsRecord):
     truncated: int = Field(0, description="Answers cut at generate.max_tokens (kept, marked truncated in the shards).")
     server: str = Field("own", description="Which server answered: 'own' (launched by the stage) or 'production'.")
     server_waits: int = Field(0, description="Times the stage waited for a dropped or restarting server to answer again.")
+    replicas: dict[str, dict[str, int]] = Field(
+        default_factory=dict,
+        description="production.replicas: by URL, requests sent, answered, moved (found it gone, sent to another), "
+        "times it was left and taken back.",
+    )
 
 
 # -- extract --------------------------------------------------------------------------------------

@@ -25,6 +25,21 @@ def wait_until(cond: Callable[[], bool], timeout_s: float, poll_s: float = 0.05)
     return True
 
 
+def die_with_parent(sig: signal.Signals = signal.SIGTERM) -> bool:
+    """Ask Linux to send `sig` to this process when its parent dies (prctl PR_SET_PDEATHSIG): an engine
+    whose stage is killed, a torchrun rank whose agent is. False where that cannot be set, or where the
+    parent is already gone (reparented to init)."""
+    try:
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        if ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig)) != 0:
+            return False
+    except OSError:
+        return False
+    return os.getppid() != 1
+
+
 def group_members(pgid: int) -> list[int]:
     """Live (not zombie) processes of process group `pgid`, read from /proc (Linux)."""
     out = []

@@ -12,7 +12,7 @@ from eagleflow.capacity import CapacityPlan, render_plan
 from eagleflow.files import write_bytes_atomic, write_json_atomic, write_text_atomic
 from eagleflow.manifest import Manifest
 from eagleflow.outputs import (
-    BenchmarkMetrics, BenchmarkOutputs, BestEpoch, CheckMetrics, Measurement, ProductionResult,
+    BenchmarkMetrics, BenchmarkOutputs, BestEpoch, CheckMetrics, GenerateMetrics, Measurement, ProductionResult,
     ProductionWindow, TrainMetrics, TrainOutputs, Verdict,
 )
 from eagleflow.pool import NightRecord
@@ -66,6 +66,9 @@ class Report(BaseModel):
     plots: dict[str, str] = Field(default_factory=dict, description="The run's pictures on the host: name -> path "
                                   "(curves from train; acceptance and speedup from the benchmark; the nightly's AL "
                                   "by night).")
+    replicas: dict[str, dict[str, int]] = Field(
+        default_factory=dict, description="generate over production.replicas: each replica's requests (sent, "
+        "answered, moved to another, left, taken back), from the generate stage's manifest.")
     nights: list[NightRecord] = Field(default_factory=list, description="The nightly retrain: every night so far, "
                                       "tonight last (AL by night on the fixed held-out prompts).")
     path: str | None = Field(None, description="Where report.json was written.")
@@ -103,6 +106,7 @@ def build_report(run_name: str, manifests: dict[str, Manifest], timings: dict[st
             for s, t in timings.items()
         },
         plots=plots, nights=nights or [],
+        replicas=GenerateMetrics.of(manifests["generate"]).replicas if "generate" in manifests else {},
     )
 
 
@@ -159,6 +163,9 @@ def _production_lines(report: Report) -> list[str]:
         lines.append(f"production {down} for {', '.join(w.stages)}: {w.summary}")
     if report.production and report.production.kind != "none" and report.production.summary:
         lines.append(f"production (benchmark): {report.production.summary}")
+    for url, c in report.replicas.items():
+        lines.append(f"generate on replica {url}: {c['sent']} requests sent, {c['answered']} answered, {c['moved']} "
+                     f"sent again elsewhere; left {c['down']}x, taken back {c['back']}x")
     return lines
 
 

@@ -65,10 +65,10 @@ class RunConfig(_Strict):
             raise ValueError(
                 f"train.max_seq_len ({self.train.max_seq_len}) exceeds extract.max_seq_len ({self.extract.max_seq_len})"
             )
-        if self.generate.server == "production" and not self.production.url:
+        if self.generate.server == "production" and not (self.production.url or self.production.replicas):
             raise ValueError(
-                "generate.server is 'production' but production.url is not set: give the base URL of production's "
-                "OpenAI-compatible API, e.g. http://127.0.0.1:8000"
+                "generate.server is 'production' but neither production.url nor production.replicas is set: give the "
+                "base URL of production's OpenAI-compatible API, e.g. http://127.0.0.1:8000, or its replicas' URLs"
             )
         if self.benchmark.drafter_on == "production" and not (self.production.url and self.engine.kind == "vllm"):
             raise ValueError("benchmark.drafter_on 'production' needs production.url and engine.kind 'vllm': the drafter "

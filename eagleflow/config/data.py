@@ -31,7 +31,8 @@ class GenerateConfig(_Strict):
     max_tokens: int = Field(512, ge=1, description="max_tokens of each answer.")
     temperature: float = Field(0.0, ge=0, le=2, description="Sampling temperature of the answers.")
     concurrency: int = Field(
-        16, ge=1, le=4096, description="Requests in flight (against production: what it may take beside its traffic)."
+        16, ge=1, le=4096, description="Requests in flight (against production: what it may take beside its traffic; "
+        "with production.replicas, on each replica)."
     )
     shard_size: int = Field(1000, ge=1, description="Samples per Parquet shard (the unit of resume).")
     seed: int = Field(0, description="Seed of the train/holdout split.")

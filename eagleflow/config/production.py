@@ -32,6 +32,14 @@ class ProductionConfig(_Strict):
         None, description="Base URL of production's OpenAI-compatible API, e.g. http://127.0.0.1:8000 "
         "(generate.server 'production' sends its prompts there).",
     )
+    replicas: list[str] = Field(
+        default_factory=list,
+        description="Base URLs of production's replicas (each an OpenAI-compatible server answering /health), e.g. "
+        "the servers behind its load balancer. generate.server 'production' then sends to them directly, at most "
+        "generate.concurrency requests in flight on each, spread by load (a free slot takes the next prompt, so a "
+        "busy replica takes fewer); one that goes down is left and its requests sent to the others, and it is "
+        "taken back once its /health answers. Empty: production.url alone.",
+    )
     api_key_env: str | None = Field(
         None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
         description="Name of the environment variable holding production's API key, in the environment of the "
@@ -103,6 +111,11 @@ class ProductionConfig(_Strict):
                              "'systemd' or 'command')")
         if self.promote == "deploy" and not self.url:
             raise ValueError("production.promote 'deploy' needs production.url: the canary measures production there")
+        for i, u in enumerate(self.replicas):
+            if not u.startswith(("http://", "https://")):
+                raise ValueError(f"production.replicas[{i}] is {u!r}: a base URL, e.g. http://10.0.0.2:8000")
+        if len({u.rstrip("/") for u in self.replicas}) != len(self.replicas):
+            raise ValueError("production.replicas names a URL twice: each replica once")
         if self.kind == "systemd" and not self.unit:
             raise ValueError("production.unit is required when production.kind is 'systemd'")
         if self.kind == "command" and not (self.start_command and self.stop_command):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import inspect
 import json
 import logging
@@ -120,10 +121,8 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, target: TargetHead, index: ExtractIndex, out_dir: str | Path,
                  aux_layer_ids: list[int]) -> None:
-        self.cfg, self.target, self.index = cfg, target, index
-        self.out_dir = Path(out_dir)
-        self.aux_layer_ids = list(aux_layer_ids)
-        self.dist = DistEnv.from_env()
+        self.cfg, self.target, self.index, self.out_dir = cfg, target, index, Path(out_dir)
+        self.aux_layer_ids, self.dist = list(aux_layer_ids), DistEnv.from_env()
         try:
             self.device = pick_device(cfg.device, "train.device", self.dist.local_rank)
         except ValueError as exc:
@@ -248,6 +247,11 @@ class Trainer:
                           else {"broadcast_buffers": False})
         return DistributedDataParallel(objective, device_ids=[self.device.index] if self.device.type == "cuda"
                                        else None, **no_buffer_sync)
+
+    def close(self) -> None:
+        """Let go of the DDP wrapper while the process group lives (why: stages/train.py `_train`)."""
+        self.objective = None
+        gc.collect()
 
     # --- schedule --------------------------------------------------------------------------------
 

@@ -12,7 +12,6 @@ import abc
 import logging
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -25,7 +24,7 @@ import httpx
 from eagleflow.engines.launch import LaunchSpec
 from eagleflow.engines.metrics import latency_from_deltas
 from eagleflow.engines.watchdog import FATAL_SETTLE_S, LaunchWatch, LogFollower, root_cause_excerpt, root_cause_line
-from eagleflow.procs import end_process_group
+from eagleflow.procs import die_with_parent, end_process_group
 from eagleflow.progress import Progress
 from eagleflow.request import StageError
 
@@ -36,18 +35,6 @@ FAILED_GRACE_S = 3.0
 GUARD_GRACE_S = 15.0  # the guard's SIGTERM-to-SIGKILL wait when the stage that started the engine dies
 # After a failed request: how long to wait for the engine to exit before saying it still runs.
 POST_MORTEM_WAIT_S = 3.0
-
-
-def _die_with_parent() -> None:
-    """In the engine's child process: receive SIGTERM when the stage that started it dies (Linux),
-    so a killed stage never leaves an engine holding the GPUs."""
-    try:
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
 
 
 # vLLM's loader, one tqdm update per shard: "Loading safetensors checkpoint shards:  50% Completed | 32/64 [...]"
@@ -144,7 +131,7 @@ class EngineServer(abc.ABC):
         # engine's children (vLLM's engine core) with it, which the parent-death signal alone does not.
         guarded = [sys.executable, "-m", "eagleflow.engines.guard", str(GUARD_GRACE_S), "--", *argv]
         self.proc = subprocess.Popen(guarded, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env, start_new_session=True, preexec_fn=_die_with_parent)
+                                     env=env, start_new_session=True, preexec_fn=die_with_parent)
         logf.close()
         self.pid_path.write_text(str(self.proc.pid))
 

@@ -83,6 +83,36 @@ def parse_choice(index: int, body: dict[str, Any]) -> ChatResult:
     return result
 
 
+async def post_chat(client: httpx.AsyncClient, base_url: str, index: int, payload: dict[str, Any],
+                    retries: int = RETRIES) -> ChatResult:
+    """One chat completion; a broken connection is tried again `retries` times. A server that was not
+    reached or could not serve it gives a `transient` result: the request may be sent again, there or
+    elsewhere."""
+    for attempt in range(1, retries + 2):
+        start = time.perf_counter()
+        try:
+            r = await client.post("/v1/chat/completions", json=payload)
+            break
+        except RETRYABLE as exc:
+            if attempt > retries:
+                return ChatResult(index, error=f"request to {base_url} failed {attempt} times: "
+                                  f"{type(exc).__name__}: {exc}", attempts=attempt, transient=True)
+            await asyncio.sleep(RETRY_DELAY_S)
+        except httpx.HTTPError as exc:
+            return ChatResult(index, error=f"request to {base_url} failed: {type(exc).__name__}: {exc}")
+    latency = time.perf_counter() - start
+    if r.status_code != 200:
+        return ChatResult(index, error=f"HTTP {r.status_code} from {base_url}: {r.text[:300]}", attempts=attempt,
+                          transient=r.status_code >= SERVER_ERROR)
+    try:
+        body = r.json()
+    except ValueError:
+        return ChatResult(index, error=f"non-JSON answer from {base_url}: {r.text[:200]}", attempts=attempt)
+    result = parse_choice(index, body)
+    result.latency_s, result.attempts = latency, attempt
+    return result
+
+
 class ChatClient:
     """One HTTP client and one event loop for many calls: the benchmark sends every round of every window
     through it, so connections stay open between rounds and no round pays for a new event loop, client and
@@ -140,29 +170,7 @@ class ChatClient:
             if seed is not None:
                 payload["seed"] = seed + i  # sampled runs repeat: the same seed per prompt in every variant
             async with sem:
-                for attempt in range(1, RETRIES + 2):
-                    start = time.perf_counter()
-                    try:
-                        r = await client.post("/v1/chat/completions", json=payload)
-                        break
-                    except RETRYABLE as exc:
-                        if attempt > RETRIES:
-                            return ChatResult(i, error=f"request to {base_url} failed {attempt} times: "
-                                              f"{type(exc).__name__}: {exc}", attempts=attempt, transient=True)
-                        await asyncio.sleep(RETRY_DELAY_S)
-                    except httpx.HTTPError as exc:
-                        return ChatResult(i, error=f"request to {base_url} failed: {type(exc).__name__}: {exc}")
-                latency = time.perf_counter() - start
-            if r.status_code != 200:
-                return ChatResult(i, error=f"HTTP {r.status_code} from {base_url}: {r.text[:300]}", attempts=attempt,
-                                  transient=r.status_code >= SERVER_ERROR)
-            try:
-                body = r.json()
-            except ValueError:
-                return ChatResult(i, error=f"non-JSON answer from {base_url}: {r.text[:200]}", attempts=attempt)
-            result = parse_choice(i, body)
-            result.latency_s, result.attempts = latency, attempt
-            return result
+                return await post_chat(client, base_url, i, payload)
 
         async def reported(i: int, messages: list[dict[str, Any]]) -> ChatResult:
             result = await one(i, messages)

@@ -8,7 +8,9 @@ target's own markers and chat template, so the token ids are what the target rea
 
 Resumable by shard: a finished shard is never redone. Against production, requests that found the
 server gone (a dropped link, a restart: connection errors; a server error, such as the 500 vLLM
-answers while it shuts down) are sent again once its health URL answers. An answer cut at max_tokens is data (marked `truncated`, counted); only an
+answers while it shuts down) are sent again once its health URL answers. With `production.replicas`
+the prompts are spread over the replicas (eagleflow.engines.replicas): one that goes down is left, its
+requests go to the others, and it is taken back once it answers; the manifest counts each one's requests. An answer cut at max_tokens is data (marked `truncated`, counted); only an
 answer with neither reasoning nor content, or an error, counts as failed.
 """
 
@@ -19,7 +21,7 @@ import logging
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -29,7 +31,8 @@ import pyarrow.parquet as pq
 from eagleflow.engines import make_server
 from eagleflow.engines.chat import ChatResult, chat_all
 from eagleflow.engines.launch import served_name, target_launch
-from eagleflow.engines.remote import RemoteServer
+from eagleflow.engines.remote import RemoteServer, production_api_key
+from eagleflow.engines.replicas import ReplicaCounts, Replicas, counts_record
 from eagleflow.files import writing
 from eagleflow.config import RunConfig
 from eagleflow.manifest import Manifest, sha256_file
@@ -96,15 +99,22 @@ def write_shard(path: Path, rows: list[dict[str, Any]]) -> None:
 
 @dataclass
 class Answers:
-    """Where the answers come from: a base URL, and production's server when it is that one."""
+    """Where the answers come from: a base URL, and production's server when it is that one; or production's
+    replicas, all of them."""
 
     base_url: str
     remote: RemoteServer | None = None
+    replicas: Replicas | None = None
 
 
 @contextmanager
 def answering_server(request: StageRequest) -> Iterator[Answers]:
     cfg = request.config
+    if cfg.generate.server == "production" and cfg.production.replicas:
+        log.info("answers from production's %d replicas (%d requests in flight at most on each); production is not "
+                 "stopped", len(cfg.production.replicas), cfg.generate.concurrency)
+        yield Answers(cfg.production.replicas[0], replicas=Replicas(cfg.production.replicas, production_api_key(cfg)))
+        return
     if cfg.generate.server == "production":
         remote = RemoteServer(cfg)
         log.info("answers from production at %s (%d requests in flight at most); production is not stopped",
@@ -124,6 +134,7 @@ class Tally:
     seconds: float = 0.0
     waits: int = 0
     first_error: str | None = None
+    replicas: dict[str, ReplicaCounts] = field(default_factory=dict)
 
 
 def ask(cfg: RunConfig, answers: Answers, convs: list[Messages], tally: Tally,
@@ -156,6 +167,14 @@ def ask(cfg: RunConfig, answers: Answers, convs: list[Messages], tally: Tally,
         return res
 
     sent_at = time.perf_counter()
+    if answers.replicas is not None:  # leaving, sending again and taking back live there
+        results, secs = answers.replicas.chat(served_name(cfg), convs, max_tokens=g.max_tokens,
+                                              temperature=g.temperature, per_replica=g.concurrency,
+                                              timeout_s=cfg.engine.request_timeout_s, wait_s=g.server_wait_s,
+                                              on_result=on_result)
+        tally.seconds += secs
+        tally.replicas = answers.replicas.counts
+        return results
     results = send(convs)
     for _ in range(MAX_RESEND_ROUNDS if answers.remote else 0):
         pending = [k for k, r in enumerate(results) if r.transient]
@@ -222,6 +241,9 @@ def run(request: StageRequest) -> Manifest:
                 log.info("shard %d/%d: %d samples (%d cut at max_tokens), %.0f output tok/s", i + 1, len(shards),
                          len(rows), sum(1 for r in rows if r["truncated"]),
                          tally.completion_tokens / max(tally.seconds, 1e-9))
+                for url, c in tally.replicas.items():
+                    log.info("replica %s: %d sent, %d answered, %d sent again elsewhere, left %dx, taken back %dx",
+                             url, c.sent, c.answered, c.moved, c.down, c.back)
                 done_before += len(shards[i])
                 progress.update(done_before, {"output tok/s": round(tally.completion_tokens / max(tally.seconds, 1e-9)),
                                               "failed": tally.failed, "truncated": tally.truncated}, force=True)
@@ -244,7 +266,8 @@ def run(request: StageRequest) -> Manifest:
         hashes={r: sha256_file(request.path / r) for r in rel},
         metrics=GenerateMetrics(failed=tally.failed, truncated=tally.truncated, completion_tokens=tally.completion_tokens,
                                 output_tok_s=tally.completion_tokens / tally.seconds if tally.seconds else None,
-                                server=g.server, server_waits=tally.waits),
+                                server=g.server, server_waits=tally.waits,
+                                replicas=counts_record(tally.replicas)),
     )
 
 

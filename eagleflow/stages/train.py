@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import traceback
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING
 from eagleflow.failure import stage_ending
 from eagleflow.manifest import Manifest, read_manifest, sha256_file
 from eagleflow.outputs import BestEpoch, EpochMetrics, EvalSummary, ExtractOutputs, TrainMetrics, TrainOutputs
+from eagleflow.procs import die_with_parent
 from eagleflow.request import StageError, StageRequest
 from eagleflow.stages.common import setup_logging, stage_main
 
@@ -55,6 +57,7 @@ def _train(request: StageRequest) -> tuple["TrainResult", list[int]]:
     from eagleflow.drafter.trainer import Trainer
 
     config = request.config
+    trainer = None
     extract = request.upstream.get("extract")
     if extract is None:
         raise StageError("the train stage needs the extract stage's manifest (request.upstream['extract'])")
@@ -79,6 +82,10 @@ def _train(request: StageRequest) -> tuple["TrainResult", list[int]]:
     finally:
         import torch.distributed as dist
 
+        if trainer is not None:
+            # Its DDP wrapper freed after destroy_process_group (when this frame ends) hung a gloo rank for
+            # good after the last step, 1 run in 12 on 2 loaded cores (0 in 30 since; pytorch#190489).
+            trainer.close()
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
 
@@ -129,9 +136,12 @@ def _launch_torchrun(request: StageRequest) -> Manifest:
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     log.info("launching %d ranks: %s", nproc, " ".join(cmd))
     tail: deque[str] = deque(maxlen=40)
-    # The ranks share our process group: a cancelled stage (SIGTERM to the group) ends them too.
+    # torchrun shares our process group; its ranks run in sessions of their own (torch 2.13). A cancel
+    # (SIGTERM to our group) reaches torchrun, which ends them. Should we die alone (SIGKILL, OOM), torchrun
+    # gets SIGTERM; should torchrun die, each rank gets SIGKILL (__main__ below). A training rank would
+    # also die of the broken pipe at its next line of output, but not one that is stuck and silent.
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                          env=env) as proc:
+                          env=env, preexec_fn=die_with_parent) as proc:
         assert proc.stdout is not None
         try:
             for line in proc.stdout:
@@ -173,6 +183,11 @@ def _rank_main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    if _under_torchrun() and int(os.environ.get("RANK", "0")) != 0:
-        sys.exit(_rank_main(sys.argv[1:]))
+    if _under_torchrun():
+        # A rank outlives a killed torchrun otherwise (its own session): nobody would wait for it, and it
+        # would hold its GPU. SIGKILL, as a rank blocked in a collective never runs a Python handler;
+        # what it writes is renamed into place whole, so nothing half-written stays.
+        die_with_parent(signal.SIGKILL)
+        if int(os.environ.get("RANK", "0")) != 0:
+            sys.exit(_rank_main(sys.argv[1:]))
     sys.exit(stage_main("train", run))

@@ -53,6 +53,8 @@ def test_examples_load_and_resolve_paths():
         (lambda d: (d["extract"].update(backend="vllm"), d["engine"].update(kind="sglang")), "extract.backend"),
         (lambda d: d["generate"].update(server="production"), "production.url"),
         (lambda d: d.update(production={"window": "nightly"}), "production.window"),
+        (lambda d: d.update(production={"replicas": ["10.0.0.2:8000"]}), "production.replicas[0]"),
+        (lambda d: d.update(production={"replicas": ["http://a:1", "http://a:1/"]}), "production.replicas"),
         (lambda d: d.update(production={"api_key_env": "NOT A NAME"}), "production.api_key_env"),
         (lambda d: d.update(schedule={"cron": "0 2 * *"}), "schedule.cron"),
         (lambda d: d.update(schedule={"timezone": "Mars/Olympus"}), "schedule.timezone"),
@@ -65,6 +67,13 @@ def test_bad_config_names_the_field(tmp_path, mutate, field):
     with pytest.raises(ConfigError) as err:
         load_config(write(tmp_path, data))
     assert field in str(err.value)
+
+
+def test_generate_from_production_takes_its_url_or_its_replicas(tmp_path):
+    data = demo_dict()
+    data["generate"]["server"] = "production"
+    data["production"] = {"replicas": ["http://10.0.0.2:8000", "http://10.0.0.3:8000"]}
+    assert load_config(write(tmp_path, data)).production.replicas[1] == "http://10.0.0.3:8000"
 
 
 def test_missing_and_malformed_files(tmp_path):

@@ -120,15 +120,15 @@ def free_port() -> int:
     raise RuntimeError("no free port in 18600-18649")
 
 
-@pytest.fixture(scope="module")
-def prod_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prod]:
-    d = tmp_path_factory.mktemp("production")
+def vllm_prod(d: Path) -> Prod:
+    """A real vLLM CPU server of the demo target (served as "prod") behind the operator's start/stop scripts,
+    on a port of ours; not started yet."""
     port = free_port()
     pidfile = d / "prod.pid"
     engine = [PY, "-m", "vllm.entrypoints.openai.api_server", "--model", str(ROOT / "demo" / "target"),
               "--served-model-name", "prod", "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16",
               "--max-model-len", "1024", "--enforce-eager"]
-    p = Prod(
+    return Prod(
         port=port, pidfile=pidfile, health_url=f"http://127.0.0.1:{port}/health",
         start_command=[PY, PRODSERVICE, "start", "--pidfile", str(pidfile), "--log", str(d / "prod.log"),
                        "--port", str(port), "--env", "VLLM_CPU_KVCACHE_SPACE=1",
@@ -136,6 +136,12 @@ def prod_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prod]:
                        "--env", "VLLM_SERVER_DEV_MODE=1", "--", *engine],
         stop_command=[PY, PRODSERVICE, "stop", "--pidfile", str(pidfile)],
     )
+
+
+@pytest.fixture(scope="module")
+def prod_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prod]:
+    p = vllm_prod(tmp_path_factory.mktemp("production"))
+    port = p.port
     subprocess.run(p.start_command, check=True)
     try:
         p.first_start_s = wait_healthy(p.health_url, 600)

@@ -5,7 +5,10 @@ instance of test_downtime's `prod`, run by tests/prodservice.py):
   the flow does; released, production is back; its holder SIGKILLed mid-window, the guardian ends
   what carries the window's token and gives production back alone;
 - the generate stage answering from production (`generate.server: production`) while production is
-  restarted mid-run: the requests that found it gone are sent again once it answers; nothing fails.
+  restarted mid-run: the requests that found it gone are sent again once it answers; nothing fails;
+- the generate stage spread over two replicas (`production.replicas`: `prod` and a second real server),
+  one stopped mid-stage and started again: left, its requests answered by the other, taken back; every
+  sample once.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pyarrow.parquet as pq
 import pytest
 
@@ -27,7 +31,7 @@ from eagleflow.manifest import stage_dir, stage_key
 from eagleflow.request import StageRequest
 from tests.conftest import ROOT, free_port as any_free_port
 from tests.integration.production.test_downtime import (  # noqa: F401 - `prod` is this module's fixture too
-    PY, Prod, alive, carrying, healthy, prod, prod_server, standin_engine, wait_healthy,
+    PY, Prod, alive, carrying, healthy, prod, prod_server, standin_engine, vllm_prod, wait_healthy,
 )
 
 pytestmark = pytest.mark.integration
@@ -123,3 +127,74 @@ def test_generate_from_production_survives_a_restart(prod: Prod, tmp_path: Path)
     rows = sum(pq.read_metadata(d / s).num_rows for s in manifest["outputs"]["shards"])
     assert rows == 64
     wait_healthy(prod.health_url, max(60.0, 3 * prod.first_start_s))  # a restart, bounded by the first start
+
+
+def _served(metrics_url: str) -> float:
+    """Requests a vLLM server has finished since it started (its own counter, read here, not by the stage)."""
+    text = httpx.get(metrics_url, timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:request_success_total"))
+
+
+def test_generate_spreads_over_replicas_leaves_a_stopped_one_and_takes_it_back(prod: Prod, tmp_path: Path) -> None:
+    """production.replicas: `prod` (a) and a second real vLLM CPU server (b), two requests in flight on each. b is
+    stopped once the first shard is written and started again: the requests that found it gone are answered by
+    a, b is taken back once its /health answers and serves again (its own counter says so), and the shards hold
+    every sample exactly once; the manifest's counts add up (sent = answered + moved; answers = samples)."""
+    (tmp_path / "replica-b").mkdir()
+    b = vllm_prod(tmp_path / "replica-b")
+    subprocess.run(b.start_command, check=True)
+    try:
+        b_first_start = wait_healthy(b.health_url, 600)
+        urls = [u.rsplit("/health", 1)[0] for u in (prod.health_url, b.health_url)]
+        n = 240
+        cfg = load_config(ROOT / "configs" / "demo.yaml", {
+            "host.work_root": str(tmp_path / "runs"), "host.python": sys.executable, "engine.port": any_free_port(),
+            "target.served_model_name": "prod", "generate.server": "production", "generate.num_samples": n,
+            "generate.holdout": 4, "generate.shard_size": 16, "generate.concurrency": 2, "generate.max_tokens": 96,
+            "generate.server_wait_s": 240, "benchmark.num_prompts": 4,
+            "production": {**prod.cfg().model_dump(), "replicas": urls}})
+        key = stage_key("generate", cfg, {})
+        d = Path(stage_dir(cfg, "generate", key))
+        d.mkdir(parents=True)
+        (d / "request.json").write_text(
+            StageRequest(stage="generate", key=key, dir=str(d), config=cfg).model_dump_json())
+        log = open(d / "stage.log", "w")
+        stage = subprocess.Popen([sys.executable, "-m", "eagleflow.stages.generate", str(d / "request.json")],
+                                 stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        times: dict[str, float] = {}
+
+        def stop_b_after_first_shard_and_start_it_again() -> None:
+            while not (d / "data" / "shard-00000.parquet").exists() and stage.poll() is None:
+                time.sleep(0.05)
+            times["served_before_stop"] = _served(f"{urls[1]}/metrics")
+            subprocess.run(b.stop_command, check=True)  # replica b goes down under the stage's feet
+            deadline = time.monotonic() + 60
+            while subprocess.run(b.start_command).returncode != 0 and time.monotonic() < deadline:
+                time.sleep(1)  # its port may stay in TIME_WAIT a moment
+            times["restart_s"] = wait_healthy(b.health_url, max(60.0, 3 * b_first_start))
+            times["stage_running_when_back"] = float(stage.poll() is None)
+
+        t = threading.Thread(target=stop_b_after_first_shard_and_start_it_again)
+        t.start()
+        rc = stage.wait(timeout=900)
+        t.join()
+        text = (d / "stage.log").read_text()
+        assert rc == 0, text[-3000:]
+        print(f"\nreplica b: first start {b_first_start:.1f} s, restart {times.get('restart_s', 0):.1f} s")
+        assert times["served_before_stop"] > 0  # b had answered before it went down
+        assert times["stage_running_when_back"], "the stage ended before b came back: raise n"
+        m = json.loads((d / "manifest.json").read_text())["metrics"]
+        assert m["failed"] == 0 and set(m["replicas"]) == set(urls), m
+        a_counts, b_counts = m["replicas"][urls[0]], m["replicas"][urls[1]]
+        assert b_counts["down"] >= 1 and b_counts["back"] >= 1 and b_counts["moved"] >= 1, b_counts
+        for c in (a_counts, b_counts):
+            assert c["sent"] == c["answered"] + c["moved"], c
+        assert a_counts["answered"] + b_counts["answered"] == n  # every answer from exactly one replica
+        assert _served(f"{urls[1]}/metrics") > 0  # the restarted b served again: taken back
+        ids = [i for s in sorted((d / "data").glob("shard-*.parquet"))
+               for i in pq.read_table(s, columns=["sample_id"]).column("sample_id").to_pylist()]
+        assert sorted(ids) == list(range(n))  # every sample, once
+        assert "left" in text and "taken back" in text
+    finally:
+        subprocess.run(b.stop_command, check=False)

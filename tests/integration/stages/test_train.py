@@ -5,6 +5,7 @@ environment (torch). The recipe itself, in process, is tests/unit/drafter/test_t
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -118,3 +119,53 @@ def test_two_ranks_follow_the_one_rank_curve(tmp_path):
     for a, b in zip(metrics["one"]["epochs"], metrics["two"]["epochs"], strict=True):
         assert a["train"]["tokens"] == b["train"]["tokens"]  # all ranks' tokens are counted
         assert a["train"]["loss"] == pytest.approx(b["train"]["loss"], rel=1e-5)
+
+
+def _processes_naming(text: str) -> dict[int, str]:
+    """Live (not zombie) processes whose command line holds `text`: pid -> command line."""
+    found = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if text in cmdline and state != "Z":
+            found[int(proc.name)] = cmdline
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["cancel", "sigkill"])
+def test_ending_the_stage_ends_both_ranks(tmp_path, sig):
+    """torchrun starts each rank in a session of its own, so ending the stage's process group reaches
+    torchrun only. A cancel (SIGTERM) has torchrun end its ranks; after a SIGKILL no one does, and the
+    ranks must still end (a training rank dies of its broken output pipe; a stuck, silent one of the
+    parent-death signal the stage sets): no rank trains on, unseen, holding its device."""
+    root = write_synthetic(tmp_path / "syn", n_train=120, n_hold=6)
+    d = _stage(tmp_path, root, "two", {"epochs": 500, "batch_tokens": 128, "draft_vocab_size": 24,
+                                       "max_seq_len": 32, "num_threads": 1, "log_every_steps": 1, "nproc": 2})
+    request = str(d / "request.json")
+    log_path = tmp_path / "stage.log"
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(_cmd(d), stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+    seen: dict[int, str] = {}
+    try:
+        deadline = time.monotonic() + 600  # a safety cap: the ranks start in ~10 s alone
+        while not STEP_LOSS.search(log_path.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.2)
+        seen = _processes_naming(request)
+        ranks = [pid for pid, cmd in seen.items() if " -u -m eagleflow.stages.train " in cmd]
+        assert len(ranks) == 2 and proc.pid in seen, seen  # the stage, torchrun and its two ranks
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=120)
+        left = lambda: set(_processes_naming(request)) & set(seen)  # noqa: E731
+        gone_by = time.monotonic() + 60  # torchrun's own grace for its ranks is 30 s
+        while left() and time.monotonic() < gone_by:
+            time.sleep(0.2)
+        assert not left(), {pid: seen[pid] for pid in left()}
+        assert not (d / "manifest.json").exists()
+    finally:
+        for pid in set(_processes_naming(request)) & (set(seen) | {proc.pid}):  # only what this test started
+            os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=30)
