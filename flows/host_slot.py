@@ -3,7 +3,9 @@
 Two locks, because runs come from two places. Runs in Prefect queue on a strict global concurrency
 limit named after the host (`eagleflow-host-<host.name>`, limit 1, created on first use). Anything
 else, a run against another Prefect server or a stage started by hand, meets the lease on the host
-itself (`<work_root>/.eagleflow/host.lock`), which fails fast and says who holds it.
+itself (`<work_root>/.eagleflow/host.lock`), which fails fast and says who holds it. A run that queues
+says in its log (the UI's run page) which run holds the host: the holder names itself in a Prefect
+Variable, `eagleflow-host-<host.name>-holder`, while it holds it.
 
 `host_slot` yields the flow run's one `Host`: every task of the run is given it, so an SSH host is
 connected once per flow run, not once per stage.
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
+import time
 from typing import Any, Iterator
 
 from prefect import get_run_logger
@@ -20,10 +24,15 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.concurrency.sync import concurrency
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+from prefect.runtime import flow_run as current_run
+from prefect.variables import Variable
 
 from eagleflow.config import RunConfig, load_config
 from eagleflow.hosts import Host, make_host
 from tasks.naming import flow_run_owner
+
+
+WAIT_NOTE_S = 30.0  # while queued, who holds the host is looked up again this often
 
 
 def limit_name(config: RunConfig) -> str:
@@ -40,17 +49,62 @@ def ensure_limit(name: str) -> None:
                 client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
 
 
+def holder_variable(limit: str) -> str:
+    """The Prefect Variable that names the flow run holding the host's slot (Variables take letters, digits,
+    dashes and underscores)."""
+    return re.sub(r"[^A-Za-z0-9_-]", "-", limit) + "-holder"
+
+
+def _held_by(holder: Any) -> str:
+    if not isinstance(holder, dict):
+        return ""
+    return (f": held by flow run {holder.get('flow_run')!r} ({holder.get('flow_run_id')}) for {holder.get('what')} "
+            f"since {holder.get('since')}")
+
+
+def _let_go(variable: str, run_id: str) -> None:
+    """Unset the holder Variable if it still names this run (a later holder may have written it)."""
+    try:
+        holder = Variable.get(variable, default=None)
+        if isinstance(holder, dict) and holder.get("flow_run_id") == run_id:
+            Variable.unset(variable)
+    except Exception as exc:  # noqa: BLE001 - the run's own outcome must not be replaced by this
+        print(f"could not clear {variable}: {exc} (the next holder overwrites it)")
+
+
 @contextlib.contextmanager
 def host_slot(config: RunConfig, what: str) -> Iterator[Host]:
-    """Queue for the host's concurrency slot, then take the lease on the host; yield the run's host."""
+    """Queue for the host's concurrency slot, then take the lease on the host; yield the run's host.
+
+    While it queues, the run's log names the run that holds the host (and each next one): the holder
+    writes itself into a Prefect Variable (`holder_variable`) once it has the slot."""
     logger = get_run_logger()
-    name = limit_name(config)
+    name, variable = limit_name(config), holder_variable(limit_name(config))
     ensure_limit(name)
-    logger.info("waiting for host %s (Prefect global concurrency limit %r)", config.host.name, name)
-    with concurrency(name, occupy=1, strict=True):
-        with make_host(config.host) as host, host.lease(flow_run_owner(), what, log=logger.warning):
-            logger.info("holding host %s for %s", config.host.name, what)
-            yield host
+    start, said = time.monotonic(), object()  # nothing said yet
+    with contextlib.ExitStack() as stack:
+        while True:
+            holder = Variable.get(variable, default=None)
+            if holder != said:
+                logger.info("waiting for host %s (Prefect global concurrency limit %r)%s", config.host.name, name,
+                            _held_by(holder))
+                said = holder
+            try:
+                stack.enter_context(concurrency(name, occupy=1, strict=True, timeout_seconds=WAIT_NOTE_S))
+                break
+            except TimeoutError:
+                continue
+        me = {"flow_run_id": flow_run_owner(), "flow_run": current_run.name, "what": what,
+              "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        Variable.set(variable, me, overwrite=True)
+        held = time.monotonic()
+        stack.callback(lambda: logger.info("released host %s after %.0f s", config.host.name,
+                                           time.monotonic() - held))
+        stack.callback(_let_go, variable, me["flow_run_id"])
+        host = stack.enter_context(make_host(config.host))
+        stack.enter_context(host.lease(flow_run_owner(), what, log=logger.warning))
+        logger.info("holding host %s for %s (waited %.0f s)", config.host.name, what, held - start)
+        yield host
 
 
 def stop_jobs_of_run(flow: Any, flow_run: Any, state: Any) -> None:
