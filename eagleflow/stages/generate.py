@@ -10,8 +10,9 @@ Resumable by shard: a finished shard is never redone. Against production, reques
 server gone (a dropped link, a restart: connection errors; a server error, such as the 500 vLLM
 answers while it shuts down) are sent again once its health URL answers. With `production.replicas`
 the prompts are spread over the replicas (eagleflow.engines.replicas): one that goes down is left, its
-requests go to the others, and it is taken back once it answers; the manifest counts each one's requests. An answer cut at max_tokens is data (marked `truncated`, counted); only an
-answer with neither reasoning nor content, or an error, counts as failed.
+requests go to the others, and it is taken back once it answers; the manifest counts each one's
+requests. An answer cut at max_tokens is data (marked `truncated`, counted); only an answer with
+neither reasoning nor content, or an error, counts as failed.
 """
 
 from __future__ import annotations
