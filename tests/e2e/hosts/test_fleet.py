@@ -42,9 +42,14 @@ state = hold(json.loads(sys.argv[1]), float(sys.argv[2]), sys.argv[3], return_st
 run_id = state.state_details.flow_run_id
 
 async def records():
+    # The run's logs reach the server in batches, after the flow returns too: wait for its last line.
     async with get_client() as client:
         run = await client.read_flow_run(run_id)
-        logs = await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+        for _ in range(240):
+            logs = await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+            if any(log.message.startswith("released host") for log in logs):
+                break
+            await asyncio.sleep(0.5)
         return {"state": state.type.value, "id": str(run_id), "name": run.name,
                 "logs": [[log.timestamp.timestamp(), log.message] for log in logs]}
 

@@ -160,10 +160,15 @@ def test_log_lines_arrive_while_the_job_runs(sshd, root):
 
 def test_cut_connection_then_retry_reattaches_and_the_job_runs_once(sshd, relay, root):
     """The link drops mid-job: ConnectionLost (the retryable error), the job goes on; the retry with
-    the same attempt re-attaches and sees it finish. One process ever ran it."""
+    the same attempt re-attaches and sees it finish. One process ever ran it. The job runs until the test
+    lets it finish, once the retry has re-attached (a fixed 3 s job ended before the retry on a loaded machine)."""
     job_dir = root / "long"
-    script = "import os, time\nprint('pid', os.getpid(), flush=True)\nfor i in range(6):\n    print('step', i, flush=True); time.sleep(0.5)\n"
-    argv = [HOST_PY, "-c", script]
+    go = root / "go"
+    script = ("import os, sys, time\nprint('pid', os.getpid(), flush=True)\ni = 0\n"
+              "while not os.path.exists(sys.argv[1]) and i < 600:\n"
+              "    print('step', i, flush=True); i += 1; time.sleep(0.2)\n"
+              "print('step 5 and done', flush=True)\n")
+    argv = [HOST_PY, "-c", script, str(go)]
     cfg = host_config(sshd, root, port=relay.port)
     lines: list[str] = []
 
@@ -178,12 +183,20 @@ def test_cut_connection_then_retry_reattaches_and_the_job_runs_once(sshd, relay,
     assert jobs.Job(job_dir).running()  # the job outlived the connection
 
     again: list[str] = []
+
+    def finish_once_reattached() -> None:
+        deadline = time.monotonic() + 120  # a safety cap: the job ends by itself after 600 x 0.2 s
+        while not any("re-attached" in s for s in again) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        go.touch()
+
+    threading.Thread(target=finish_once_reattached, daemon=True).start()
     with SshHost(cfg) as host:
         host.run_job(str(job_dir), argv, log=again.append, owner="flow-1", attempt="task-1")
     assert any("re-attached" in s for s in again)
-    assert "step 5" in again[-1] or any("step 5" in s for s in again)
+    assert any("step 5 and done" in s for s in again)
     log = (job_dir / "stage.log").read_text()
-    assert log.count("pid ") == 1 and log.count("step 5") == 1
+    assert log.count("pid ") == 1 and log.count("step 5 and done") == 1
     assert jobs.Job(job_dir).status()["returncode"] == 0
 
 
