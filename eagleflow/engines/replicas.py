@@ -81,11 +81,12 @@ class Replicas:
         st = self.state[url]
         if st.up is False:
             return
-        if st.up is None:
+        if st.up is None:  # never up: not left, and not counted as taken back when it comes
             log.warning("replica %s does not answer (%s); it takes requests once its /health answers", url, why)
-        else:
-            st.counts.down += 1
-            log.warning("replica %s left (%s); its requests go to the others until its /health answers", url, why)
+            st.up = False
+            return
+        st.counts.down += 1
+        log.warning("replica %s left (%s); its requests go to the others until its /health answers", url, why)
         st.up, st.down_since = False, time.monotonic()
 
     async def _spread(self, model: str, conversations: list[list[dict[str, Any]]], *, max_tokens: int,

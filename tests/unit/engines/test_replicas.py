@@ -110,6 +110,17 @@ def test_a_replica_that_goes_down_is_left_and_taken_back_in_a_later_batch(replic
     assert spread.counts[b.url].back == 1 and len(b.answered) > before  # taken back, and it serves
 
 
+def test_a_replica_down_from_the_start_is_taken_in_when_it_answers_and_not_counted_as_back(replicas):
+    a, b = replicas(0.05), replicas(0.01)
+    b.down = True
+    spread = Replicas([a.url, b.url])
+    threading.Timer(0.5, lambda: setattr(b, "down", False)).start()
+    results, _ = _chat(spread, _convs(80, "z"))
+    assert not any(r.error for r in results) and len(b.answered) > 0
+    cb = spread.counts[b.url]
+    assert (cb.down, cb.back) == (0, 0) and cb.sent == cb.answered + cb.moved
+
+
 def test_no_replica_answering_for_wait_s_gives_transient_failures(replicas):
     a = replicas(0.01)
     a.down = True
