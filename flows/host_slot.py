@@ -79,7 +79,8 @@ def host_slot(config: RunConfig, what: str) -> Iterator[Host]:
     While it queues, the run's log names the run that holds the host (and each next one): the holder
     writes itself into a Prefect Variable (`holder_variable`) once it has the slot."""
     logger = get_run_logger()
-    name, variable = limit_name(config), holder_variable(limit_name(config))
+    name = limit_name(config)
+    variable = holder_variable(name)
     ensure_limit(name)
     start, said = time.monotonic(), object()  # nothing said yet
     with contextlib.ExitStack() as stack:

@@ -88,30 +88,42 @@ def test_window_holder_killed_guardian_ends_its_stages_and_restores(prod: Prod, 
     assert carrying(rec["token"]) == [] and not alive(rec["pid"])
 
 
-def test_generate_from_production_survives_a_restart(prod: Prod, tmp_path: Path) -> None:
+def _start_generate(prod: Prod, tmp_path: Path, n: int, concurrency: int, **production: object
+                    ) -> tuple[Path, subprocess.Popen]:
+    """The generate stage of the demo config answered by production (`production`: its url or its replicas), started
+    as its own process, its output in <stage dir>/stage.log: (stage dir, process)."""
     cfg = load_config(ROOT / "configs" / "demo.yaml", {
         "host.work_root": str(tmp_path / "runs"), "host.python": sys.executable, "engine.port": any_free_port(),
-        "target.served_model_name": "prod", "generate.server": "production", "generate.num_samples": 64,
-        "generate.holdout": 4, "generate.shard_size": 16, "generate.concurrency": 4, "generate.max_tokens": 96,
-        "generate.server_wait_s": 240, "benchmark.num_prompts": 4,
-        "production": {**prod.cfg().model_dump(), "url": prod.health_url.rsplit("/health", 1)[0]}})
+        "target.served_model_name": "prod", "generate.server": "production", "generate.num_samples": n,
+        "generate.holdout": 4, "generate.shard_size": 16, "generate.concurrency": concurrency,
+        "generate.max_tokens": 96, "generate.server_wait_s": 240, "benchmark.num_prompts": 4,
+        "production": {**prod.cfg().model_dump(), **production}})
     key = stage_key("generate", cfg, {})
     d = Path(stage_dir(cfg, "generate", key))
     d.mkdir(parents=True)
     (d / "request.json").write_text(StageRequest(stage="generate", key=key, dir=str(d), config=cfg).model_dump_json())
     log = open(d / "stage.log", "w")
-    stage = subprocess.Popen([sys.executable, "-m", "eagleflow.stages.generate", str(d / "request.json")],
-                             stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    return d, subprocess.Popen([sys.executable, "-m", "eagleflow.stages.generate", str(d / "request.json")],
+                               stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+def _start_again(p: Prod) -> None:
+    """The operator's start script once more; the old server's port can stay in TIME_WAIT a moment, and the
+    script refuses until it is free."""
+    deadline = time.monotonic() + 60
+    while subprocess.run(p.start_command).returncode != 0 and time.monotonic() < deadline:
+        time.sleep(1)
+
+
+def test_generate_from_production_survives_a_restart(prod: Prod, tmp_path: Path) -> None:
+    d, stage = _start_generate(prod, tmp_path, 64, 4, url=prod.health_url.rsplit("/health", 1)[0])
     restarted = threading.Event()
 
     def restart_after_first_shard() -> None:
         while not (d / "data" / "shard-00000.parquet").exists() and stage.poll() is None:
             time.sleep(0.05)
         subprocess.run(prod.stop_command, check=True)  # production restarts under the stage's feet
-        deadline = time.monotonic() + 60
-        # The old server's port can stay in TIME_WAIT a moment; the start script refuses until it is free.
-        while subprocess.run(prod.start_command).returncode != 0 and time.monotonic() < deadline:
-            time.sleep(1)
+        _start_again(prod)
         restarted.set()
 
     t = threading.Thread(target=restart_after_first_shard)
@@ -149,20 +161,7 @@ def test_generate_spreads_over_replicas_leaves_a_stopped_one_and_takes_it_back(p
         b_first_start = wait_healthy(b.health_url, 600)
         urls = [u.rsplit("/health", 1)[0] for u in (prod.health_url, b.health_url)]
         n = 240
-        cfg = load_config(ROOT / "configs" / "demo.yaml", {
-            "host.work_root": str(tmp_path / "runs"), "host.python": sys.executable, "engine.port": any_free_port(),
-            "target.served_model_name": "prod", "generate.server": "production", "generate.num_samples": n,
-            "generate.holdout": 4, "generate.shard_size": 16, "generate.concurrency": 2, "generate.max_tokens": 96,
-            "generate.server_wait_s": 240, "benchmark.num_prompts": 4,
-            "production": {**prod.cfg().model_dump(), "replicas": urls}})
-        key = stage_key("generate", cfg, {})
-        d = Path(stage_dir(cfg, "generate", key))
-        d.mkdir(parents=True)
-        (d / "request.json").write_text(
-            StageRequest(stage="generate", key=key, dir=str(d), config=cfg).model_dump_json())
-        log = open(d / "stage.log", "w")
-        stage = subprocess.Popen([sys.executable, "-m", "eagleflow.stages.generate", str(d / "request.json")],
-                                 stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        d, stage = _start_generate(prod, tmp_path, n, 2, replicas=urls)
         times: dict[str, float] = {}
 
         def stop_b_after_first_shard_and_start_it_again() -> None:
@@ -177,9 +176,7 @@ def test_generate_spreads_over_replicas_leaves_a_stopped_one_and_takes_it_back(p
             stage.send_signal(signal.SIGSTOP)
             try:
                 times["stage_held"] = float(stage.poll() is None)
-                deadline = time.monotonic() + 60
-                while subprocess.run(b.start_command).returncode != 0 and time.monotonic() < deadline:
-                    time.sleep(1)  # its port may stay in TIME_WAIT a moment
+                _start_again(b)
                 times["restart_s"] = wait_healthy(b.health_url, max(120.0, 5 * b_first_start))  # a safety cap
             finally:
                 stage.send_signal(signal.SIGCONT)
