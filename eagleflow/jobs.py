@@ -31,7 +31,6 @@ puts its JSON lines, how it started and how the job ended, on stderr); exit 3 me
 from __future__ import annotations
 
 import argparse
-import errno
 import fcntl
 import hashlib
 import json
@@ -44,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from eagleflow.files import read_json, write_json_atomic, write_text_atomic
-from eagleflow.locks import exclusive, is_held
+from eagleflow.locks import exclusive, is_held, try_lock
 from eagleflow.procs import terminate
 
 BUSY = 3  # exit status: the host is leased, or a job of another run is running
@@ -146,22 +145,18 @@ class Lease:
     def __init__(self, root: str | Path, owner: str, what: str, wait_same_owner_s: float = 30.0):
         d = _state_dir(root)
         self.owner_path = d / "host.owner.json"
-        self.fd = os.open(d / "host.lock", os.O_RDWR | os.O_CREAT, 0o644)
         deadline = time.monotonic() + wait_same_owner_s
         while True:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd = try_lock(d / "host.lock")  # rides out another process's is_held probe
+            if fd is not None:
+                self.fd = fd
                 break
-            except OSError as exc:
-                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    raise
             holder = read_json(self.owner_path) or {"owner": "unknown"}
             # The same flow run re-leasing after a dropped connection: its old holder goes as soon as
             # sshd notices the connection is gone.
             if holder.get("owner") == owner and time.monotonic() < deadline:
                 time.sleep(0.5)
                 continue
-            os.close(self.fd)
             raise HostBusyError({"lease": holder})
         other = next((j for j in running_jobs(root) if j.get("owner") != owner), None)
         if other:

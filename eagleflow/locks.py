@@ -10,19 +10,24 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 
 def is_held(lock_path: str | Path) -> bool:
-    """Whether some process holds an flock on lock_path (we take and drop it if nobody does)."""
+    """Whether some process holds an flock on lock_path.
+
+    Asked with a shared lock, taken and dropped at once: two processes asking at the same moment never see
+    each other as the holder (an exclusive probe did, and a job's follower polling every 0.1 s then made a
+    finished job look alive). Holders take the lock exclusively, so a shared probe fails only against one."""
     try:
-        fd = os.open(lock_path, os.O_RDONLY)
+        fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError as exc:
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
             return True
@@ -32,18 +37,27 @@ def is_held(lock_path: str | Path) -> bool:
     return False
 
 
+# A probe holds its shared lock for microseconds; an exclusive taker that meets one tries again this often
+# before it concludes that a real holder is there.
+PROBE_RETRIES, PROBE_PAUSE_S = 5, 0.01
+
+
 def try_lock(lock_path: str | Path) -> int | None:
     """An fd holding an exclusive flock on lock_path (created if missing), or None when another
     process holds it. Close the fd to release. O_CLOEXEC: children never inherit it by accident."""
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            return None
-        raise
-    return fd
+    for attempt in range(PROBE_RETRIES + 1):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                os.close(fd)
+                raise
+        if attempt < PROBE_RETRIES:
+            time.sleep(PROBE_PAUSE_S)  # perhaps only an is_held probe: it lets go at once
+    os.close(fd)
+    return None
 
 
 @contextmanager

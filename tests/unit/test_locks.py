@@ -81,3 +81,37 @@ def test_exclusive_serialises_processes(tmp_path):
     assert waiter.wait(timeout=30) == 0
     assert entered >= released  # it entered only once this process left
     assert not is_held(lock)
+
+
+PROBER = """
+import sys, time
+from eagleflow.locks import is_held
+print("probing", flush=True)
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    is_held(sys.argv[1])
+"""
+
+
+def test_asking_never_looks_like_holding_and_never_keeps_a_taker_out(tmp_path):
+    """Another process asking all the time (a job's follower, a guardian, a cancellation): a free lock is still
+    free to every other asker, and a taker still gets it (a probe that took the lock exclusively made a finished
+    job look alive and could turn a guardian away as "another guardian is watching")."""
+    lock = tmp_path / "job.lock"
+    lock.touch()
+    prober = subprocess.Popen([sys.executable, "-c", PROBER, str(lock), "3"], stdout=subprocess.PIPE, text=True,
+                              cwd=ROOT)
+    try:
+        assert prober.stdout.readline().strip() == "probing"
+        held_seen, refused, asked = 0, 0, 0
+        end = time.monotonic() + 2
+        while time.monotonic() < end and prober.poll() is None:
+            held_seen += is_held(lock)
+            fd = try_lock(lock)
+            refused += fd is None
+            if fd is not None:
+                os.close(fd)
+            asked += 1
+        assert asked > 100 and held_seen == 0 and refused == 0, (asked, held_seen, refused)
+    finally:
+        prober.wait(timeout=30)

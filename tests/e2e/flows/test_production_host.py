@@ -93,13 +93,14 @@ def test_generate_asks_production_which_stays_up_and_goes_down_once_for_the_gpu_
     opened = json.loads((Path(window["dir"]) / "window.open.json").read_text())
     closed = json.loads((Path(window["dir"]) / "window.closed.json").read_text())
 
-    # Production answered every check until the stop was issued: the whole of generate.
+    # Production was up for every check until the stop was issued: the whole of generate (None: slower than 2 s
+    # to answer while generate kept it busy, never refused).
     before = [ok for t, ok in health.samples if t < opened["stop_issued_at"]]
-    assert len(before) > 20 and all(before)
+    assert before.count(True) > 20 and False not in before, before
     # One spell down, inside the window; healthy after it to the end.
     [(down, up)] = health.down_spells()
     assert opened["stop_issued_at"] <= down and up <= closed["back_at"] + 1.0
-    assert health.samples[-1][1]
+    assert [ok for _, ok in health.samples if ok is not None][-1]
     assert window["down_s"] == pytest.approx(closed["back_at"] - opened["stop_issued_at"], abs=0.5)
     commands = (Path(window["dir"]) / "production-commands.log").read_text()
     assert commands.count('"stop", "--pidfile"') == 1 and commands.count('"start", "--pidfile"') == 1
