@@ -6,16 +6,15 @@ facts (`HostFacts`: GPUs and free disk as `python -m eagleflow.hostfacts` prints
 target's shape, the prompts' length and the rates earlier runs on the host measured) are gathered on
 the host by `eagleflow.planfacts`, or stated in a JSON file (`configs/hosts/*.json`).
 
-Tokens. Before generate they are an estimate: samples x (mean prompt tokens + mean answer tokens),
-each conversation cut at `extract.max_seq_len`. The answer length is the mean that earlier generate
-runs of the same target measured on this host, else `DEFAULT_ANSWER_TOKENS` (the seeds'), never more
-than `generate.max_tokens`; `upper_bound_tokens` takes every answer at `max_tokens`. After generate the
-count is exact (`GenerateOutputs.num_tokens`, in `Progress`).
+Tokens. Before generate they are an estimate: samples x (mean prompt tokens + mean answer tokens), each conversation
+cut at `extract.max_seq_len`. The answer length is the mean that earlier generate runs of the same target measured
+on this host, else `DEFAULT_ANSWER_TOKENS` (the seeds'), never more than `generate.max_tokens`; `upper_bound_tokens`
+takes every answer at `max_tokens`. After generate the count is exact (`GenerateOutputs.num_tokens`, in `Progress`).
 
-Defaults are the seeds' run of ../shared/DESIGN.md (Kimi-K2.5, INT4, 8 x H200, vLLM): 10,000 samples
-in 5.3 h, hidden states at 3,165 tok/s and 828 GB in bf16 (56 KiB a token: 4 x 7168 x 2 B), 5 epochs
-in 2.6 h, a 30-minute engine load, 82.5 tok/s per request. Each figure in a plan says whether it was
-"measured (run <stage>/<key>)" on the host or is such a "default: ..." (with its source).
+Defaults are the seeds' run of ../shared/DESIGN.md (Kimi-K2.5, INT4, 8 x H200, vLLM): 10,000 samples in 5.3 h,
+hidden states at 3,165 tok/s and 828 GB in bf16 (56 KiB a token: 4 x 7168 x 2 B), 5 epochs in 2.6 h, a 30-minute
+engine load, 82.5 tok/s per request. Each figure in a plan says whether it was "measured (run <stage>/<key>)" on the
+host or is such a "default: ..." (with its source).
 """
 
 from __future__ import annotations
@@ -247,10 +246,12 @@ def muon_flops_per_step(t: TargetFacts, cfg: RunConfig, ns_steps: int = 5) -> fl
 def default_train_rate(t: TargetFacts, cfg: RunConfig, gpus: list[GpuFacts]) -> tuple[float, str]:
     """Training tok/s where the host measured none: on H200s our measured FLOP rate at this drafter's FLOPs, scaled
     to train.nproc GPUs (and saying so); elsewhere the seeds' figure (their RTX PRO 6000s: no rate of ours there)."""
-    other = sorted({g.name for g in gpus if "H200" not in g.name})
+    other, nodes = sorted({g.name for g in gpus if "H200" not in g.name}), 1 + len(cfg.train_nodes.hosts)
+    across = (f"; counts host's GPUs only, not the other {nodes - 1} of train_nodes: scaling across hosts is "
+              "unmeasured (shown on loopback gloo only)" if nodes > 1 else "")
     if cfg.train.device == "cpu" or not gpus or other:
-        return DEFAULT_TRAIN_TOK_S, SOURCES["train"] + (f"; this host's GPUs ({', '.join(other)}) are no H200s, "
-                                                        "where eagleflow's rate was measured" if other else "")
+        return DEFAULT_TRAIN_TOK_S, SOURCES["train"] + across + (f"; this host's GPUs ({', '.join(other)}) are no "
+                                                                 "H200s, where eagleflow's rate was measured" if other else "")
     flops, n = train_flops_per_token(t, cfg), cfg.train.nproc
     one, eff = H200_TRAIN_TFLOPS * 1e12 / flops * TRAIN_STAGE_FRACTION, DDP_GPU_EFFICIENCY if n > 1 else 1.0
     muon = ""
@@ -264,7 +265,7 @@ def default_train_rate(t: TargetFacts, cfg: RunConfig, gpus: list[GpuFacts]) -> 
         f"scaled: an H200 trained at {H200_TRAIN_TFLOPS:.0f} TFLOP/s (Kimi-K2.5's drafter shape, docs/benchmarks.md), "
         f"{one:,.0f} tok/s at this drafter's {flops / 1e9:.1f} GFLOP a token and the stage's own "
         f"{TRAIN_STAGE_FRACTION:.0%}{muon}" + (f", x {n} GPUs x {eff:.2f} (per-GPU data-parallel efficiency measured "
-                                               "on 2 H200s)" if n > 1 else ""))
+                                               "on 2 H200s)" if n > 1 else "") + across)
 
 
 # float32 optimizer state a trainable weight: AdamW's two moments, Muon's one (its norms' AdamW: a rounding error)

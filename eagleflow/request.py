@@ -19,6 +19,9 @@ from eagleflow.manifest import Manifest
 # Where the flow run hands production's API key to a stage: in the stage process's environment only,
 # never in request.json, a job spec, a log or a Prefect parameter.
 PRODUCTION_API_KEY_ENV = "EAGLEFLOW_PRODUCTION_API_KEY"
+# A stage run on several hosts at once (training across hosts) learns its node from the control side here:
+# {"rank": k, "count": n, "master": "addr:port"} (eagleflow.hosts.nodes sets it, eagleflow.stages.train reads it).
+NODE_ENV = "EAGLEFLOW_TRAIN_NODE"
 
 
 class StageError(RuntimeError):

@@ -27,7 +27,7 @@ from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.runtime import flow_run as current_run
 from prefect.variables import Variable
 
-from eagleflow.config import RunConfig, load_config
+from eagleflow.config import HostConfig, RunConfig, load_config
 from eagleflow.hosts import Host, make_host
 from tasks.naming import flow_run_owner
 
@@ -35,8 +35,8 @@ from tasks.naming import flow_run_owner
 WAIT_NOTE_S = 30.0  # while queued, who holds the host is looked up again this often
 
 
-def limit_name(config: RunConfig) -> str:
-    return f"eagleflow-host-{config.host.name}"
+def limit_name(host: HostConfig) -> str:
+    return f"eagleflow-host-{host.name}"
 
 
 def ensure_limit(name: str) -> None:
@@ -72,38 +72,54 @@ def _let_go(variable: str, run_id: str) -> None:
         print(f"could not clear {variable}: {exc} (the next holder overwrites it)")
 
 
+def _holders(variables: list[str]) -> list[Any]:
+    return [Variable.get(v, default=None) for v in variables]
+
+
 @contextlib.contextmanager
 def host_slot(config: RunConfig, what: str) -> Iterator[Host]:
     """Queue for the host's concurrency slot, then take the lease on the host; yield the run's host.
 
     While it queues, the run's log names the run that holds the host (and each next one): the holder
-    writes itself into a Prefect Variable (`holder_variable`) once it has the slot."""
+    writes itself into a Prefect Variable (`holder_variable`) once it has the slot. A config that trains
+    across hosts (`train_nodes`) takes every node's slot with its host's, all at once (Prefect takes a list
+    of limits whole or not at all: two runs that share two hosts never hold one each), and every node's
+    lease for the run."""
     logger = get_run_logger()
-    name = limit_name(config)
-    variable = holder_variable(name)
-    ensure_limit(name)
+    hosts = [config.host, *config.train_nodes.hosts]
+    names = [limit_name(h) for h in hosts]
+    variables = [holder_variable(n) for n in names]
+    for name in names:
+        ensure_limit(name)
     start, said = time.monotonic(), object()  # nothing said yet
     with contextlib.ExitStack() as stack:
         while True:
-            holder = Variable.get(variable, default=None)
-            if holder != said:
-                logger.info("waiting for host %s (Prefect global concurrency limit %r)%s", config.host.name, name,
-                            _held_by(holder))
-                said = holder
+            holders = _holders(variables)
+            if holders != said:
+                for h, name, holder in zip(hosts, names, holders):
+                    if holder is not None or h is config.host:
+                        logger.info("waiting for host %s (Prefect global concurrency limit %r)%s", h.name, name,
+                                    _held_by(holder))
+                said = holders
             try:
-                stack.enter_context(concurrency(name, occupy=1, strict=True, timeout_seconds=WAIT_NOTE_S))
+                stack.enter_context(concurrency(names, occupy=1, strict=True, timeout_seconds=WAIT_NOTE_S))
                 break
             except TimeoutError:
                 continue
         me = {"flow_run_id": flow_run_owner(), "flow_run": current_run.name, "what": what,
               "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        Variable.set(variable, me, overwrite=True)
+        for variable in variables:
+            Variable.set(variable, me, overwrite=True)
         held = time.monotonic()
         stack.callback(lambda: logger.info("released host %s after %.0f s", config.host.name,
                                            time.monotonic() - held))
-        stack.callback(_let_go, variable, me["flow_run_id"])
+        for variable in variables:
+            stack.callback(_let_go, variable, me["flow_run_id"])
         host = stack.enter_context(make_host(config.host))
         stack.enter_context(host.lease(flow_run_owner(), what, log=logger.warning))
+        for node in config.train_nodes.hosts:  # held on a connection of its own for the run
+            other = stack.enter_context(make_host(node))
+            stack.enter_context(other.lease(flow_run_owner(), what, log=logger.warning))
         logger.info("holding host %s for %s (waited %.0f s)", config.host.name, what, held - start)
         yield host
 
@@ -123,6 +139,12 @@ def stop_jobs_of_run(flow: Any, flow_run: Any, state: Any) -> None:
     with make_host(config.host) as host:
         stopped = host.stop_owner(str(flow_run.id))
         released = release_windows(host, config, str(flow_run.id))
+    for node in config.train_nodes.hosts:  # the other nodes of a training across hosts
+        try:
+            with make_host(node) as other:
+                stopped += [f"{node.name}:{d}" for d in other.stop_owner(str(flow_run.id))]
+        except Exception as exc:  # noqa: BLE001 - one unreachable node must not keep the others' jobs alive
+            print(f"cannot stop the jobs of flow run {flow_run.id} on {node.name}: {exc}")
     print(f"flow run {flow_run.id} ended {state.name}: stopped {len(stopped)} job(s) on {config.host.name}: {stopped}"
           + (f"; production windows given back: {released}" if released else ""))
 

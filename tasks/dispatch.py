@@ -27,6 +27,7 @@ from prefect.states import State
 
 from eagleflow.config import RunConfig
 from eagleflow.hosts import Host, StageFailed, is_transient
+from eagleflow.hosts.nodes import check_shared, node_jobs, run_together
 from eagleflow.manifest import Manifest, required_upstream, stage_dir, stage_key
 from eagleflow.request import StageRequest
 from tasks.failures import attach_failure_logs
@@ -76,13 +77,15 @@ def _run_ids() -> tuple[str, str, str]:
 
 def dispatch(stage: str, host: Host, config: RunConfig, upstream: dict[str, Manifest],
              on_failure: Callable[[str, StageFailed], None] | None = None, env: dict[str, str] | None = None,
-             secret_env: dict[str, str] | None = None) -> Manifest:
+             secret_env: dict[str, str] | None = None, nodes: list[Host] | None = None) -> Manifest:
     """Run `python -m eagleflow.stages.<stage>` on the host; return the manifest it wrote last.
 
     `on_failure(stage_dir, error)` runs before a failed stage's error is raised (to attach logs; by
     default its stage.log and engine.log, tasks.failures).
     `env`: added to the stage's environment (a production window's token). `secret_env`: the same,
     but handed over in memory only (an API key): never in request.json, the job spec or a log.
+    `nodes`: more hosts that run the stage with this one, one job each, ended together (training across
+    hosts, eagleflow.hosts.nodes).
     """
     logger = get_run_logger()
     owner, attempt, stamp = _run_ids()
@@ -103,10 +106,18 @@ def dispatch(stage: str, host: Host, config: RunConfig, upstream: dict[str, Mani
     logger.info("running %s %s on %s (log: %s/stage.log)", stage, key, host.name, d)
     record_stage_dir(stage, key, host, d, "ran")
     progress = ProgressArtifacts(config.name, stage)
+    argv = [config.host.python, "-m", f"eagleflow.stages.{stage}", f"{d}/request.json"]
+    say = lambda line: logger.info(progress.line(line))  # noqa: E731
     try:
-        host.run_job(d, [config.host.python, "-m", f"eagleflow.stages.{stage}", f"{d}/request.json"],
-                     log=lambda line: logger.info(progress.line(line)), owner=owner, attempt=attempt, env=env,
-                     secret_env=secret_env)
+        if nodes:
+            check_shared(host, nodes, [f"{d}/request.json", config.target.model_path,
+                                       *(m.dir for m in upstream.values())])
+            master = f"{config.train_nodes.master_addr or config.host.address}:{config.train_nodes.master_port}"
+            logger.info("%s on %d hosts: %s (rendezvous at %s)", stage, 1 + len(nodes),
+                        ", ".join([host.name, *(n.name for n in nodes)]), master)
+            run_together(node_jobs(host, nodes, d, master, env), argv, log=say, owner=owner, attempt=attempt)
+        else:
+            host.run_job(d, argv, log=say, owner=owner, attempt=attempt, env=env, secret_env=secret_env)
     except StageFailed as exc:
         if on_failure is not None:
             on_failure(d, exc)

@@ -21,14 +21,14 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from eagleflow.config.base import ConfigError, _Strict
 from eagleflow.config.data import ExtractConfig, GenerateConfig, NightlyConfig
-from eagleflow.config.host import EngineConfig, HostConfig, TargetConfig
+from eagleflow.config.host import EngineConfig, HostConfig, TargetConfig, TrainNodesConfig
 from eagleflow.config.measure import BenchmarkConfig, ExportConfig, TriageConfig, TriageProbe
 from eagleflow.config.production import ProductionConfig
 from eagleflow.config.schedule import ScheduleConfig
 from eagleflow.drafter.config import TrainConfig
 
 __all__ = ["BenchmarkConfig", "ConfigError", "EngineConfig", "ExportConfig", "ExtractConfig", "GenerateConfig",
-           "HostConfig", "NightlyConfig", "ProductionConfig", "RunConfig", "ScheduleConfig", "TargetConfig", "TrainConfig", "TriageConfig",
+           "HostConfig", "NightlyConfig", "ProductionConfig", "RunConfig", "ScheduleConfig", "TargetConfig", "TrainConfig", "TrainNodesConfig", "TriageConfig",
            "TriageProbe", "load_config", "parse_config", "parse_overrides"]
 
 
@@ -42,6 +42,9 @@ class RunConfig(_Strict):
     generate: GenerateConfig
     extract: ExtractConfig = Field(default_factory=ExtractConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    train_nodes: TrainNodesConfig = Field(
+        default_factory=TrainNodesConfig, description="Training across several hosts: the other nodes (default: none)."
+    )
     export: ExportConfig = Field(default_factory=ExportConfig)
     benchmark: BenchmarkConfig = Field(default_factory=BenchmarkConfig)
     production: ProductionConfig = Field(default_factory=ProductionConfig)
@@ -73,12 +76,34 @@ class RunConfig(_Strict):
         if self.benchmark.drafter_on == "production" and not (self.production.url and self.engine.kind == "vllm"):
             raise ValueError("benchmark.drafter_on 'production' needs production.url and engine.kind 'vllm': the drafter "
                              "is measured through production's endpoint and its /metrics counters")
+        self._train_nodes()
         if self.extract.backend == "vllm" and self.engine.kind != "vllm":
             raise ValueError(
                 f"extract.backend is 'vllm' but engine.kind is {self.engine.kind!r}: SGLang has no hidden-states "
                 "capture; set extract.backend to 'hf' or serve the target with vLLM"
             )
         return self
+
+
+    def _train_nodes(self) -> None:
+        nodes = self.train_nodes.hosts
+        if not nodes:
+            return
+        if self.host.kind != "ssh" or any(n.kind != "ssh" for n in nodes):
+            raise ValueError("train_nodes: training across hosts runs a detached job on each over SSH: host.kind and "
+                             "every train_nodes.hosts[].kind must be 'ssh'")
+        names = [self.host.name] + [n.name for n in nodes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"train_nodes.hosts: host names {names} must differ from each other and from host.name "
+                             "(each names a Prefect concurrency limit and a lease)")
+        shared = self.host.work_root.rstrip("/")
+        for i, n in enumerate(nodes):
+            own = n.work_root.rstrip("/")
+            if own == shared or own.startswith(shared + "/"):
+                raise ValueError(
+                    f"train_nodes.hosts[{i}].work_root {n.work_root!r} lies in host.work_root {self.host.work_root!r}: "
+                    "a node keeps its jobs' pids and locks under its own work_root, which must not be on the "
+                    "filesystem it shares with node 0 (a pid there would name a process of another machine)")
 
 
 def _format_errors(err: ValidationError, source: str) -> str:

@@ -143,3 +143,23 @@ class EngineConfig(_Strict):
         description="Preflight: the fraction of each visible GPU's memory that must be free before launching "
         "(default 0: taken from gpu_memory_utilization when set).",
     )
+
+
+class TrainNodesConfig(_Strict):
+    """Training across hosts: `host` is node 0, each of `hosts` is node 1, 2, ... of one torchrun job.
+
+    Every node runs the train stage as a detached job over SSH, under torchrun with a static rendezvous
+    (fixed node ranks) at `master_addr`:`master_port` on node 0, `train.nproc` ranks a node: rank 0, on `host`,
+    writes the checkpoints and the manifest. The nodes read the extract stage's states and write checkpoints
+    at the same paths as `host`: `host.work_root` must be one filesystem every node mounts at the same path."""
+
+    hosts: list[HostConfig] = Field(
+        default_factory=list,
+        description="The other nodes (SSH hosts), in node-rank order. Each keeps its jobs' own state (pids, locks, "
+        "logs) under its own work_root, never on the filesystem shared with node 0. Empty: train on `host` alone.",
+    )
+    master_addr: str | None = Field(
+        None, description="Address at which the other nodes reach node 0 (`host`) for the rendezvous and the "
+        "collectives; default host.address.",
+    )
+    master_port: int = Field(29500, ge=1024, le=65535, description="Port of torchrun's rendezvous store on node 0.")

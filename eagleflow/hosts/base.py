@@ -120,6 +120,10 @@ class Host(abc.ABC):
         """
         self.run(argv, log=log, env={**(env or {}), **(secret_env or {})}, log_path=f"{job_dir}/stage.log")
 
+    def stop_job(self, job_dir: str, grace_s: float = 5.0) -> dict:
+        """End the job of `job_dir` (its process group, only it). Hosts with detached jobs (SSH) can."""
+        raise NotImplementedError(f"{self.name} runs no detached jobs: only an SSH host's jobs can be stopped by dir")
+
     def stop_owner(self, owner: str) -> list[str]:
         """End every running job that `owner` started on this host; return their job dirs."""
         return []

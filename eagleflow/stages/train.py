@@ -12,6 +12,10 @@ and into the manifest.
 With `train.nproc` > 1 the stage runs itself under torchrun (`python -m torch.distributed.run`):
 every rank trains, rank 0 writes the checkpoints and the manifest, and this process waits, passes
 the ranks' output through and returns rank 0's manifest.
+
+Across hosts (`train_nodes`), the control side starts this stage on every node with NODE_ENV set
+(`{"rank": i, "count": n, "master": "addr:port"}`): each runs torchrun with a static rendezvous, node 0's
+launch returns rank 0's manifest, the others' end with their ranks and write nothing.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from eagleflow.failure import stage_ending
 from eagleflow.manifest import Manifest, read_manifest, sha256_file
 from eagleflow.outputs import BestEpoch, EpochMetrics, EvalSummary, ExtractOutputs, TrainMetrics, TrainOutputs
 from eagleflow.procs import die_with_parent
-from eagleflow.request import StageError, StageRequest
+from eagleflow.request import NODE_ENV, StageError, StageRequest
 from eagleflow.stages.common import setup_logging, stage_main
 
 if TYPE_CHECKING:
@@ -43,9 +47,19 @@ def _under_torchrun() -> bool:
     return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def _node() -> dict | None:
+    """This node's place in a training across hosts ({"rank", "count", "master"}), or None on one host."""
+    import json
+
+    raw = os.environ.get(NODE_ENV)
+    return json.loads(raw) if raw else None
+
+
 def run(request: StageRequest) -> Manifest:
-    if request.config.train.nproc > 1 and not _under_torchrun():
-        return _launch_torchrun(request)
+    if (request.config.train.nproc > 1 or _node()) and not _under_torchrun():
+        manifest = _launch_torchrun(request)
+        assert manifest is not None  # node 0's launch (nodes other than 0 run `_node_main`)
+        return manifest
     result, index_aux = _train(request)
     return _manifest(request, result, index_aux)
 
@@ -105,7 +119,7 @@ def _manifest(request: StageRequest, result: "TrainResult", aux_layer_ids: list[
         epochs=epochs,
         tokens_per_s=round(train_tokens / max(1e-9, sum(e.seconds for e in result.epochs)), 1),
         steps=result.steps, bounded_by=result.bounded_by,
-        draft_vocab_size=result.vocab_size, nproc=request.config.train.nproc,
+        draft_vocab_size=result.vocab_size, nproc=int(os.environ.get("WORLD_SIZE", request.config.train.nproc)),
     )
     from eagleflow import plots
 
@@ -116,15 +130,26 @@ def _manifest(request: StageRequest, result: "TrainResult", aux_layer_ids: list[
     return request.manifest(outputs=outputs, metrics=metrics, hashes={weights: sha256_file(request.path / weights)})
 
 
-def _launch_torchrun(request: StageRequest) -> Manifest:
-    """Run this stage under torchrun with train.nproc ranks; rank 0 writes the manifest we return."""
-    nproc = request.config.train.nproc
+def _launch_torchrun(request: StageRequest) -> Manifest | None:
+    """Run this stage under torchrun with train.nproc ranks (on each node, across hosts); rank 0 writes the
+    manifest, which node 0 returns. Other nodes return None once their ranks have ended well."""
+    nproc, node = request.config.train.nproc, _node()
+    first = node is None or node["rank"] == 0
     request_file = request.path / "request.json"
-    if not request_file.is_file():
+    if first and not request_file.is_file():
         request_file.write_text(request.model_dump_json(indent=2))
     manifest_path = request.path / "manifest.json"
-    manifest_path.unlink(missing_ok=True)  # only this launch's rank 0 may leave one
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+    if first:
+        manifest_path.unlink(missing_ok=True)  # only this launch's rank 0 may leave one
+    if node is None:
+        rendezvous = ["--standalone"]
+    else:
+        # Static: node ranks fixed, so rank 0 (checkpoints, manifest) is on node 0, whose launch returns the manifest
+        # (c10d's dynamic rendezvous orders nodes by host name and pid).
+        addr, port = node["master"].rsplit(":", 1)
+        rendezvous = [f"--nnodes={node['count']}", f"--node-rank={node['rank']}", f"--master-addr={addr}",
+                      f"--master-port={port}"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", *rendezvous, f"--nproc-per-node={nproc}",
            "-m", "eagleflow.stages.train", str(request_file)]
     env = dict(os.environ)
     gpus = _cuda_devices() if request.config.train.device != "cpu" else 0
@@ -134,7 +159,8 @@ def _launch_torchrun(request: StageRequest) -> Manifest:
     if not gpus:
         # One share of the cores per rank (torchrun would otherwise set 1 and print a banner about it).
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    log.info("launching %d ranks: %s", nproc, " ".join(cmd))
+    where = f" on node {node['rank']} of {node['count']}" if node else ""
+    log.info("launching %d ranks%s: %s", nproc, where, " ".join(cmd))
     tail: deque[str] = deque(maxlen=40)
     # torchrun shares our process group; its ranks run in sessions of their own (torch 2.13). A cancel
     # (SIGTERM to our group) reaches torchrun, which ends them. Should we die alone (SIGKILL, OOM), torchrun
@@ -153,16 +179,30 @@ def _launch_torchrun(request: StageRequest) -> Manifest:
             proc.wait()
             raise
         rc = proc.wait()
-    if rc != 0 or not manifest_path.is_file():
+    if rc != 0 or (first and not manifest_path.is_file()):
         cause = next((ln for ln in reversed(tail) if ln.startswith("error:")), None) or (tail[-1] if tail else "")
-        raise StageError(f"torchrun with {nproc} ranks exited {rc}: {cause} (the ranks' output is above)")
-    return read_manifest(manifest_path)
+        raise StageError(f"torchrun with {nproc} ranks{where} exited {rc}: {cause} (the ranks' output is above)")
+    return read_manifest(manifest_path) if first else None
 
 
 def _cuda_devices() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _node_main(argv: list[str]) -> int:
+    """A node other than 0 of a training across hosts: its ranks train; node 0's rank 0 writes everything."""
+    setup_logging()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds into torchrun's terminate below
+    try:
+        request = StageRequest.model_validate_json(Path(argv[0]).read_text())
+        _launch_torchrun(request)
+        log.info("node %s done (node 0 writes the checkpoints and the manifest)", _node()["rank"])
+        return 0
+    except StageError as exc:
+        print("\n".join(stage_ending(str(exc))), flush=True)
+        return 1
 
 
 def _rank_main(argv: list[str]) -> int:
@@ -190,4 +230,6 @@ if __name__ == "__main__":
         die_with_parent(signal.SIGKILL)
         if int(os.environ.get("RANK", "0")) != 0:
             sys.exit(_rank_main(sys.argv[1:]))
+    elif (_node() or {}).get("rank", 0) != 0:
+        sys.exit(_node_main(sys.argv[1:]))
     sys.exit(stage_main("train", run))

@@ -213,3 +213,12 @@ def test_muon_adds_its_measured_newton_schulz_to_every_step_of_every_rank():
     fewer = stage(plan(kimi(**{"train.optimizer": "muon", "train.batch_tokens": 16384}), facts()), "train")
     assert fewer.seconds > muon.seconds * 1.5  # a quarter of the tokens a step: the same cost a step, 4x the steps
 
+
+
+def test_training_across_hosts_is_planned_at_one_hosts_rate_and_says_so():
+    """train_nodes: the plan counts the run's host's GPUs only (no rate across hosts was measured), and says so."""
+    node = {"kind": "ssh", "name": "gpu-b", "address": "10.0.0.3", "work_root": "/local/ef",
+            "python": "/opt/ef/bin/python"}
+    one, two = (stage(plan(kimi(**over), facts()), "train") for over in ({}, {"train_nodes.hosts": [node]}))
+    assert two.seconds == one.seconds and "not the other 1 of train_nodes" not in one.source
+    assert "counts host's GPUs only, not the other 1 of train_nodes" in two.source

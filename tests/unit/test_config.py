@@ -76,6 +76,39 @@ def test_generate_from_production_takes_its_url_or_its_replicas(tmp_path):
     assert load_config(write(tmp_path, data)).production.replicas[1] == "http://10.0.0.3:8000"
 
 
+def _ssh(name: str, work_root: str) -> dict:
+    return {"kind": "ssh", "name": name, "address": "10.0.0.2", "work_root": work_root, "python": "/opt/ef/bin/python"}
+
+
+@pytest.mark.parametrize(
+    "host, nodes, said",
+    [
+        (None, [_ssh("gpu-b", "/local/ef")], "host.kind and every train_nodes.hosts[].kind must be 'ssh'"),
+        (_ssh("gpu-a", "/shared/ef"), [_ssh("gpu-a", "/local/ef")], "must differ from each other and from host.name"),
+        (_ssh("gpu-a", "/shared/ef"), [_ssh("gpu-b", "/shared/ef/")], "lies in host.work_root"),
+        (_ssh("gpu-a", "/shared/ef"), [_ssh("gpu-b", "/shared/ef/b")], "lies in host.work_root"),
+        (_ssh("gpu-a", "/shared/ef"), [{**_ssh("gpu-b", "/local/ef"), "kind": "local"}], "must be 'ssh'"),
+    ],
+)
+def test_training_across_hosts_is_checked_before_anything_runs(tmp_path, host, nodes, said):
+    data = demo_dict()
+    if host:
+        data["host"] = host
+    data["train_nodes"] = {"hosts": nodes}
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, data))
+    assert "train_nodes" in str(err.value) and said in str(err.value)
+
+
+def test_training_across_hosts_loads(tmp_path):
+    data = demo_dict()
+    data["host"] = _ssh("gpu-a", "/shared/ef")
+    data["train_nodes"] = {"hosts": [_ssh("gpu-b", "/local/ef")], "master_port": 29600}
+    cfg = load_config(write(tmp_path, data))
+    assert [n.name for n in cfg.train_nodes.hosts] == ["gpu-b"] and cfg.train_nodes.master_port == 29600
+    assert cfg.train_nodes.master_addr is None  # host.address, when the flow launches
+
+
 def test_missing_and_malformed_files(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
