@@ -115,7 +115,8 @@ def dispatch(stage: str, host: Host, config: RunConfig, upstream: dict[str, Mani
             master = f"{config.train_nodes.master_addr or config.host.address}:{config.train_nodes.master_port}"
             logger.info("%s on %d hosts: %s (rendezvous at %s)", stage, 1 + len(nodes),
                         ", ".join([host.name, *(n.name for n in nodes)]), master)
-            run_together(node_jobs(host, nodes, d, master, env), argv, log=say, owner=owner, attempt=attempt)
+            run_together(node_jobs(host, nodes, d, master, config.host.python, env), argv[1:], log=say, owner=owner,
+                         attempt=attempt)
         else:
             host.run_job(d, argv, log=say, owner=owner, attempt=attempt, env=env, secret_env=secret_env)
     except StageFailed as exc:

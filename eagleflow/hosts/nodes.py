@@ -30,18 +30,19 @@ STOP_AGAIN_S = 2.0  # after a failure, the jobs still followed are stopped again
 
 @dataclass
 class NodeJob:
-    """One node's job: where it runs, its job dir there, what its environment adds."""
+    """One node's job: where it runs, its job dir and its python there, what its environment adds."""
 
     host: Host
     job_dir: str
+    python: str
     env: dict[str, str] = field(default_factory=dict)
 
 
-def node_jobs(host: Host, nodes: list[Host], stage_dir: str, master: str,
+def node_jobs(host: Host, nodes: list[Host], stage_dir: str, master: str, python: str,
               env: dict[str, str] | None = None) -> list[NodeJob]:
-    """The jobs of one stage over `host` (node 0, in stage_dir) and `nodes` (1, 2, ...), each told its node rank,
-    the node count and the rendezvous address `master` ("addr:port" on node 0). `env`: node 0's more (a
-    production window's token: that window is node 0's)."""
+    """The jobs of one stage over `host` (node 0, in stage_dir, run by `python`) and `nodes` (1, 2, ..., each by its
+    own host.python), each told its node rank, the node count and the rendezvous address `master` ("addr:port" on
+    node 0). `env`: node 0's more (a production window's token: that window is node 0's)."""
     count = 1 + len(nodes)
     key = posixpath.basename(stage_dir.rstrip("/"))
     stage = posixpath.basename(posixpath.dirname(stage_dir.rstrip("/")))
@@ -49,10 +50,10 @@ def node_jobs(host: Host, nodes: list[Host], stage_dir: str, master: str,
     def node_env(rank: int) -> dict[str, str]:
         return {NODE_ENV: json.dumps({"rank": rank, "count": count, "master": master})}
 
-    jobs = [NodeJob(host, stage_dir, {**(env or {}), **node_env(0)})]
+    jobs = [NodeJob(host, stage_dir, python, {**(env or {}), **node_env(0)})]
     for rank, node in enumerate(nodes, 1):
         root = getattr(node, "work_root", "").rstrip("/")
-        jobs.append(NodeJob(node, f"{root}/{stage}/{key}/node-{rank}", node_env(rank)))
+        jobs.append(NodeJob(node, f"{root}/{stage}/{key}/node-{rank}", getattr(node, "python", python), node_env(rank)))
     return jobs
 
 
@@ -69,9 +70,9 @@ def check_shared(host: Host, nodes: list[Host], paths: list[str]) -> None:
                     "filesystem), or train on one host (remove train_nodes)")
 
 
-def run_together(jobs: list[NodeJob], argv: list[str], *, log: LogFn, owner: str = "", attempt: str = "",
+def run_together(jobs: list[NodeJob], args: list[str], *, log: LogFn, owner: str = "", attempt: str = "",
                  stop: Callable[[NodeJob], object] | None = None) -> None:
-    """Run argv as one job on each node at once and wait for all. Node 0's lines go to `log` as they are, the
+    """Run `<its python> args` as one job on each node at once and wait for all. Node 0's lines go to `log` as they are, the
     others' prefixed with their host's name. The first job to fail ends the others (`stop`, by default the
     host's `stop_job`) and its error is raised: the cause, not the stop it caused. A ConnectionLost is raised
     as it is, ending nothing. Interrupted (a cancel), it ends every job before re-raising."""
@@ -82,7 +83,7 @@ def run_together(jobs: list[NodeJob], argv: list[str], *, log: LogFn, owner: str
         job = jobs[i]
         say = log if i == 0 else (lambda line, name=job.host.name: log(f"[{name}] {line}"))
         try:
-            job.host.run_job(job.job_dir, argv, log=say, env=job.env, owner=owner, attempt=attempt)
+            job.host.run_job(job.job_dir, [job.python, *args], log=say, env=job.env, owner=owner, attempt=attempt)
             ended.put((i, None))
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
             ended.put((i, exc))
