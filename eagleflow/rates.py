@@ -1,6 +1,7 @@
 """The rates a capacity plan uses where the host has measured none, each with its source: the seeds' run of
 ../shared/DESIGN.md (Kimi-K2.5, INT4, 8 x H200, vLLM) and what this project measured on an H200
-(docs/benchmarks.md). Pure constants; eagleflow.capacity states them in a plan.
+(docs/benchmarks.md). Pure constants, and the engine's start built of them; eagleflow.capacity states them in
+a plan.
 """
 
 from __future__ import annotations
@@ -61,3 +62,8 @@ SOURCES = {  # where each default comes from, as a plan states it
     "export": "default: a drafter export takes about a minute",
     "check": "default: seconds of host checks",
 }
+
+
+def engine_start_s(weights_bytes: int | None, cache: str = "cold") -> float:
+    """An engine's start from a cold (or warm) page cache, at the H200's measured rates scaled by the weights."""
+    return ENGINE_BASE_START_S + (weights_bytes or 0) / 1e9 * LOAD_S_PER_GB[cache]

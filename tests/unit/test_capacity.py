@@ -220,5 +220,14 @@ def test_training_across_hosts_is_planned_at_one_hosts_rate_and_says_so():
     node = {"kind": "ssh", "name": "gpu-b", "address": "10.0.0.3", "work_root": "/local/ef",
             "python": "/opt/ef/bin/python"}
     one, two = (stage(plan(kimi(**over), facts()), "train") for over in ({}, {"train_nodes.hosts": [node]}))
-    assert two.seconds == one.seconds and "not the other 1 of train_nodes" not in one.source
-    assert "counts host's GPUs only, not the other 1 of train_nodes" in two.source
+    assert two.seconds == one.seconds and "train_nodes" not in one.source
+    assert "host's GPUs only, not train_nodes' other 1: unmeasured across hosts" in two.source
+
+
+def test_generate_over_production_replicas_is_planned_at_one_servers_rate_each():
+    """generate.server production with replicas: the seeds' one-server rate on each replica (said so); a rate this host
+    measured is its own, replicas included, and stays as it is."""
+    over = {"generate.server": "production", "production.replicas": ["http://10.0.0.2:8000", "http://10.0.0.3:8000"]}
+    one, two = (stage(plan(kimi(**{"generate.server": "production", "production.url": "http://10.0.0.2:8000"}),
+                           facts()), "generate"), stage(plan(kimi(**over), facts()), "generate"))
+    assert two.seconds == pytest.approx(one.seconds / 2) and "x 2 production replicas" in two.source

@@ -180,7 +180,8 @@ def _wait_training(work: Path, run_id: str, prefect_server: dict) -> tuple[Path,
     deadline = time.monotonic() + 600
     while True:
         stages, node_jobs = _stage_dirs(work)
-        if stages and node_jobs and STEP_LOSS.search((stages[0] / "stage.log").read_text()):
+        log = stages[0] / "stage.log" if stages else None  # the directory comes before its log
+        if node_jobs and log and log.is_file() and STEP_LOSS.search(log.read_text()):
             return stages[0], node_jobs[0]
         state = api(prefect_server, "GET", f"/flow_runs/{run_id}").json()["state"]
         assert state["type"] in ("SCHEDULED", "PENDING", "RUNNING") and time.monotonic() < deadline, state
