@@ -172,7 +172,8 @@ def synthetic_data(s: Shape, batch: int, seq_len: int, device: torch.device, see
 
 # ------------------------------------------------------------------------------------ eagleflow
 
-def eagleflow_step(s: Shape, data: SyntheticData, steps: int, device: torch.device, optimizer: str = "adamw"):
+def eagleflow_step(s: Shape, data: SyntheticData, steps: int, device: torch.device, optimizer: str = "adamw",
+                   loss: str = "soft_ce"):
     """(a zero-argument training step, the model): eagleflow's public one-step entry point."""
     from eagleflow.drafter.config import TrainConfig
     from eagleflow.drafter.data import Batch
@@ -181,7 +182,7 @@ def eagleflow_step(s: Shape, data: SyntheticData, steps: int, device: torch.devi
     from eagleflow.drafter.step import make_optimizer, train_step
     from eagleflow.drafter.target import arch_for_target
 
-    cfg = TrainConfig(ttt_steps=steps, draft_vocab_size=s.draft_vocab, device=device.type, optimizer=optimizer,
+    cfg = TrainConfig(ttt_steps=steps, draft_vocab_size=s.draft_vocab, device=device.type, optimizer=optimizer, loss=loss,
                       dtype="bfloat16" if device.type == "cuda" else "float32")
     target = TargetHead(embed_tokens=data.embed, norm_weight=data.norm_weight, rms_norm_eps=s.rms_norm_eps,
                         lm_head=data.lm_head, config=s.target_config())
@@ -239,7 +240,7 @@ def _stub_missing(names: list[str]) -> list[str]:
 
 
 def speculators_step(s: Shape, data: SyntheticData, steps: int, device: torch.device, optimizer_name: str,
-                     loss_impl: str, attn_impl: str):
+                     loss_impl: str, attn_impl: str, loss_fn: str = "kl_div"):
     """(a zero-argument training step, the model) driven the way speculators' Trainer drives it."""
     from transformers import LlamaConfig  # before the stubs: transformers probes for `datasets`
 
@@ -288,7 +289,7 @@ def speculators_step(s: Shape, data: SyntheticData, steps: int, device: torch.de
                                     muon_momentum=0.95, muon_weight_decay=0.1, muon_ns_steps=5,
                                     muon_adjust_lr_fn="match_rms_adamw")
     optimizers = build_optimizers(model, opt_cfg)
-    loss_config = resolve_loss_config("kl_div", loss_impl)
+    loss_config = resolve_loss_config(loss_fn, loss_impl)
 
     # Its collate: shift each document (x[1:], g[:-1], y[1:]), pack them into one row, pad with doc id -1.
     b, t = data.input_ids.shape
@@ -373,17 +374,17 @@ def profile_step(step, device: torch.device, rows: int) -> str:
     return prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60)
 
 
-def run_one(trainer: str, s: Shape, batch: int, seq_len: int, args, device: torch.device) -> dict:
+def run_one(trainer: str, s: Shape, batch: int, seq_len: int, args, device: torch.device, loss_fn: str) -> dict:
     data = synthetic_data(s, batch, seq_len, device, seed=args.seed)
     if trainer == "eagleflow":
-        step, model = eagleflow_step(s, data, args.ttt_steps, device, args.optimizer)
+        step, model = eagleflow_step(s, data, args.ttt_steps, device, args.optimizer, loss_fn)
     else:
         step, model = speculators_step(s, data, args.ttt_steps, device, args.spec_optimizer,
-                                       "eager" if device.type == "cpu" else args.spec_loss, args.spec_attn)
+                                       "eager" if device.type == "cpu" else args.spec_loss, args.spec_attn, loss_fn)
     result = time_steps(step, device, args.warmup, args.iters)
     tokens = batch * seq_len
     fl = flops_per_token(s, seq_len, args.ttt_steps)
-    result.update(trainer=trainer, batch=batch, seq_len=seq_len, tokens_per_step=tokens,
+    result.update(trainer=trainer, loss_fn=loss_fn, batch=batch, seq_len=seq_len, tokens_per_step=tokens,
                   tokens_per_s=tokens / result["median_s"],
                   tflops=fl["model"] * tokens / result["median_s"] / 1e12,
                   tflops_executed=fl["executed"] * tokens / result["median_s"] / 1e12,
@@ -410,6 +411,10 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw", help="eagleflow's train.optimizer")
     parser.add_argument("--spec-optimizer", choices=["adamw", "muon"], default="adamw")
+    parser.add_argument("--loss", nargs="+", choices=["soft_ce", "kl", "lk"], default=["soft_ce"],
+                        help="eagleflow's train.loss, each timed in turn")
+    parser.add_argument("--spec-loss-fn", nargs="+", default=["kl_div"],
+                        help="speculators' --loss-fn, each timed in turn (kl_div, lk_hybrid)")
     parser.add_argument("--spec-loss", choices=["fused", "eager"], default="eager",
                         help="speculators' loss implementation (fused fails under torch 2.11's dynamo)")
     parser.add_argument("--spec-attn", choices=["simple_flex_attention", "sdpa", "eager"],
@@ -436,9 +441,10 @@ def main() -> int:
         print(f"T={seq_len}: {fl['model'] / 1e9:.2f} GFLOP/token model ({fl['executed'] / 1e9:.2f} executed), "
               f"attention {100 * fl['attention_share']:.1f}%", flush=True)
         for batch in args.batch:
-            for trainer in trainers:
+            for trainer, loss_fn in [(t, f) for t in trainers
+                                     for f in (args.loss if t == "eagleflow" else args.spec_loss_fn)]:
                 try:
-                    r = run_one(trainer, s, batch, seq_len, args, device)
+                    r = run_one(trainer, s, batch, seq_len, args, device, loss_fn)
                 except torch.OutOfMemoryError as exc:
                     r = {"trainer": trainer, "batch": batch, "seq_len": seq_len, "error": f"OOM: {exc}"[:300]}
                     torch.cuda.empty_cache()
@@ -447,11 +453,11 @@ def main() -> int:
                          "error": f"{type(exc).__name__}: {exc}"[:2000]}
                 results.append(r)
                 if "error" in r:
-                    print(f"{trainer:12s} B={batch} T={seq_len}: {r['error']}", flush=True)
+                    print(f"{trainer:12s} {loss_fn} B={batch} T={seq_len}: {r['error']}", flush=True)
                     continue
                 if "profile" in r:
                     print(r["profile"], flush=True)
-                print(f"{trainer:12s} B={batch} T={seq_len}: {r['median_s'] * 1e3:8.1f} ms/step "
+                print(f"{trainer:12s} {loss_fn} B={batch} T={seq_len}: {r['median_s'] * 1e3:8.1f} ms/step "
                       f"(spread {100 * r['spread']:.1f}%, first {r['first_step_s']:.1f} s) "
                       f"{r['tokens_per_s']:9.0f} tok/s {r['tflops']:6.1f} TFLOP/s MFU {100 * r['mfu']:.1f}% "
                       f"floor {100 * r.get('floor_fraction', 0):.1f}% peak {r.get('peak_mem_gib', 0):.1f} GiB loss {r['loss']:.3f}",
@@ -459,19 +465,20 @@ def main() -> int:
     if args.json_out:
         args.json_out.write_text(json.dumps([{k: v for k, v in r.items() if k != "profile"} for r in results],
                                             indent=1))
-    print("\n| trainer | B x T | ms/step | tokens/s | TFLOP/s | MFU | peak GiB |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print("\n| trainer | loss | B x T | ms/step | tokens/s | TFLOP/s | MFU | peak GiB |")
+    print("|---|---|---|---:|---:|---:|---:|---:|")
     for r in results:
         if "error" not in r:
-            print(f"| {r['trainer']} | {r['batch']} x {r['seq_len']} | {r['median_s'] * 1e3:.1f} | "
+            print(f"| {r['trainer']} | {r['loss_fn']} | {r['batch']} x {r['seq_len']} | {r['median_s'] * 1e3:.1f} | "
                   f"{r['tokens_per_s']:.0f} | {r['tflops']:.1f} | {100 * r['mfu']:.1f}% | "
                   f"{r.get('peak_mem_gib', 0):.1f} |")
     failed = [r for r in results if "error" in r and not r["error"].startswith("OOM")]
-    by = {(r["trainer"], r["batch"], r["seq_len"]): r for r in results if "error" not in r}
-    for (tr, b, t), r in by.items():
-        other = by.get(("speculators", b, t))
-        if tr == "eagleflow" and other:
-            print(f"eagleflow / speculators at B={b} T={t}: {r['tokens_per_s'] / other['tokens_per_s']:.2f}x")
+    ours = [r for r in results if "error" not in r and r["trainer"] == "eagleflow"]
+    theirs = [r for r in results if "error" not in r and r["trainer"] == "speculators"]
+    for r in ours:
+        for other in (o for o in theirs if (o["batch"], o["seq_len"]) == (r["batch"], r["seq_len"])):
+            print(f"eagleflow {r['loss_fn']} / speculators {other['loss_fn']} at B={r['batch']} T={r['seq_len']}: "
+                  f"{r['tokens_per_s'] / other['tokens_per_s']:.2f}x")
     # An out-of-memory configuration is a result; any other error means the benchmark no longer runs.
     return 1 if failed else 0
 
