@@ -41,11 +41,12 @@ def test_dispatch_overhead_runs():
     assert "dispatch overhead, per task (cold):" in out
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-def test_train_gpu_runs_the_public_train_step_on_cpu(optimizer):
+@pytest.mark.parametrize("optimizer, losses", [("adamw", ["soft_ce", "lk"]), ("muon", ["soft_ce"])])
+def test_train_gpu_runs_the_public_train_step_on_cpu(optimizer, losses):
     out = run([sys.executable, BENCH / "train_gpu.py", "--tiny", "--device", "cpu", "--trainer", "eagleflow",
-               "--optimizer", optimizer, "--seq-len", "64", "--batch", "2", "--warmup", "1", "--iters", "2"], timeout=300)
-    assert "| eagleflow | 2 x 64 |" in out
+               "--optimizer", optimizer, "--loss", *losses, "--seq-len", "64", "--batch", "2", "--warmup", "1",
+               "--iters", "2"], timeout=300)
+    assert all(f"| eagleflow | {loss} | 2 x 64 |" in out for loss in losses), out[-2000:]
 
 
 def test_omp_wait_runs_copies_under_both_policies():
