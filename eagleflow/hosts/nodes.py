@@ -72,8 +72,8 @@ def check_shared(host: Host, nodes: list[Host], paths: list[str]) -> None:
 
 def run_together(jobs: list[NodeJob], args: list[str], *, log: LogFn, owner: str = "", attempt: str = "",
                  stop: Callable[[NodeJob], object] | None = None) -> None:
-    """Run `<its python> args` as one job on each node at once and wait for all. Node 0's lines go to `log` as they are, the
-    others' prefixed with their host's name. The first job to fail ends the others (`stop`, by default the
+    """Run `<its python> args` as one job on each node at once and wait for all. Node 0's lines go to `log` as they
+    are, the others' prefixed with their host's name. The first job to fail ends the others (`stop`, by default the
     host's `stop_job`) and its error is raised: the cause, not the stop it caused. A ConnectionLost is raised
     as it is, ending nothing. Interrupted (a cancel), it ends every job before re-raising."""
     stop = stop or (lambda job: job.host.stop_job(job.job_dir))  # type: ignore[attr-defined]
