@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import threading
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.conftest import free_port
+from tests.helpers.procs import end_group
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
@@ -54,13 +54,7 @@ class Sshd:
         self.proc = _listen(self.argv, self.dir, self.port)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        end_group(self.proc, grace_s=10)
 
 
 # The test run's machine-wide settings (`make test` exports them: OpenMP threads that wait without spinning, vLLM's

@@ -23,6 +23,7 @@ import yaml
 from eagleflow import httpget
 from flows.params import FLOW_OF, deployment_name
 from tests.conftest import ROOT, free_port
+from tests.helpers.procs import end_group
 
 
 @pytest.fixture(scope="session")
@@ -93,12 +94,7 @@ def deployed_worker(prefect_server: dict, config: Path, pool: str, log_path: Pat
         deps = {kind: by_name[deployment_name(name, kind)] for kind in FLOW_OF}
         yield {"deployments": deps, "worker": worker}
     finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        try:
-            worker.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait()
+        end_group(worker)
         log.close()
 
 

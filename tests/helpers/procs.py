@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 from pathlib import Path
 
 
@@ -36,3 +38,16 @@ def group_members(pgid: int) -> list[int]:
 
 def group_alive(pgid: int) -> bool:
     return bool(group_members(pgid))
+
+
+def end_group(proc: subprocess.Popen, grace_s: float = 30) -> None:
+    """End a process group this test started (its leader `proc`, started in a session of its own): SIGTERM,
+    then SIGKILL after `grace_s`."""
+    if proc.poll() is not None and not group_members(proc.pid):
+        return  # all gone (and the group id not ours to signal any more)
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -15,11 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import ROOT
 from tests.e2e.hosts.test_ssh import HOST_PY
-from tests.sshd import start_sshd
 
 HOLD_S = 20  # each run's job: long beside the seconds two runs' starts differ by on 2 busy cores
 
@@ -57,14 +54,6 @@ print("RECORD " + json.dumps(asyncio.run(records())), flush=True)
 """
 
 
-@pytest.fixture(scope="module")
-def hosts(tmp_path_factory):
-    servers = [start_sshd(tmp_path_factory.mktemp(f"sshd-{n}")) for n in ("a", "b")]
-    yield servers
-    for s in servers:
-        s.stop()
-
-
 def _start(prefect_server: dict, sshd, host_name: str, config_name: str, work: Path) -> subprocess.Popen:
     overrides = {**sshd.host_overrides(), "host.name": host_name, "host.work_root": str(work / host_name),
                  "host.python": HOST_PY, "name": config_name}
@@ -87,9 +76,9 @@ def _record(proc: subprocess.Popen, log: Path) -> dict:
     return rec
 
 
-def test_runs_on_two_hosts_hold_them_at_once(prefect_server, hosts, tmp_path):
-    a = _start(prefect_server, hosts[0], "gpu-a", "demo", tmp_path)
-    b = _start(prefect_server, hosts[1], "gpu-b", "demo-mla", tmp_path)
+def test_runs_on_two_hosts_hold_them_at_once(prefect_server, two_hosts, tmp_path):
+    a = _start(prefect_server, two_hosts[0], "gpu-a", "demo", tmp_path)
+    b = _start(prefect_server, two_hosts[1], "gpu-b", "demo-mla", tmp_path)
     ra, rb = _record(a, tmp_path / "demo.log"), _record(b, tmp_path / "demo-mla.log")
     overlap = min(ra["held"][1], rb["held"][1]) - max(ra["held"][0], rb["held"][0])
     print(f"\ntwo hosts: held {ra['held'][1] - ra['held'][0]:.1f} s and {rb['held'][1] - rb['held'][0]:.1f} s, "
@@ -97,13 +86,13 @@ def test_runs_on_two_hosts_hold_them_at_once(prefect_server, hosts, tmp_path):
     assert overlap > HOLD_S / 4  # both held their hosts at once
 
 
-def test_two_runs_on_one_host_queue_and_the_waiting_one_names_the_holder(prefect_server, hosts, tmp_path):
-    first = _start(prefect_server, hosts[0], "gpu-a", "demo", tmp_path)
+def test_two_runs_on_one_host_queue_and_the_waiting_one_names_the_holder(prefect_server, two_hosts, tmp_path):
+    first = _start(prefect_server, two_hosts[0], "gpu-a", "demo", tmp_path)
     deadline = time.monotonic() + 300
     while "holding host" not in (tmp_path / "demo.log").read_text():  # the second starts while the first holds
         assert first.poll() is None and time.monotonic() < deadline, (tmp_path / "demo.log").read_text()[-3000:]
         time.sleep(0.2)
-    second = _start(prefect_server, hosts[0], "gpu-a", "demo-mla", tmp_path)
+    second = _start(prefect_server, two_hosts[0], "gpu-a", "demo-mla", tmp_path)
     r1, r2 = _record(first, tmp_path / "demo.log"), _record(second, tmp_path / "demo-mla.log")
     gap = r2["held"][0] - r1["held"][1]
     print(f"\none host: the second held it {gap:.1f} s after the first let go; it said: {r2['waiting'][0]}")

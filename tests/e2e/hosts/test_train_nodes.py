@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -27,8 +26,7 @@ import yaml
 from tests.conftest import ROOT, free_port
 from tests.e2e.conftest import api, wait_flow_run
 from tests.e2e.hosts.test_ssh import HOST_PY
-from tests.helpers.procs import alive
-from tests.sshd import start_sshd
+from tests.helpers.procs import alive, end_group
 
 pytestmark = pytest.mark.e2e
 
@@ -42,14 +40,6 @@ from tests.helpers.drafter import extract_manifest, write_synthetic
 root = write_synthetic(Path(sys.argv[1]), n_train=120, n_hold=6)
 print(json.dumps(extract_manifest(root).model_dump(mode="json")))
 """
-
-
-@pytest.fixture(scope="module")
-def nodes(tmp_path_factory):
-    servers = [start_sshd(tmp_path_factory.mktemp(f"sshd-{n}")) for n in ("a", "b")]
-    yield servers
-    for s in servers:
-        s.stop()
 
 
 @pytest.fixture(scope="module")
@@ -76,12 +66,7 @@ def deployment(prefect_server, tmp_path_factory):
             time.sleep(1)
         yield found[0]
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        end_group(proc)
         log.close()
 
 
@@ -90,18 +75,18 @@ def _host(sshd, name: str, work_root: Path) -> dict:
             "known_hosts": str(sshd.known_hosts), "work_root": str(work_root), "python": HOST_PY, "stage_retries": 0}
 
 
-def _config(work: Path, nodes, root: Path, train: dict, across: bool, node: dict | None = None) -> Path:
+def _config(work: Path, hosts, root: Path, train: dict, across: bool, node: dict | None = None) -> Path:
     """The run config (a YAML file, as the project's flows take it); hosts named after the test's directory, so
     that no test waits for a Prefect limit another one held."""
     work.mkdir(parents=True, exist_ok=True)
     (work / "prompts.jsonl").write_text('{"prompt": "x"}\n')
     tag = re.sub(r"[^A-Za-z0-9-]", "-", work.name)[-30:]
-    config = {"name": "nodes", "host": _host(nodes[0], f"a-{tag}", work / "a"),
+    config = {"name": "nodes", "host": _host(hosts[0], f"a-{tag}", work / "a"),
               "target": {"model_path": str(root / "target"), "aux_layer_ids": [1, 2, 3], "final_layer_id": 4},
               "generate": {"prompts_path": str(work / "prompts.jsonl"), "num_samples": 40, "holdout": 32},
               "train": {**TRAIN, **train}}
     if across:
-        config["train_nodes"] = {"hosts": [{**_host(nodes[1], f"b-{tag}", work / "b"), **(node or {})}],
+        config["train_nodes"] = {"hosts": [{**_host(hosts[1], f"b-{tag}", work / "b"), **(node or {})}],
                                  "master_port": free_port()}
     path = work / "config.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -148,10 +133,10 @@ def _processes_naming(text: str) -> list[int]:
     return found
 
 
-def test_two_hosts_train_the_one_host_drafter(prefect_server, deployment, nodes, synthetic, tmp_path):
+def test_two_hosts_train_the_one_host_drafter(prefect_server, deployment, two_hosts, synthetic, tmp_path):
     root, extract = synthetic
-    runs = {"one host, 2 ranks": _config(tmp_path / "one", nodes, root, {"epochs": 2, "nproc": 2}, across=False),
-            "two hosts, 1 rank each": _config(tmp_path / "two", nodes, root, {"epochs": 2, "nproc": 1}, across=True)}
+    runs = {"one host, 2 ranks": _config(tmp_path / "one", two_hosts, root, {"epochs": 2, "nproc": 2}, across=False),
+            "two hosts, 1 rank each": _config(tmp_path / "two", two_hosts, root, {"epochs": 2, "nproc": 1}, across=True)}
     curves, weights, manifests, logs = {}, {}, {}, {}
     for name, config in runs.items():
         run_id = _run(prefect_server, deployment, config, extract)
@@ -200,9 +185,9 @@ def _gone_within(dirs: list[Path], request: Path, limit_s: float) -> float:
     return time.monotonic() - start
 
 
-def test_a_cancel_ends_both_nodes(prefect_server, deployment, nodes, synthetic, tmp_path):
+def test_a_cancel_ends_both_nodes(prefect_server, deployment, two_hosts, synthetic, tmp_path):
     root, extract = synthetic
-    config = _config(tmp_path, nodes, root, {"epochs": 500, "nproc": 1}, across=True)
+    config = _config(tmp_path, two_hosts, root, {"epochs": 500, "nproc": 1}, across=True)
     run_id = _run(prefect_server, deployment, config, extract)
     stage, node_job = _wait_training(tmp_path, run_id, prefect_server)
     api(prefect_server, "POST", f"/flow_runs/{run_id}/set_state",
@@ -213,14 +198,14 @@ def test_a_cancel_ends_both_nodes(prefect_server, deployment, nodes, synthetic, 
     assert not (stage / "manifest.json").exists()
 
 
-def test_a_node_that_fails_ends_the_other_and_is_named(prefect_server, deployment, nodes, synthetic, tmp_path):
+def test_a_node_that_fails_ends_the_other_and_is_named(prefect_server, deployment, two_hosts, synthetic, tmp_path):
     """Node 0 fails at once (its rendezvous port is taken by another program); node 1, connected to that program
     and waiting for a rendezvous that never comes, is ended, and the flow fails naming node 0 and why. Without the
     stop, node 1 would wait out torchrun's rendezvous timeout (15 minutes) with both hosts held."""
     import socket
 
     root, extract = synthetic
-    config = _config(tmp_path, nodes, root, {"epochs": 500, "nproc": 1}, across=True)
+    config = _config(tmp_path, two_hosts, root, {"epochs": 500, "nproc": 1}, across=True)
     port = yaml.safe_load(config.read_text())["train_nodes"]["master_port"]
     squatter = socket.create_server(("127.0.0.1", port))  # accepts connections (its backlog), answers nothing
     try:
@@ -238,12 +223,12 @@ def test_a_node_that_fails_ends_the_other_and_is_named(prefect_server, deploymen
     assert not (stage / "manifest.json").exists()
 
 
-def test_a_node_without_eagleflow_is_refused_before_anything_starts(prefect_server, deployment, nodes, synthetic,
+def test_a_node_without_eagleflow_is_refused_before_anything_starts(prefect_server, deployment, two_hosts, synthetic,
                                                                     tmp_path):
     """Node 1's host.python is not an eagleflow environment: the run stops when it takes node 1's lease, before a job
     starts on either node, naming node 1 and the fix."""
     root, extract = synthetic
-    config = _config(tmp_path, nodes, root, {"epochs": 500, "nproc": 1}, across=True,
+    config = _config(tmp_path, two_hosts, root, {"epochs": 500, "nproc": 1}, across=True,
                      node={"python": str(tmp_path / "no-env" / "bin" / "python")})
     run = wait_flow_run(prefect_server, _run(prefect_server, deployment, config, extract), 300)
     assert run["state"]["type"] == "FAILED", run["state"]
