@@ -11,7 +11,7 @@ HOSTENV := .hostenv
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 
-.PHONY: demo test envs controlenv hostenv sshd browser target clean-runs
+.PHONY: demo test fleet-pipelines envs controlenv hostenv sshd browser target clean-runs
 
 demo: envs
 	$(VENV)/bin/python -m flows.pipeline configs/demo.yaml
@@ -48,6 +48,14 @@ test: envs sshd browser
 	  echo "== the host suite (tests/unit tests/integration tests/benchmarks), run beside: exit $$hrc; e2e exit $$e2e"; \
 	  cat test-output/host-suite.log; \
 	  test $$e2e -eq 0 && test $$arc -eq 0 && test $$hrc -eq 0
+
+# By hand, not in `make test` (about 25 minutes): the demo and demo-MLA pipelines deployed together and run as a
+# fleet on two loopback SSH hosts, at once and then queued on one host (issue 25; tests/e2e/hosts/test_fleet_pipelines.py).
+fleet-pipelines: export OMP_WAIT_POLICY := PASSIVE
+fleet-pipelines: export VLLM_CPU_OMP_THREADS_BIND := nobind
+fleet-pipelines: export VLLM_ENABLE_V1_MULTIPROCESSING := 0
+fleet-pipelines: envs sshd browser
+	EAGLEFLOW_FLEET_PIPELINES=1 $(VENV)/bin/python -m pytest -q -s -p no:cacheprovider tests/e2e/hosts/test_fleet_pipelines.py
 
 envs: controlenv hostenv
 

@@ -56,6 +56,9 @@ RECIPES: dict[str, dict[str, Any]] = {
     # speculators' optimizer (Muon over the matrices, AdamW over the rest), eagleflow's schedule and weights
     "soft_ce_muon": {"train.loss": "soft_ce", "train.step_loss_decay": 0.8, "train.optimizer": "muon"},
     "lk_muon": {"train.loss": "lk", "train.step_loss_decay": 0.8, "train.optimizer": "muon"},
+    # and speculators' schedule too: linear decay to 0 after the warm-up, instead of cosine to 5%
+    "lk_muon_linear": {"train.loss": "lk", "train.step_loss_decay": 0.8, "train.optimizer": "muon",
+                       "train.lr_schedule": "linear", "train.min_lr_ratio": 0.0},
 }
 REFERENCE = "soft_ce"  # the recipe whose seconds the equal-seconds budget is
 
@@ -148,6 +151,8 @@ def run(args: argparse.Namespace) -> Path:
             log(f"seed {seed} eagleflow {recipe}: AL {ours['served']['mean_acceptance_length']:.3f}")
             if recipe == REFERENCE:
                 pairs[seed] = [ours]
+        if not args.speculators:
+            continue
         d = out / f"seed{seed}" / "speculators-tokens"
         tok = train_theirs(cfg, extract, d, seed, args.epochs, None)
         tok["served"] = serve(cfg, tok["drafter_dir"], d / "serve", port)
@@ -156,8 +161,9 @@ def run(args: argparse.Namespace) -> Path:
         log(f"seed {seed} speculators: AL {tok['served']['mean_acceptance_length']:.3f} (equal tokens)")
     # Equal seconds: what speculators trains in the seconds eagleflow's reference recipe trained for, at the two
     # rates of the seed whose runs the rest of the machine disturbed least (rates.json keeps them for reruns).
-    ratio = rate_ratio(out / "rates.json", pairs, args.rate_ratio)
-    for seed in args.seeds if args.equal_seconds else []:
+    equal_seconds = args.equal_seconds and args.speculators
+    ratio = rate_ratio(out / "rates.json", pairs, args.rate_ratio) if equal_seconds else None
+    for seed in args.seeds if equal_seconds else []:
         ref = pairs[seed][0]
         d = out / f"seed{seed}" / "speculators-seconds"
         sec = train_theirs(cfg, extract, d, seed, args.epochs, ref["tokens"] * ratio)
@@ -165,7 +171,8 @@ def run(args: argparse.Namespace) -> Path:
         rows.append({**sec, "budget": "equal seconds", "rate_ratio": round(ratio, 4)})
         log(f"seed {seed} speculators: AL {sec['served']['mean_acceptance_length']:.3f} (equal seconds, "
             f"{ratio:.3f} of eagleflow's rate)")
-    result = {"config": cfg_path, "rates": json.loads((out / "rates.json").read_text()), "target": cfg.target.model_path,
+    rates = json.loads((out / "rates.json").read_text()) if (out / "rates.json").is_file() else None
+    result = {"config": cfg_path, "rates": rates, "target": cfg.target.model_path,
               "epochs": args.epochs, "seeds": args.seeds, "data": extract.dir, "baseline": baseline, "rows": rows,
               "versions": cs.versions(), "argv": sys.argv}
     path = out / f"recipes-seeds-{'-'.join(map(str, args.seeds))}.json"
@@ -235,10 +242,12 @@ def main() -> int:
                    help=f"eagleflow's recipes to train (default: all); {REFERENCE} is the equal-seconds reference")
     p.add_argument("--no-equal-seconds", dest="equal_seconds", action="store_false",
                    help="equal-token runs only (the equal-seconds budget is a function of the rates alone)")
+    p.add_argument("--no-speculators", dest="speculators", action="store_false",
+                   help="eagleflow's recipes only (a recipe against speculators' runs already in a table)")
     p.add_argument("--make-data", action="store_true", help="generate and extract here instead of reading a finished run")
     p.add_argument("--table", type=Path, nargs="+", default=None, help="print the table of finished runs and exit")
     args = p.parse_args()
-    if REFERENCE not in args.recipes:
+    if REFERENCE not in args.recipes and args.speculators and args.equal_seconds:
         p.error(f"--recipes must include {REFERENCE}: the equal-seconds budget is its seconds")
     if args.table:
         print(table(args.table))

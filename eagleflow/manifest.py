@@ -79,6 +79,8 @@ def stage_settings(stage: str, config: RunConfig) -> dict[str, Any]:
         del train["drafter_arch"]            # keys of runs trained before the field existed stay as they were
     if train.get("warm_start_vocab") == "keep":  # the default: keys of runs from before it existed stay
         del train["warm_start_vocab"]
+    if train.get("lr_schedule") == "cosine":  # the default: keys of runs from before it existed stay
+        del train["lr_schedule"]
     if train.get("optimizer") == "adamw":  # the default, whose drafter Muon's settings do not touch: keys stay
         for k in ("optimizer", "muon_momentum", "muon_weight_decay"):
             train.pop(k, None)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import re
 import time
 from typing import Any, Iterator
@@ -72,6 +73,41 @@ def _let_go(variable: str, run_id: str) -> None:
         print(f"could not clear {variable}: {exc} (the next holder overwrites it)")
 
 
+class _QuietTimeouts(logging.Filter):
+    """Drops the slot service's "failed to process item" record of an acquisition that timed out: Prefect's
+    service thread logs it at ERROR each time `concurrency(timeout_seconds=...)` gives up, and the same
+    exception reaches `host_slot`, which waits on (a queued run would otherwise show an ERROR line every
+    WAIT_NOTE_S). Any other failure of that service is kept (it reaches `host_slot` as an exception too)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        item = record.args[1] if isinstance(record.args, tuple) and len(record.args) > 1 else None
+        return not (record.msg.startswith("Service %r failed to process item") and isinstance(item, tuple)
+                    and "TimeoutError" in repr(item))
+
+
+@contextlib.contextmanager
+def _quiet_slot_timeouts() -> Iterator[None]:
+    service_log, quiet = logging.getLogger("prefect._internal.concurrency"), _QuietTimeouts()
+    service_log.addFilter(quiet)
+    try:
+        yield
+    finally:
+        service_log.removeFilter(quiet)
+
+
+def _tag_host(host: HostConfig) -> None:
+    """The run's `host:` tag names the host it runs on. The deployment tags its runs with its config's host; a run
+    sent to another host (`host.name` overridden in the form) would otherwise show the wrong one in the UI."""
+    try:
+        with get_client(sync_client=True) as client:
+            run = client.read_flow_run(current_run.id)
+            tags = [t for t in run.tags if not t.startswith("host:")] + [f"host:{host.name}"]
+            if sorted(tags) != sorted(run.tags):
+                client.update_flow_run(run.id, tags=tags)
+    except Exception as exc:  # noqa: BLE001 - a label; the run goes on without it
+        print(f"could not tag the run with host:{host.name}: {exc}")
+
+
 def _holders(variables: list[str]) -> list[Any]:
     return [Variable.get(v, default=None) for v in variables]
 
@@ -91,8 +127,11 @@ def host_slot(config: RunConfig, what: str) -> Iterator[Host]:
     variables = [holder_variable(n) for n in names]
     for name in names:
         ensure_limit(name)
+    _tag_host(config.host)
     start, said = time.monotonic(), object()  # nothing said yet
     with contextlib.ExitStack() as stack:
+        # For the run, not one attempt: the service thread logs a timeout just after our thread has it.
+        stack.enter_context(_quiet_slot_timeouts())
         while True:
             holders = _holders(variables)
             if holders != said:

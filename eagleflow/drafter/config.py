@@ -16,7 +16,11 @@ class TrainConfig(BaseModel):
     epochs: int = Field(3, ge=1, le=1000, description="Passes over the training split.")
     learning_rate: float = Field(1e-3, gt=0, le=1, description="Peak learning rate (AdamW's, and Muon's at AdamW's RMS).")
     min_lr_ratio: float = Field(
-        0.05, ge=0, le=1, description="The cosine decays to learning_rate * min_lr_ratio at the end of training."
+        0.05, ge=0, le=1, description="The schedule decays to learning_rate * min_lr_ratio at the end of training."
+    )
+    lr_schedule: Literal["cosine", "linear"] = Field(
+        "cosine", description="The decay after the warm-up: 'cosine', or 'linear' (speculators' shape; with "
+        "min_lr_ratio 0 it is speculators' schedule)."
     )
     weight_decay: float = Field(0.0, ge=0, le=1, description="AdamW weight decay (not applied to norms).")
     adam_beta2: float = Field(0.95, gt=0, lt=1, description="AdamW beta2 (beta1 is 0.9).")
@@ -31,7 +35,7 @@ class TrainConfig(BaseModel):
     muon_weight_decay: float = Field(
         0.1, ge=0, le=1, description="Muon's decoupled weight decay on the matrices (optimizer 'muon'; speculators: 0.1)."
     )
-    warmup_steps: int = Field(20, ge=0, le=10_000, description="Linear warm-up steps before cosine decay.")
+    warmup_steps: int = Field(20, ge=0, le=10_000, description="Linear warm-up steps before the decay.")
     batch_tokens: int = Field(
         4096, ge=64, le=16_777_216,
         description="Padded tokens per optimizer step, summed over all ranks and accumulation micro-batches "

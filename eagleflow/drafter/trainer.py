@@ -21,7 +21,6 @@ import gc
 import inspect
 import json
 import logging
-import math
 import os
 import random
 import re
@@ -44,6 +43,7 @@ from eagleflow.drafter.errors import TrainError
 from eagleflow.drafter.model import Eagle3Drafter, TargetHead
 from eagleflow.drafter.objective import StepStats, TTTObjective, label_counts, ttt_loss
 from eagleflow.drafter.ranks import DistEnv
+from eagleflow.drafter.schedule import lr_at
 from eagleflow.drafter.step import autocast_for, make_optimizer
 from eagleflow.drafter.target import arch_for_target
 from eagleflow.drafter.vocab import DraftVocab, count_tokens
@@ -256,17 +256,7 @@ class Trainer:
     # --- schedule --------------------------------------------------------------------------------
 
     def lr_at(self, step: int, total_steps: int, elapsed_s: float) -> float:
-        """Linear warm-up, then cosine to min_lr over `total_steps`. Only in a race against the clock
-        (on_time_limit 'stop') does progress follow wall time, so the race still ends at min_lr."""
-        cfg = self.cfg
-        if step < cfg.warmup_steps:
-            return cfg.learning_rate * (step + 1) / cfg.warmup_steps
-        progress = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
-        if cfg.time_limit_s and cfg.on_time_limit == "stop":
-            progress = max(progress, elapsed_s / cfg.time_limit_s)
-        progress = min(progress, 1.0)
-        floor = cfg.learning_rate * cfg.min_lr_ratio
-        return floor + (cfg.learning_rate - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+        return lr_at(self.cfg, step, total_steps, elapsed_s)
 
     def planned_steps(self) -> int:
         """Optimizer steps of the whole run: every epoch's batches (their count varies by epoch), capped

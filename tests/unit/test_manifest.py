@@ -61,6 +61,14 @@ def test_adamw_the_default_optimizer_keeps_the_keys_runs_had_before_muon_existed
     assert slower["train"] != muon["train"]
 
 
+def test_the_cosine_the_default_schedule_keeps_the_keys_runs_had_before_lr_schedule_existed():
+    cfg = load_config(ROOT / "configs" / "demo.yaml")
+    assert "lr_schedule" not in stage_settings("train", cfg)["train"]
+    base = keys(cfg)
+    linear = keys(load_config(ROOT / "configs" / "demo.yaml", {"train.lr_schedule": "linear"}))
+    assert {s for s in base if base[s] != linear[s]} == {"train", "export", "benchmark"}
+
+
 @pytest.mark.parametrize("override", [
     {"train.time_limit_s": 7200},  # a safety cap: raised, the same stage dir resumes
     {"train.nproc": 2, "train.grad_accum_steps": 4},
