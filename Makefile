@@ -49,7 +49,7 @@ test: envs sshd browser
 	  cat test-output/host-suite.log; \
 	  test $$e2e -eq 0 && test $$arc -eq 0 && test $$hrc -eq 0
 
-# By hand, not in `make test` (about 25 minutes): the demo and demo-MLA pipelines deployed together and run as a
+# By hand, not in `make test` (about 12 minutes): the demo and demo-MLA pipelines deployed together and run as a
 # fleet on two loopback SSH hosts, at once and then queued on one host (issue 25; tests/e2e/hosts/test_fleet_pipelines.py).
 fleet-pipelines: export OMP_WAIT_POLICY := PASSIVE
 fleet-pipelines: export VLLM_CPU_OMP_THREADS_BIND := nobind

@@ -255,9 +255,6 @@ class Trainer:
 
     # --- schedule --------------------------------------------------------------------------------
 
-    def lr_at(self, step: int, total_steps: int, elapsed_s: float) -> float:
-        return lr_at(self.cfg, step, total_steps, elapsed_s)
-
     def planned_steps(self) -> int:
         """Optimizer steps of the whole run: every epoch's batches (their count varies by epoch), capped
         at max_steps. A function of the data and the config only."""
@@ -284,7 +281,7 @@ class Trainer:
         log.info("training: %d epochs, %d optimizer steps, %d TTT steps, %d tokens per step in %d rank(s) x %d "
                  "micro-batches", cfg.epochs, total_steps, cfg.ttt_steps, cfg.batch_tokens, self.dist.world_size,
                  cfg.grad_accum_steps)
-        lr = self.lr_at(step, total_steps, train_s)
+        lr = lr_at(self.cfg, step, total_steps, train_s)
         # Rank 0 reports (its own statistics: no collective may hang on a clock one rank reads alone).
         progress = Progress("train", "steps", total_steps, "steps", start=step) if self.dist.is_main else None
         for epoch in range(at.epoch, cfg.epochs + 1):
@@ -320,7 +317,7 @@ class Trainer:
                         "and rerun; the same stage directory resumes there and trains the drafter an uninterrupted "
                         "run would. To bound training, set train.epochs or train.max_steps")
                 t0 = time.perf_counter()
-                lr = self.lr_at(step, total_steps, train_s)
+                lr = lr_at(self.cfg, step, total_steps, train_s)
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
                 stats, grad_norm = self._optimizer_step(batches[bi])

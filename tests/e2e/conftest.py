@@ -77,22 +77,24 @@ def api(prefect_server: dict, method: str, path: str, **kw) -> httpx.Response:
 
 
 @contextlib.contextmanager
-def deployed_worker(prefect_server: dict, config: Path, pool: str, log_path: Path) -> Iterator[dict[str, dict]]:
-    """The project's deployments registered for `config` on `pool`, and a process worker running them
-    (as from the UI); yields the config's deployments by kind (pipeline, nightly, benchmark, bootstrap: each named
-    `<config name>-<kind>`). The worker is our own process group, ended after."""
+def deployed_worker(prefect_server: dict, config: Path, pool: str, log_path: Path,
+                    more: tuple[Path, ...] = ()) -> Iterator[dict[str, dict]]:
+    """The project's deployments registered for `config` (and the configs `more`, in the same deploy) on `pool`,
+    and a process worker running them all (as from the UI); yields the config's deployments by kind (pipeline,
+    nightly, benchmark, bootstrap: each named `<config name>-<kind>`), and every config's by its name under
+    "by_config". The worker is our own process group, ended after."""
     env = {**os.environ, **prefect_server}
-    deploy = subprocess.run([sys.executable, "-m", "deployments.deploy", "--config", str(config), "--pool", pool],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    deploy = subprocess.run([sys.executable, "-m", "deployments.deploy", *(str(c) for c in (config, *more)),
+                             "--pool", pool], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert deploy.returncode == 0, deploy.stderr[-3000:]
     log = open(log_path, "w")
     worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process"],
                               cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        name = yaml.safe_load(Path(config).read_text())["name"]
+        names = [yaml.safe_load(Path(c).read_text())["name"] for c in (config, *more)]
         by_name = {d["name"]: d for d in api(prefect_server, "POST", "/deployments/filter", json={}).json()}
-        deps = {kind: by_name[deployment_name(name, kind)] for kind in FLOW_OF}
-        yield {"deployments": deps, "worker": worker}
+        by_config = {n: {kind: by_name[deployment_name(n, kind)] for kind in FLOW_OF} for n in names}
+        yield {"deployments": by_config[names[0]], "by_config": by_config, "worker": worker}
     finally:
         end_group(worker)
         log.close()

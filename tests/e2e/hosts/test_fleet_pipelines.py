@@ -3,8 +3,8 @@ together on one work pool, each on its own GPU "host" (a real sshd on loopback),
 as the UI runs them. They hold their hosts at once; pointed at one host, the second queues on that host's Prefect
 concurrency limit, and its run page in the browser names the run it waits for.
 
-By hand, not in `make test` (two whole pipelines and two benchmarks: about 25 minutes on 2 cores, the suite's
-whole margin): `EAGLEFLOW_FLEET_PIPELINES=1 .venv/bin/python -m pytest -s tests/e2e/hosts/test_fleet_pipelines.py`
+By hand, not in `make test` (two whole pipelines and two benchmarks: 11-14 minutes on 2 cores with a suite
+beside it, a third of the suite): `EAGLEFLOW_FLEET_PIPELINES=1 .venv/bin/python -m pytest -s tests/e2e/hosts/test_fleet_pipelines.py`
 (`make fleet-pipelines`). tests/e2e/hosts/test_fleet.py shows the same in the suite with a short job of its own.
 
 The second pair of runs keeps each config's work root: both loopback hosts see one disk, so every stage before
@@ -14,8 +14,6 @@ filesystem, the second config's stages would be computed again on the first host
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -24,14 +22,13 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, free_port
-from tests.e2e.conftest import api, wait_flow_run
+from tests.e2e.conftest import api, deployed_worker, wait_flow_run
 from tests.e2e.hosts.test_ssh import HOST_PY
 from tests.e2e.ui.conftest import browser, page  # noqa: F401 (the browser tests' fixtures)
 from tests.e2e.ui.pages import open_run, scroll_logs_to_end, shot
-from tests.helpers.procs import end_group
 
 pytestmark = pytest.mark.skipif(not os.environ.get("EAGLEFLOW_FLEET_PIPELINES"),
-                                reason="by hand, ~25 min: EAGLEFLOW_FLEET_PIPELINES=1 (make fleet-pipelines)")
+                                reason="by hand, ~12 min: EAGLEFLOW_FLEET_PIPELINES=1 (make fleet-pipelines)")
 
 POOL = "eagleflow-fleet"
 SMALL = {"generate": {"num_samples": 320, "holdout": 12, "shard_size": 160},
@@ -97,20 +94,10 @@ def fleet(prefect_server, two_hosts, tmp_path_factory):
     work = tmp_path_factory.mktemp("fleet-pipelines")
     configs = {"demo": _config("demo", "fleet-demo", two_hosts[0], "gpu-a", work),
                "demo-mla": _config("demo-mla", "fleet-mla", two_hosts[1], "gpu-b", work)}
-    env = {**os.environ, **prefect_server}
-    deploy = subprocess.run([sys.executable, "-m", "deployments.deploy", *map(str, configs.values()), "--pool", POOL],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert deploy.returncode == 0, deploy.stderr[-3000:]
-    log = open(work / "worker.log", "w")
-    worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL, "--type", "process"],
-                              cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deps = {d["name"]: d for d in api(prefect_server, "POST", "/deployments/filter", json={}).json()}
-    try:
-        yield {"configs": configs, "work": work, "hosts": two_hosts, "pipeline": {k: deps[f"{yaml.safe_load(c.read_text())['name']}-pipeline"]
-                                                             for k, c in configs.items()}}
-    finally:
-        end_group(worker)
-        log.close()
+    with deployed_worker(prefect_server, configs["demo"], POOL, work / "worker.log", more=(configs["demo-mla"],)) as w:
+        yield {"configs": configs, "work": work, "hosts": two_hosts,
+               "pipeline": {"demo": w["by_config"]["fleet-demo"]["pipeline"],
+                            "demo-mla": w["by_config"]["fleet-mla"]["pipeline"]}}
 
 
 def test_the_two_pipelines_run_at_once_on_two_hosts(fleet, prefect_server):
@@ -131,14 +118,16 @@ def test_pointed_at_one_host_the_second_waits_and_its_page_names_the_first(fleet
     one = {**fleet["hosts"][0].host_overrides(), "host.name": "gpu-a"}  # its own work root kept: see the docstring
     first = _run(prefect_server, fleet["pipeline"]["demo"], fleet["configs"]["demo"])
     deadline = time.monotonic() + 600
-    while not _holds(prefect_server, first):
+    while not _said(prefect_server, first, "holding host"):
         assert time.monotonic() < deadline, "the first run never held its host"
         time.sleep(2)
     second = _run(prefect_server, fleet["pipeline"]["demo-mla"], fleet["configs"]["demo-mla"], one)
     name = api(prefect_server, "GET", f"/flow_runs/{first}").json()["name"]
     ui = {"base": prefect_server["PREFECT_API_URL"].rsplit("/api", 1)[0]}
-    time.sleep(20)  # the second has started and waits: what a person sees on its page meanwhile
-    open_run(page, ui, second)
+    while not _said(prefect_server, second, "waiting for host"):  # it started, and waits
+        assert time.monotonic() < deadline, "the second run never said it waits"
+        time.sleep(2)
+    open_run(page, ui, second)  # what a person sees on its page meanwhile
     rows = scroll_logs_to_end(page, rf"waiting for host gpu-a .*{name}")
     shot(page, "fleet-pipelines-the-second-waits")
     # the run's tag names the host it was sent to, not its deployment's (gpu-b)
@@ -152,5 +141,5 @@ def test_pointed_at_one_host_the_second_waits_and_its_page_names_the_first(fleet
     assert b0 >= a1 and waited and name in waited[0], waited
 
 
-def _holds(prefect_server: dict, run_id: str) -> bool:
-    return any(log["message"].startswith("holding host") for log in _logs(prefect_server, run_id))
+def _said(prefect_server: dict, run_id: str, prefix: str) -> bool:
+    return any(log["message"].startswith(prefix) for log in _logs(prefect_server, run_id))
