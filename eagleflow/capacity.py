@@ -28,8 +28,8 @@ from eagleflow.config import RunConfig
 from eagleflow.rates import (
     DDP_GPU_EFFICIENCY, DEFAULT_ANSWER_TOKENS, DEFAULT_CHECK_S, DEFAULT_DECODE_TOK_S, DEFAULT_DISK_WRITE_BPS,
     DEFAULT_EXPORT_S, DEFAULT_EXTRACT_TOK_S, DEFAULT_GENERATE_TOK_S, DEFAULT_PROMPT_TOKENS, DEFAULT_TRAIN_TOK_S,
-    H200_MUON_NS_TFLOPS, H200_TRAIN_TFLOPS, NUM_STATES, SOURCES, TRAIN_GPU_FRACTION, TRAIN_STAGE_FRACTION,
-    engine_start_s)
+    H200_MUON_NS_TFLOPS, H200_TRAIN_TFLOPS, LK_STEP_COST, NUM_STATES, SOURCES, TRAIN_GPU_FRACTION,
+    TRAIN_STAGE_FRACTION, engine_start_s)
 
 # -- bytes of one extracted token (the shard format of eagleflow.drafter.shards, torch-free here) -------
 
@@ -37,9 +37,8 @@ STATE_BYTES = {"bfloat16": 2, "float8_e4m3fn": 1}
 FP8_SCALE_BYTES = 4  # float8: one f32 scale per token and state
 TOKEN_SIDE_BYTES = 8 + 1  # input_ids int64 + loss_mask int8 per token (seq_lens: 8 B per sequence)
 PARQUET_BYTES_PER_TOKEN = 9  # generate: input_ids int32 + loss_mask int8 + ~4 B of text per token, uncompressed
-
-Stage = Literal["check", "select", "generate", "extract", "pool", "train", "export", "benchmark", "restore"]
 # "restore": production's own load when a window closes (the nightly plan counts it; it is no stage of ours)
+Stage = Literal["check", "select", "generate", "extract", "pool", "train", "export", "benchmark", "restore"]
 
 
 class _Model(BaseModel):
@@ -251,18 +250,19 @@ def default_train_rate(t: TargetFacts, cfg: RunConfig, gpus: list[GpuFacts]) -> 
         return DEFAULT_TRAIN_TOK_S, SOURCES["train"] + across + (f"; this host's GPUs ({', '.join(other)}) are no "
                                                                  "H200s, where eagleflow's rate was measured" if other else "")
     flops, n = train_flops_per_token(t, cfg), cfg.train.nproc
-    one, eff = H200_TRAIN_TFLOPS * 1e12 / flops * TRAIN_STAGE_FRACTION, DDP_GPU_EFFICIENCY if n > 1 else 1.0
-    muon = ""
+    lk, eff = LK_STEP_COST if cfg.train.loss == "lk" else 1.0, DDP_GPU_EFFICIENCY if n > 1 else 1.0
+    one = H200_TRAIN_TFLOPS * 1e12 / flops * TRAIN_STAGE_FRACTION / lk  # LK: its acceptance term, in every step
+    step_costs = f"; the LK loss's {lk - 1:.1%} a step (measured at that shape)" if lk > 1 else ""
     if cfg.train.optimizer == "muon":  # a fixed cost a step on each rank: fewer tokens a step pay more of it
         rank_tokens = cfg.train.batch_tokens / n
         ns_s = muon_flops_per_step(t, cfg) / (H200_MUON_NS_TFLOPS * 1e12)
         one = rank_tokens / (rank_tokens / one + ns_s)
-        muon = (f"; Muon's Newton-Schulz {ns_s * 1e3:.0f} ms a step on every rank ({rank_tokens:,.0f} tokens a rank "
-                f"a step, at the {H200_MUON_NS_TFLOPS:.0f} TFLOP/s measured at Kimi-K2.5's drafter shape)")
+        step_costs += (f"; Muon's Newton-Schulz {ns_s * 1e3:.0f} ms a step on every rank ({rank_tokens:,.0f} tokens "
+                       f"a rank a step, at the {H200_MUON_NS_TFLOPS:.0f} TFLOP/s measured at Kimi-K2.5's drafter shape)")
     return one * n * eff, (
         f"scaled: an H200 trained at {H200_TRAIN_TFLOPS:.0f} TFLOP/s (Kimi-K2.5's drafter shape, docs/benchmarks.md), "
         f"{one:,.0f} tok/s at this drafter's {flops / 1e9:.1f} GFLOP a token and the stage's own "
-        f"{TRAIN_STAGE_FRACTION:.0%}{muon}" + (f", x {n} GPUs x {eff:.2f} (per-GPU data-parallel efficiency measured "
+        f"{TRAIN_STAGE_FRACTION:.0%}{step_costs}" + (f", x {n} GPUs x {eff:.2f} (per-GPU data-parallel efficiency measured "
                                                "on 2 H200s)" if n > 1 else "") + across)
 
 

@@ -38,6 +38,9 @@ DDP_GPU_EFFICIENCY = 0.64
 # benchmarks/train_gpu.py --optimizer muon), over its FLOPs as eagleflow.capacity.muon_flops_per_step counts them
 # (1.61e14): the rate those matrices orthogonalize at.
 H200_MUON_NS_TFLOPS = 654.0
+# The LK loss (train.loss 'lk'): a step at Kimi-K2.5's drafter shape on one H200 against soft_ce's, AdamW, T 8,192
+# (679.1 / 667.1 ms, benchmarks/train_gpu.py --loss soft_ce lk): the acceptance term's softmax at every unroll step.
+LK_STEP_COST = 1.018
 # Production paused instead of stopped (benchmarks/pause_gpu.py, vLLM 0.26, one H200, the demo target): from
 # the window's release to healthy with a new drafter swapped in and probed, 7.2-7.9 s (wake 0.12 s, swap 3.4-3.8 s
 # with the sender's start, the probe's 4 requests). A level-1 wake copies the weights back from pinned host RAM:

@@ -15,7 +15,7 @@ from eagleflow.capacity import (
     muon_flops_per_step, state_bytes_per_token, states_refusal, train_flops_per_token,
 )
 from eagleflow.config import load_config
-from eagleflow.rates import H200_MUON_NS_TFLOPS
+from eagleflow.rates import H200_MUON_NS_TFLOPS, LK_STEP_COST
 from eagleflow.manifest import Manifest, stage_dir, stage_key, write_manifest
 from eagleflow.outputs import CheckMetrics, ExtractMetrics, GenerateMetrics, GenerateOutputs
 from eagleflow.planfacts import progress, run_history, target_facts
@@ -83,7 +83,8 @@ def test_kimi_on_the_stated_h200_host_reads_true_against_the_seeds():
     # Training on the 8 GPUs: the H200's measured rate at this drafter's FLOPs, scaled to 8 (and saying so)
     train = stage(bf16, "train")
     cfg = kimi(**{"extract.storage_dtype": "bfloat16"})
-    one = H200_TRAIN_TFLOPS * 1e12 / train_flops_per_token(facts().target, cfg) * 0.94
+    assert cfg.train.loss == "lk"  # its acceptance term's share of the step, measured at that shape
+    one = H200_TRAIN_TFLOPS * 1e12 / train_flops_per_token(facts().target, cfg) * 0.94 / LK_STEP_COST
     assert cfg.train.optimizer == "muon"  # plus Newton-Schulz's fixed seconds a step on each rank
     rank_tokens = cfg.train.batch_tokens / 8
     one = rank_tokens / (rank_tokens / one + muon_flops_per_step(facts().target, cfg) / (H200_MUON_NS_TFLOPS * 1e12))
@@ -206,12 +207,21 @@ def test_muon_adds_its_measured_newton_schulz_to_every_step_of_every_rank():
     adamw, muon = (stage(plan(kimi(**{"train.optimizer": o}), facts()), "train") for o in ("adamw", "muon"))
     ns_s = muon_flops_per_step(facts().target, kimi()) / (H200_MUON_NS_TFLOPS * 1e12)
     rank_tokens = kimi().train.batch_tokens / 8
-    per_token_s = 1 / (H200_TRAIN_TFLOPS * 1e12 / train_flops_per_token(facts().target, kimi()) * 0.94)
+    per_token_s = LK_STEP_COST / (H200_TRAIN_TFLOPS * 1e12 / train_flops_per_token(facts().target, kimi()) * 0.94)
     assert muon.seconds / adamw.seconds == pytest.approx((rank_tokens * per_token_s + ns_s) / (rank_tokens * per_token_s),
                                                          rel=1e-3)
     assert 1.2 < muon.seconds / adamw.seconds < 1.6 and "Muon's Newton-Schulz" in muon.source
     fewer = stage(plan(kimi(**{"train.optimizer": "muon", "train.batch_tokens": 16384}), facts()), "train")
     assert fewer.seconds > muon.seconds * 1.5  # a quarter of the tokens a step: the same cost a step, 4x the steps
+
+
+def test_the_lk_loss_costs_its_measured_share_of_every_step():
+    """loss 'lk': the acceptance term's softmax at each unroll step, 1.8% of a step at Kimi-K2.5's drafter shape
+    (measured); soft_ce and kl are the plain rate."""
+    soft, kl, lk = (stage(plan(kimi(**{"train.optimizer": "adamw", "train.loss": x}), facts()), "train")
+                    for x in ("soft_ce", "kl", "lk"))
+    assert lk.seconds / soft.seconds == pytest.approx(LK_STEP_COST, rel=1e-6) and kl.seconds == soft.seconds
+    assert "the LK loss's 1.8% a step" in lk.source and "LK" not in soft.source
 
 
 
