@@ -45,6 +45,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,17 +91,24 @@ def log(msg: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} recipes: {msg}", flush=True)
 
 
-def train_ours(cfg_path: str, base: dict[str, Any], extract: Manifest, out: Path, recipe: str, seed: int) -> dict[str, Any]:
-    overrides = {**base, **RECIPES[recipe], "train.seed": seed}
+def train_export(cfg_path: str, overrides: dict[str, Any], extract: Manifest, out: Path
+                 ) -> tuple[RunConfig, Manifest, dict[str, float], str]:
+    """eagleflow's train and export stages under `out` (reused when finished): the config, the train manifest,
+    its process's usage, and the exported vLLM drafter's directory."""
     cfg = load_config(cfg_path, overrides)
     args = {"config": cfg_path, "overrides": overrides}
     train, usage = cs.run_stage(cfg, "train", out / "train", {"extract": extract}, ROOT, args)
     export, _ = cs.run_stage(cfg, "export", out / "export", {"train": train}, ROOT, args)
-    metrics = TrainMetrics.of(train)
     vllm_dir = ExportOutputs.of(export).vllm
     assert vllm_dir is not None, f"the export in {export.dir} wrote no vLLM drafter"
+    return cfg, train, usage, export.path(vllm_dir)
+
+
+def train_ours(cfg_path: str, base: dict[str, Any], extract: Manifest, out: Path, recipe: str, seed: int) -> dict[str, Any]:
+    _, train, usage, drafter = train_export(cfg_path, {**base, **RECIPES[recipe], "train.seed": seed}, extract, out)
+    metrics = TrainMetrics.of(train)
     best = metrics.best
-    return {"trainer": "eagleflow", "recipe": recipe, "seed": seed, "drafter_dir": export.path(vllm_dir),
+    return {"trainer": "eagleflow", "recipe": recipe, "seed": seed, "drafter_dir": drafter,
             "tokens": sum(e.train.tokens for e in metrics.epochs), "train_seconds": round(sum(e.seconds for e in metrics.epochs), 2),
             "tokens_per_s": metrics.tokens_per_s, "process": usage, "checkpoint": train.path(TrainOutputs.of(train).best),
             "offline": {"acceptance_length": best.acceptance_length, "accept_pos": best.accept_pos, "epoch": best.epoch},
@@ -151,19 +159,15 @@ def serve(cfg: RunConfig, drafter: str | None, out: Path, port: int) -> dict[str
 
 
 def through_eagleflow(cfg_path: str, base: dict[str, Any], extract: Manifest, out: Path, theirs: dict[str, Any],
-                      serve_now: Any, port: int) -> dict[str, Any]:
+                      serve_now: Callable[..., dict[str, Any] | None], port: int) -> dict[str, Any]:
     """A control on the judge: speculators' drafter read by eagleflow's warm start (its published layout), one
     step at a learning rate of 1e-12 (the weights as they were), eagleflow's offline simulation, eagleflow's
     export, served. Served the same as speculators' own export, the engine reads both alike; near the
     simulation, the serving did not cost that drafter what it did not cost ours."""
     overrides = {**base, "train.epochs": 1, "train.max_steps": 1, "train.learning_rate": 1e-12,
                  "train.warm_start": theirs["checkpoint"], "train.seed": theirs["seed"]}
-    cfg = load_config(cfg_path, overrides)
-    args = {"config": cfg_path, "overrides": overrides}
-    train, _ = cs.run_stage(cfg, "train", out / "train", {"extract": extract}, ROOT, args)
-    export, _ = cs.run_stage(cfg, "export", out / "export", {"train": train}, ROOT, args)
+    cfg, train, _, drafter = train_export(cfg_path, overrides, extract, out)
     best = TrainMetrics.of(train).best
-    drafter = export.path(ExportOutputs.of(export).vllm)
     return {"offline": {"acceptance_length": best.acceptance_length, "accept_pos": best.accept_pos},
             "drafter_dir": drafter, "served": serve_now(cfg, drafter, out / "serve", port)}
 
