@@ -11,7 +11,7 @@ HOSTENV := .hostenv
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 
-.PHONY: demo test fleet-pipelines envs controlenv hostenv sshd browser target clean-runs
+.PHONY: demo test lint fleet-pipelines envs controlenv hostenv sshd browser target clean-runs
 
 demo: envs
 	$(VENV)/bin/python -m flows.pipeline configs/demo.yaml
@@ -21,7 +21,7 @@ demo: envs
 # of it (the nightly's two nights and their page, SSH, production host, bootstrap), each with its own
 # Prefect server. The e2e suites wait on Prefect, engine starts and flows more than they compute, so they
 # share 2 cores well (docs/benchmarks.md has the times). Their outputs follow the first's; any failing fails.
-E2E_APART := tests/e2e/flows/test_nightly.py tests/e2e/ui/test_nightly_ui.py tests/e2e/flows/test_deploy.py tests/e2e/flows/test_pipeline_ssh.py \
+E2E_APART := tests/e2e/flows/test_nightly.py tests/e2e/ui/test_nightly_ui.py tests/e2e/flows/test_promote_drafter.py tests/e2e/flows/test_pipeline_ssh.py \
              tests/e2e/flows/test_production_host.py tests/e2e/hosts tests/e2e/infra
 # OMP_WAIT_POLICY=PASSIVE: with the three side by side, every trainer, extractor and CPU engine runs its own
 # 2 OpenMP threads on the same 2 cores, and an OpenMP thread that waits spins by default, on a core another
@@ -35,7 +35,7 @@ E2E_APART := tests/e2e/flows/test_nightly.py tests/e2e/ui/test_nightly_ui.py tes
 test: export OMP_WAIT_POLICY := PASSIVE
 test: export VLLM_CPU_OMP_THREADS_BIND := nobind
 test: export VLLM_ENABLE_V1_MULTIPROCESSING := 0
-test: envs sshd browser
+test: envs sshd browser lint
 	@rm -rf test-output/ui; mkdir -p test-output
 	@$(HOSTENV)/bin/python -m pytest -q --durations=15 -p no:cacheprovider tests/unit tests/integration \
 	    tests/benchmarks > test-output/host-suite.log 2>&1 & host=$$!; \
@@ -48,6 +48,12 @@ test: envs sshd browser
 	  echo "== the host suite (tests/unit tests/integration tests/benchmarks), run beside: exit $$hrc; e2e exit $$e2e"; \
 	  cat test-output/host-suite.log; \
 	  test $$e2e -eq 0 && test $$arc -eq 0 && test $$hrc -eq 0
+
+# ruff's lint and format check (pyproject.toml [tool.ruff]), seconds; `make test` runs it first.
+# `.venv/bin/ruff format .` and `.venv/bin/ruff check --fix .` mend most of what it finds.
+lint: controlenv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 # By hand, not in `make test` (about 12 minutes): the demo and demo-MLA pipelines deployed together and run as a
 # fleet on two loopback SSH hosts, at once and then queued on one host (issue 25; tests/e2e/hosts/test_fleet_pipelines.py).

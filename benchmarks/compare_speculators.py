@@ -51,15 +51,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from eagleflow.config import RunConfig, load_config  # noqa: E402
-from eagleflow.manifest import Manifest, read_manifest  # noqa: E402
-from eagleflow.outputs import (  # noqa: E402
-    BenchmarkMetrics, ExportOutputs, ExtractOutputs, Measurement, TrainMetrics, TrainOutputs,
-)
-from eagleflow.procs import end_process_group  # noqa: E402
+from eagleflow.contracts.benchmark_records import BenchmarkMetrics, Measurement  # noqa: E402
+from eagleflow.contracts.manifest import Manifest, read_manifest  # noqa: E402
+from eagleflow.contracts.stage_records import ExportOutputs, ExtractOutputs, TrainMetrics, TrainOutputs  # noqa: E402
+from eagleflow.util.procs import end_process_group  # noqa: E402
 
 SPECENV = ROOT / ".specenv"
 SPECULATORS_HELPER = ROOT / "benchmarks" / "speculators_cpu.py"
-# In ONE pip call, so pip keeps the local CPU torch instead of pulling torch 2.14 (DESIGN.md).
+# In ONE pip call, so pip keeps the local CPU torch instead of pulling torch 2.14 (docs/benchmarks.md).
 SPECENV_PIP = ["speculators==0.9.0", "torch==2.13.0"]
 SPECENV_REMOVE = ["torchvision", "torchaudio", "torchcodec"]  # PyPI builds break imports beside this torch
 
@@ -70,9 +69,13 @@ def log(msg: str) -> None:
 
 # ----------------------------------------------------------------------------------- set-up
 
+
 def ensure_specenv() -> Path:
     python = SPECENV / "bin" / "python"
-    if python.exists() and subprocess.run([python, "-c", "import speculators, torch"], capture_output=True).returncode == 0:
+    if (
+        python.exists()
+        and subprocess.run([python, "-c", "import speculators, torch"], capture_output=True).returncode == 0
+    ):
         return python
     log(f"creating {SPECENV} (speculators 0.9.0 beside torch 2.13.0+cpu; a few minutes)")
     subprocess.run(["python3", "-m", "venv", str(SPECENV)], check=True)
@@ -134,9 +137,15 @@ class Child:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
         with open(log_path, "ab") as f:
-            self.proc = subprocess.Popen([str(a) for a in argv], stdout=f, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env={**os.environ, **env}, cwd=cwd,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                [str(a) for a in argv],
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **env},
+                cwd=cwd,
+                start_new_session=True,
+            )
         log_path.with_suffix(".pid").write_text(str(self.proc.pid))
         self.started, self.cpu_at_start = time.perf_counter(), cpu_sample()
 
@@ -157,8 +166,11 @@ class Child:
         (b0, t0), (b1, t1) = self.cpu_at_start, cpu_sample()
         cores = os.cpu_count() or 1
         all_busy_s = (b1 - b0) / max(1, t1 - t0) * cores * wall
-        return {"wall_seconds": round(wall, 2), "cpu_seconds": round(cpu, 2),
-                "other_cores_busy": round(max(0.0, all_busy_s - cpu) / max(wall, 1e-9), 2)}
+        return {
+            "wall_seconds": round(wall, 2),
+            "cpu_seconds": round(cpu, 2),
+            "other_cores_busy": round(max(0.0, all_busy_s - cpu) / max(wall, 1e-9), 2),
+        }
 
 
 # Builds a stage's request.json with the eagleflow code that will run the stage (a pinned source may
@@ -166,8 +178,12 @@ class Child:
 BUILD_REQUEST = """
 import json, sys
 from eagleflow.config import load_config
-from eagleflow.manifest import read_manifest
-from eagleflow.request import StageRequest
+try:
+    from eagleflow.contracts.manifest import read_manifest
+    from eagleflow.contracts.request import StageRequest
+except ImportError:  # a pinned source from before 0.2
+    from eagleflow.manifest import read_manifest
+    from eagleflow.request import StageRequest
 a = json.loads(sys.argv[1])
 cfg = load_config(a["config"], a["overrides"])
 up = {k: read_manifest(v) for k, v in a["upstream"].items()}
@@ -190,8 +206,9 @@ def eagleflow_source(rev: str, out: Path) -> tuple[Path, str]:
     return src, f"git {sha}"
 
 
-def run_stage(cfg: RunConfig, stage: str, d: Path, upstream: dict[str, Manifest], src: Path,
-              config_args: dict[str, Any]) -> tuple[Manifest, dict[str, float]]:
+def run_stage(
+    cfg: RunConfig, stage: str, d: Path, upstream: dict[str, Manifest], src: Path, config_args: dict[str, Any]
+) -> tuple[Manifest, dict[str, float]]:
     """Run `python -m eagleflow.stages.<stage>` the way the pipeline does (request.json in, manifest out),
     importing eagleflow from `src`. Returns the manifest and the process's wall and CPU seconds. A
     finished stage (its manifest there) is reused, except the benchmark, which measures every time."""
@@ -203,17 +220,26 @@ def run_stage(cfg: RunConfig, stage: str, d: Path, upstream: dict[str, Manifest]
     manifest.unlink(missing_ok=True)
     d.mkdir(parents=True, exist_ok=True)
     env = {**cfg.host.env, "PYTHONPATH": str(src)}
-    spec = {**config_args, "stage": stage, "key": f"compare-{stage}", "dir": str(d),
-            "upstream": {k: str(Path(m.dir) / "manifest.json") for k, m in upstream.items()}}
-    subprocess.run([cfg.host.python, "-c", BUILD_REQUEST, json.dumps(spec)], cwd=src, env={**os.environ, **env},
-                   check=True)
-    child = Child([cfg.host.python, "-m", f"eagleflow.stages.{stage}", d / "request.json"], d / "stage.log", env, cwd=src)
+    spec = {
+        **config_args,
+        "stage": stage,
+        "key": f"compare-{stage}",
+        "dir": str(d),
+        "upstream": {k: str(Path(m.dir) / "manifest.json") for k, m in upstream.items()},
+    }
+    subprocess.run(
+        [cfg.host.python, "-c", BUILD_REQUEST, json.dumps(spec)], cwd=src, env={**os.environ, **env}, check=True
+    )
+    child = Child(
+        [cfg.host.python, "-m", f"eagleflow.stages.{stage}", d / "request.json"], d / "stage.log", env, cwd=src
+    )
     usage = child.wait(f"eagleflow {stage} stage")
     (d / "process.json").write_text(json.dumps(usage))
     return read_manifest(manifest), usage
 
 
 # ----------------------------------------------------------------------------------- data
+
 
 def make_data(cfg: RunConfig, out: Path, config_args: dict[str, Any]) -> tuple[Manifest, Manifest]:
     """A generate + extract run of the config (what --smoke trains on: the data is made, not found)."""
@@ -224,8 +250,10 @@ def make_data(cfg: RunConfig, out: Path, config_args: dict[str, Any]) -> tuple[M
 
 # ----------------------------------------------------------------------------------- trainers
 
-def train_eagleflow(cfg: RunConfig, extract: Manifest, out: Path, args: argparse.Namespace,
-                    config_args: dict[str, Any]) -> dict[str, Any]:
+
+def train_eagleflow(
+    cfg: RunConfig, extract: Manifest, out: Path, args: argparse.Namespace, config_args: dict[str, Any]
+) -> dict[str, Any]:
     src, source = eagleflow_source(args.eagleflow_rev, out)
     log(f"eagleflow: stages run from {source}")
     busy = None
@@ -250,32 +278,73 @@ def train_eagleflow(cfg: RunConfig, extract: Manifest, out: Path, args: argparse
         "epochs_complete": sum(1 for e in metrics.epochs if e.complete),
         "checkpoint": train.path(trained.best),
         "chosen_by": "eagleflow's best epoch (highest simulated acceptance length on the holdout split)",
-        "offline": {"acceptance_length_sim": best.acceptance_length, "accept_pos_sim": best.accept_pos,
-                    "acc": best.acc, "epoch": best.epoch},
+        "offline": {
+            "acceptance_length_sim": best.acceptance_length,
+            "accept_pos_sim": best.accept_pos,
+            "acc": best.acc,
+            "epoch": best.epoch,
+        },
         "settings": json.loads((out / "train" / "request.json").read_text())["config"]["train"],
         "source": source,
     }
 
 
-def speculators_train_argv(cfg: RunConfig, data: Path, save: Path, ratio: float, args: argparse.Namespace,
-                           loss: str = "kl_div") -> list[str]:
+def speculators_train_argv(
+    cfg: RunConfig, data: Path, save: Path, ratio: float, args: argparse.Namespace, loss: str = "kl_div"
+) -> list[str]:
     t = cfg.train
     return [
-        "--verifier-name-or-path", cfg.target.model_path,
-        "--data-path", str(data), "--save-path", str(save), "--log-dir", str(save.parent / "logs"),
-        "--speculator-type", "eagle3", "--num-layers", "1",
-        "--target-layer-ids", *map(str, cfg.target.aux_layer_ids),  # vLLM's convention, as ours
-        "--draft-vocab-size", str(t.draft_vocab_size),
+        "--verifier-name-or-path",
+        cfg.target.model_path,
+        "--data-path",
+        str(data),
+        "--save-path",
+        str(save),
+        "--log-dir",
+        str(save.parent / "logs"),
+        "--speculator-type",
+        "eagle3",
+        "--num-layers",
+        "1",
+        "--target-layer-ids",
+        *map(str, cfg.target.aux_layer_ids),  # vLLM's convention, as ours
+        "--draft-vocab-size",
+        str(t.draft_vocab_size),
         # Its recommended EAGLE-3 recipe (these are its defaults, spelled out): unroll 3, KL loss,
         # frozen target embedding (lm_head is the target's rows), norm before fc, Muon + AdamW at 1e-3.
-        "--ttt-steps", str(t.ttt_steps), "--loss-fn", loss, "--norm-before-fc", "--no-embed-requires-grad",
-        "--optimizer", "muon", "--lr", str(args.spec_lr),
-        "--epochs", str(args.epochs), "--seed", str(t.seed),
-        "--total-seq-len", str(args.spec_total_seq_len),
+        "--ttt-steps",
+        str(t.ttt_steps),
+        "--loss-fn",
+        loss,
+        "--norm-before-fc",
+        "--no-embed-requires-grad",
+        "--optimizer",
+        "muon",
+        "--lr",
+        str(args.spec_lr),
+        "--epochs",
+        str(args.epochs),
+        "--seed",
+        str(t.seed),
+        "--total-seq-len",
+        str(args.spec_total_seq_len),
         # CPU: no Triton loss, no flex attention, one full-attention layer, fp32 compute (as eagleflow on CPU).
-        "--loss-implementation", "eager", "--draft-attn-impl", "sdpa", "--full-attention-indices", "0",
-        "--hidden-states-dtype", "float32", "--num-workers", str(args.spec_num_workers),
-        "--train-data-ratio", repr(ratio), "--on-missing", "raise", "--log-freq", "50",
+        "--loss-implementation",
+        "eager",
+        "--draft-attn-impl",
+        "sdpa",
+        "--full-attention-indices",
+        "0",
+        "--hidden-states-dtype",
+        "float32",
+        "--num-workers",
+        str(args.spec_num_workers),
+        "--train-data-ratio",
+        repr(ratio),
+        "--on-missing",
+        "raise",
+        "--log-freq",
+        "50",
     ]
 
 
@@ -283,16 +352,30 @@ def speculators_data(python: Path, extract: Manifest, data: Path, env: dict[str,
     """The extract stage's shards in speculators' layout under `data` (written once); its summary."""
     if not (data / "eagleflow_prepare.json").is_file():
         log(f"speculators: writing its data layout to {data}")
-        Child([python, SPECULATORS_HELPER, "prepare", "--index", extract.path(ExtractOutputs.of(extract).index), "--out", data],
-              data.parent / f"{data.name}-prepare.log", env).wait("speculators data preparation")
+        Child(
+            [
+                python,
+                SPECULATORS_HELPER,
+                "prepare",
+                "--index",
+                extract.path(ExtractOutputs.of(extract).index),
+                "--out",
+                data,
+            ],
+            data.parent / f"{data.name}-prepare.log",
+            env,
+        ).wait("speculators data preparation")
     return json.loads((data / "eagleflow_prepare.json").read_text())
 
 
 def speculators_offline(report: dict[str, Any], k: int) -> dict[str, Any]:
     """speculators' own holdout figures of its chosen checkpoint, per unroll step."""
     val = report.get("val_metrics", {})
-    return {"full_acc": [val.get(f"full_acc_{i}_epoch") for i in range(k)],
-            "cond_acc": [val.get(f"cond_acc_{i}_epoch") for i in range(k)], "val_loss": val.get("loss_epoch")}
+    return {
+        "full_acc": [val.get(f"full_acc_{i}_epoch") for i in range(k)],
+        "cond_acc": [val.get(f"cond_acc_{i}_epoch") for i in range(k)],
+        "val_loss": val.get("loss_epoch"),
+    }
 
 
 def train_speculators(cfg: RunConfig, extract: Manifest, out: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -306,8 +389,21 @@ def train_speculators(cfg: RunConfig, extract: Manifest, out: Path, args: argpar
         argv = speculators_train_argv(cfg, data, out / "checkpoints", prep["train_data_ratio"], args)
         busy = wait_until_idle("speculators training", args.max_busy, args.max_wait_s)
         log("speculators: training ({} s budget): speculators train {}".format(args.spec_budget_s, " ".join(argv)))
-        usage = Child([python, SPECULATORS_HELPER, "train", "--budget-s", str(args.spec_budget_s), "--report", report, "--",
-                       *argv], out / "train.log", env).wait("speculators training")
+        usage = Child(
+            [
+                python,
+                SPECULATORS_HELPER,
+                "train",
+                "--budget-s",
+                str(args.spec_budget_s),
+                "--report",
+                report,
+                "--",
+                *argv,
+            ],
+            out / "train.log",
+            env,
+        ).wait("speculators training")
         (out / "process.json").write_text(json.dumps(usage))
     usage = json.loads((out / "process.json").read_text())
     r = json.loads(report.read_text())
@@ -331,20 +427,33 @@ def train_speculators(cfg: RunConfig, extract: Manifest, out: Path, args: argpar
 
 # ----------------------------------------------------------------------------------- serving
 
-def serve(cfg: RunConfig, drafters: dict[str, str], out: Path, port: int, args: argparse.Namespace,
-          config_args: dict[str, Any]) -> dict[str, Measurement]:
+
+def serve(
+    cfg: RunConfig,
+    drafters: dict[str, str],
+    out: Path,
+    port: int,
+    args: argparse.Namespace,
+    config_args: dict[str, Any],
+) -> dict[str, Measurement]:
     """The benchmark stage with eagleflow's drafter as 'drafter' and speculators' as 'current': each
     variant alone in its own engine, the same windows. Returns its first setting's measurement per
     trainer (and 'baseline')."""
-    overrides = {**config_args["overrides"], "benchmark.drafter": drafters["eagleflow"],
-                 "benchmark.current_drafter": drafters.get("speculators"), "engine.port": port,
-                 "benchmark.temperatures": args.temperatures, "benchmark.concurrencies": args.concurrencies,
-                 "production.kind": "none"}
+    overrides = {
+        **config_args["overrides"],
+        "benchmark.drafter": drafters["eagleflow"],
+        "benchmark.current_drafter": drafters.get("speculators"),
+        "engine.port": port,
+        "benchmark.temperatures": args.temperatures,
+        "benchmark.concurrencies": args.concurrencies,
+        "production.kind": "none",
+    }
     bench_cfg = load_config(config_args["config"], overrides)
     wait_until_idle("benchmark", args.max_busy, args.max_wait_s)
     log(f"benchmark: {', '.join(drafters)} and no speculation, each in its own vLLM engine on port {port}")
-    manifest, _ = run_stage(bench_cfg, "benchmark", out / "benchmark", {}, ROOT,
-                            {**config_args, "overrides": overrides})
+    manifest, _ = run_stage(
+        bench_cfg, "benchmark", out / "benchmark", {}, ROOT, {**config_args, "overrides": overrides}
+    )
     metrics = BenchmarkMetrics.of(manifest)
     served = {"baseline": metrics.baseline, "eagleflow": metrics.drafter}
     if metrics.current is not None and "speculators" in drafters:  # else production's promoted drafter
@@ -360,8 +469,15 @@ def versions() -> dict[str, str]:
         except PackageNotFoundError:
             pass
     if SPECENV.exists():
-        r = subprocess.run([SPECENV / "bin" / "python", "-c", "from importlib.metadata import version as v; print(v('speculators'), v('torch'))"],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            [
+                SPECENV / "bin" / "python",
+                "-c",
+                "from importlib.metadata import version as v; print(v('speculators'), v('torch'))",
+            ],
+            capture_output=True,
+            text=True,
+        )
         if r.returncode == 0 and r.stdout.split():
             out["speculators"], out["speculators_torch"] = r.stdout.split()[:2]
     sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
@@ -372,9 +488,11 @@ def versions() -> dict[str, str]:
 
 def table(result: dict[str, Any]) -> str:
     fmt = lambda xs: " / ".join(f"{x:.2f}" for x in xs or [])  # noqa: E731
-    lines = ["| trainer | AL (vLLM) | per-position acceptance | train s / budget | train tok/s | epochs | "
-             "cores used / by others | served tok/s | speedup |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| trainer | AL (vLLM) | per-position acceptance | train s / budget | train tok/s | epochs | "
+        "cores used / by others | served tok/s | speedup |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
     base = result["serving"]["baseline"]
     lines.append(f"| target alone | - | - | - | - | - | - | {base['output_tok_s']:.1f} | 1.00x |")
     for name, t in result["training"].items():
@@ -383,10 +501,12 @@ def table(result: dict[str, Any]) -> str:
         p = t["process"]
         cores = p.get("cpu_seconds", 0) / max(1e-9, p.get("wall_seconds", 0))
         budget = f"{t['budget_s']:.0f}" if t.get("budget_s") else "-"
-        lines.append(f"| {name} | {s['mean_acceptance_length']:.2f} | {fmt(s['per_position_acceptance'])} | "
-                     f"{t['train_seconds']:.0f} / {budget} | {t['tokens_per_s']:,.0f} | {epochs} | "
-                     f"{cores:.2f} / {p.get('other_cores_busy', 0):.2f} | {s['output_tok_s']:.1f} | "
-                     f"{s['output_tok_s'] / base['output_tok_s']:.2f}x |")
+        lines.append(
+            f"| {name} | {s['mean_acceptance_length']:.2f} | {fmt(s['per_position_acceptance'])} | "
+            f"{t['train_seconds']:.0f} / {budget} | {t['tokens_per_s']:,.0f} | {epochs} | "
+            f"{cores:.2f} / {p.get('other_cores_busy', 0):.2f} | {s['output_tok_s']:.1f} | "
+            f"{s['output_tok_s'] / base['output_tok_s']:.2f}x |"
+        )
     return "\n".join(lines)
 
 
@@ -395,32 +515,68 @@ def _terminate(signum: int, frame: object) -> None:
 
 
 # What --smoke changes: a tiny run of every step that can run in the host environment.
-SMOKE = {"generate.num_samples": 24, "generate.holdout": 4, "generate.max_tokens": 24, "generate.shard_size": 12,
-         "train.epochs": 1, "train.max_steps": 3, "train.draft_vocab_size": 64, "benchmark.num_prompts": 4,
-         "benchmark.max_tokens": 16, "benchmark.warmup_requests": 1}
+SMOKE = {
+    "generate.num_samples": 24,
+    "generate.holdout": 4,
+    "generate.max_tokens": 24,
+    "generate.shard_size": 12,
+    "train.epochs": 1,
+    "train.max_steps": 3,
+    "train.draft_vocab_size": 64,
+    "benchmark.num_prompts": 4,
+    "benchmark.max_tokens": 16,
+    "benchmark.warmup_requests": 1,
+}
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"), help="run config (target, data, benchmark)")
-    p.add_argument("--work-root", type=Path, default=None,
-                   help="where the finished generate/extract stages live (default: the config's host.work_root)")
-    p.add_argument("--out", type=Path, default=None, help="output dir (default runs/compare/<UTC stamp>); "
-                   "a rerun with the same --out reuses finished steps")
+    p.add_argument(
+        "--work-root",
+        type=Path,
+        default=None,
+        help="where the finished generate/extract stages live (default: the config's host.work_root)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output dir (default runs/compare/<UTC stamp>); a rerun with the same --out reuses finished steps",
+    )
     p.add_argument("--budget-s", type=float, default=300.0, help="seconds of training steps for each trainer")
-    p.add_argument("--eagleflow-rev", default="worktree",
-                   help="eagleflow code that trains: 'worktree' (this checkout as it is) or a git revision, "
-                        "exported to <out>/eagleflow/src so edits made during the run do not leak in")
-    p.add_argument("--eagleflow-budget-s", type=float, default=None,
-                   help="eagleflow's budget alone (diagnosis; default --budget-s)")
-    p.add_argument("--speculators-budget-s", type=float, default=None,
-                   help="speculators' budget alone (diagnosis; default --budget-s)")
-    p.add_argument("--epochs", type=int, default=1000,
-                   help="epoch cap for both trainers (default: high, so the time budget ends training)")
+    p.add_argument(
+        "--eagleflow-rev",
+        default="worktree",
+        help="eagleflow code that trains: 'worktree' (this checkout as it is) or a git revision, "
+        "exported to <out>/eagleflow/src so edits made during the run do not leak in",
+    )
+    p.add_argument(
+        "--eagleflow-budget-s",
+        type=float,
+        default=None,
+        help="eagleflow's budget alone (diagnosis; default --budget-s)",
+    )
+    p.add_argument(
+        "--speculators-budget-s",
+        type=float,
+        default=None,
+        help="speculators' budget alone (diagnosis; default --budget-s)",
+    )
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=1000,
+        help="epoch cap for both trainers (default: high, so the time budget ends training)",
+    )
     p.add_argument("--spec-lr", type=float, default=1e-3, help="speculators' learning rate (its default, 1e-3)")
-    p.add_argument("--spec-total-seq-len", type=int, default=1024,
-                   help="speculators' packed tokens per step (its default 8192 ran 4x slower per token on CPU: "
-                        "attention over the packed row is dense; 1024 = the longest extracted sequence)")
+    p.add_argument(
+        "--spec-total-seq-len",
+        type=int,
+        default=1024,
+        help="speculators' packed tokens per step (its default 8192 ran 4x slower per token on CPU: "
+        "attention over the packed row is dense; 1024 = the longest extracted sequence)",
+    )
     p.add_argument("--spec-num-workers", type=int, default=0, help="speculators' dataloader workers")
     p.add_argument("--skip-speculators", action="store_true", help="train and serve eagleflow's drafter only")
     p.add_argument("--port", type=int, default=None, help="engine port (default: the config's engine.port + 100)")
@@ -428,11 +584,18 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=None, help="override benchmark.max_tokens")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0], help="benchmark temperatures")
     p.add_argument("--concurrencies", type=int, nargs="+", default=[1], help="benchmark concurrencies")
-    p.add_argument("--max-busy", type=float, default=0.15,
-                   help="before each timed phase, wait while other work keeps more than this share of the cores busy")
+    p.add_argument(
+        "--max-busy",
+        type=float,
+        default=0.15,
+        help="before each timed phase, wait while other work keeps more than this share of the cores busy",
+    )
     p.add_argument("--max-wait-s", type=float, default=1800, help="give up waiting for idle cores after this long")
-    p.add_argument("--smoke", action="store_true",
-                   help="a tiny run of everything but speculators, on data made here (the suite runs this)")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a tiny run of everything but speculators, on data made here (the suite runs this)",
+    )
     args = p.parse_args()
 
     # SIGTERM unwinds like Ctrl-C, so `with` blocks end the engine and `finally` the trainers we started.
@@ -446,8 +609,13 @@ def main() -> int:
         if args.port:
             overrides["engine.port"] = args.port  # generate's engine too
     else:
-        overrides.update({"train.time_limit_s": float(args.eagleflow_budget_s or args.budget_s),
-                          "train.on_time_limit": "stop", "train.epochs": args.epochs})
+        overrides.update(
+            {
+                "train.time_limit_s": float(args.eagleflow_budget_s or args.budget_s),
+                "train.on_time_limit": "stop",
+                "train.epochs": args.epochs,
+            }
+        )
     if args.num_prompts:
         overrides["benchmark.num_prompts"] = args.num_prompts
     if args.max_tokens:
@@ -460,26 +628,42 @@ def main() -> int:
         generate, extract = make_data(cfg, out / "data", config_args)
     else:
         generate, extract = finished_run(args.work_root or Path(cfg.host.work_root))
-    bound = (f"{cfg.train.time_limit_s:.0f} s (a race against the clock)" if cfg.train.on_time_limit == "stop"
-             else f"{cfg.train.epochs} epochs" + (f", at most {cfg.train.max_steps} steps" if cfg.train.max_steps else ""))
-    log(f"data: {extract.dir} (from {generate.dir}); eagleflow {bound}"
-        + ("" if args.skip_speculators else f", speculators {args.spec_budget_s:.0f} s") + f"; output {out}")
+    bound = (
+        f"{cfg.train.time_limit_s:.0f} s (a race against the clock)"
+        if cfg.train.on_time_limit == "stop"
+        else f"{cfg.train.epochs} epochs" + (f", at most {cfg.train.max_steps} steps" if cfg.train.max_steps else "")
+    )
+    log(
+        f"data: {extract.dir} (from {generate.dir}); eagleflow {bound}"
+        + ("" if args.skip_speculators else f", speculators {args.spec_budget_s:.0f} s")
+        + f"; output {out}"
+    )
 
     t0 = time.perf_counter()
     training = {"eagleflow": train_eagleflow(cfg, extract, out / "eagleflow", args, config_args)}
     if not args.skip_speculators:
         training["speculators"] = train_speculators(cfg, extract, out / "speculators", args)
     for name, t in training.items():
-        log(f"{name}: {t['train_seconds']} s of training steps, {t['tokens_per_s']} tok/s, "
-            f"{t['epochs_complete']} full epochs, serving {t['drafter_dir']}")
+        log(
+            f"{name}: {t['train_seconds']} s of training steps, {t['tokens_per_s']} tok/s, "
+            f"{t['epochs_complete']} full epochs, serving {t['drafter_dir']}"
+        )
 
     served = serve(cfg, {name: t["drafter_dir"] for name, t in training.items()}, out, port, args, config_args)
     result = {
-        "settings": {"budget_s": {"eagleflow": cfg.train.time_limit_s if cfg.train.on_time_limit == "stop" else None,
-                                  "speculators": None if args.skip_speculators else args.spec_budget_s},
-                     "config": config_args["config"], "overrides": overrides, "data": extract.dir,
-                     "benchmark": cfg.benchmark.model_dump(mode="json"), "engine": cfg.engine.model_dump(mode="json"),
-                     "argv": sys.argv, "smoke": args.smoke},
+        "settings": {
+            "budget_s": {
+                "eagleflow": cfg.train.time_limit_s if cfg.train.on_time_limit == "stop" else None,
+                "speculators": None if args.skip_speculators else args.spec_budget_s,
+            },
+            "config": config_args["config"],
+            "overrides": overrides,
+            "data": extract.dir,
+            "benchmark": cfg.benchmark.model_dump(mode="json"),
+            "engine": cfg.engine.model_dump(mode="json"),
+            "argv": sys.argv,
+            "smoke": args.smoke,
+        },
         "training": training,
         "serving": {name: m.model_dump(mode="json") for name, m in served.items()},
         "versions": versions(),

@@ -71,6 +71,7 @@ STEP_LOSS = re.compile(r"INFO eagleflow\.train: epoch (\d+) step (\d+)/\d+ lr \S
 
 # --------------------------------------------------------------------------------- the data
 
+
 @dataclass(frozen=True)
 class Setup:
     """Target shape, data size and the train config shared by every run."""
@@ -90,16 +91,61 @@ class Setup:
     train: dict  # the train section of the config (without nproc, grad_accum_steps, seed)
 
 
-GPU = Setup(hidden=2048, heads=32, kv_heads=8, head_dim=64, intermediate=8192, vocab=128256, n_lang=4096,
-            n_train=200, n_hold=16, min_len=512, max_len=1024, shard_seqs=64,
-            train={"epochs": 3, "batch_tokens": 8192, "draft_vocab_size": 32000, "ttt_steps": 7,
-                   "learning_rate": 1e-3, "warmup_steps": 5, "max_seq_len": 1024, "log_every_steps": 1,
-                   "checkpoint_every_steps": 0, "device": "cuda", "dtype": "bfloat16"})
-TINY = Setup(hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=512, n_lang=96,
-             n_train=48, n_hold=4, min_len=24, max_len=48, shard_seqs=32,
-             train={"epochs": 2, "batch_tokens": 256, "draft_vocab_size": 128, "ttt_steps": 3,
-                    "learning_rate": 2e-3, "warmup_steps": 2, "max_seq_len": 48, "log_every_steps": 1,
-                    "checkpoint_every_steps": 0, "device": "cpu", "dtype": "float32", "num_threads": 1})
+GPU = Setup(
+    hidden=2048,
+    heads=32,
+    kv_heads=8,
+    head_dim=64,
+    intermediate=8192,
+    vocab=128256,
+    n_lang=4096,
+    n_train=200,
+    n_hold=16,
+    min_len=512,
+    max_len=1024,
+    shard_seqs=64,
+    train={
+        "epochs": 3,
+        "batch_tokens": 8192,
+        "draft_vocab_size": 32000,
+        "ttt_steps": 7,
+        "learning_rate": 1e-3,
+        "warmup_steps": 5,
+        "max_seq_len": 1024,
+        "log_every_steps": 1,
+        "checkpoint_every_steps": 0,
+        "device": "cuda",
+        "dtype": "bfloat16",
+    },
+)
+TINY = Setup(
+    hidden=64,
+    heads=4,
+    kv_heads=2,
+    head_dim=16,
+    intermediate=128,
+    vocab=512,
+    n_lang=96,
+    n_train=48,
+    n_hold=4,
+    min_len=24,
+    max_len=48,
+    shard_seqs=32,
+    train={
+        "epochs": 2,
+        "batch_tokens": 256,
+        "draft_vocab_size": 128,
+        "ttt_steps": 3,
+        "learning_rate": 2e-3,
+        "warmup_steps": 2,
+        "max_seq_len": 48,
+        "log_every_steps": 1,
+        "checkpoint_every_steps": 0,
+        "device": "cpu",
+        "dtype": "float32",
+        "num_threads": 1,
+    },
+)
 
 SUCCESSOR_P = (0.6, 0.2, 0.1, 0.05)  # the rest (0.05) is spread over the whole language
 
@@ -107,17 +153,36 @@ SUCCESSOR_P = (0.6, 0.2, 0.1, 0.05)  # the rest (0.05) is spread over the whole 
 def write_target(root: Path, s: Setup, device: torch.device, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """target/config.json + model.safetensors (embedding, final norm, lm_head in bf16); returns embed, lm_head."""
     (root / "target").mkdir(parents=True, exist_ok=True)
-    (root / "target" / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": s.hidden,
-        "vocab_size": s.vocab, "rms_norm_eps": 1e-5, "num_attention_heads": s.heads,
-        "num_key_value_heads": s.kv_heads, "head_dim": s.head_dim, "intermediate_size": s.intermediate,
-        "num_hidden_layers": 16, "tie_word_embeddings": False, "max_position_embeddings": 131072,
-        "rope_theta": 500000.0}))
+    (root / "target" / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": s.hidden,
+                "vocab_size": s.vocab,
+                "rms_norm_eps": 1e-5,
+                "num_attention_heads": s.heads,
+                "num_key_value_heads": s.kv_heads,
+                "head_dim": s.head_dim,
+                "intermediate_size": s.intermediate,
+                "num_hidden_layers": 16,
+                "tie_word_embeddings": False,
+                "max_position_embeddings": 131072,
+                "rope_theta": 500000.0,
+            }
+        )
+    )
     embed = (torch.randn(s.vocab, s.hidden, device=device, generator=gen) * 0.02).to(torch.bfloat16)
     # Rows of norm about 1: a unit-RMS final state gives N(0, 1) logits on unrelated ids.
     lm_head = (torch.randn(s.vocab, s.hidden, device=device, generator=gen) / math.sqrt(s.hidden)).to(torch.bfloat16)
-    save_file({"model.embed_tokens.weight": embed.cpu(), "model.norm.weight": torch.ones(s.hidden, dtype=torch.bfloat16),
-               "lm_head.weight": lm_head.cpu()}, str(root / "target" / "model.safetensors"))
+    save_file(
+        {
+            "model.embed_tokens.weight": embed.cpu(),
+            "model.norm.weight": torch.ones(s.hidden, dtype=torch.bfloat16),
+            "lm_head.weight": lm_head.cpu(),
+        },
+        str(root / "target" / "model.safetensors"),
+    )
     return embed, lm_head
 
 
@@ -130,20 +195,22 @@ class Language:
     aux_feat: torch.Tensor  # shape: [3, n_lang, H] per-layer features of each type
 
 
-def make_language(s: Setup, lm_head: torch.Tensor, draft_vocab: int, device: torch.device,
-                  gen: torch.Generator) -> Language:
+def make_language(
+    s: Setup, lm_head: torch.Tensor, draft_vocab: int, device: torch.device, gen: torch.Generator
+) -> Language:
     ids = torch.randperm(s.vocab, device=device, generator=gen)[: s.n_lang]
     succ = torch.stack([torch.randperm(s.n_lang, device=device, generator=gen)[:4] for _ in range(s.n_lang)])
     # Logits z on the successors so that softmax over the draft vocabulary (successors + ~draft_vocab
     # ids at N(0, 1), whose exp sums to about draft_vocab * e^0.5) gives SUCCESSOR_P.
     rest = 1.0 - sum(SUCCESSOR_P)
-    z = torch.tensor([math.log(p / rest) + math.log(min(draft_vocab, s.vocab) * math.exp(0.5)) for p in SUCCESSOR_P],
-                     device=device)
+    z = torch.tensor(
+        [math.log(p / rest) + math.log(min(draft_vocab, s.vocab) * math.exp(0.5)) for p in SUCCESSOR_P], device=device
+    )
     # Fit in a unit-RMS state (tiny shapes cannot hold the full logits: scale them down there).
-    z = z * min(1.0, math.sqrt(0.7 * s.hidden / float((z ** 2).sum())))
+    z = z * min(1.0, math.sqrt(0.7 * s.hidden / float((z**2).sum())))
     rows = lm_head.float()[ids[succ]]  # shape: [n_lang, 4, H]
     final_mean = (z[None, :, None] * rows / rows.pow(2).sum(-1, keepdim=True)).sum(1)  # l_s . mean = z_s
-    noise_std = math.sqrt(max(0.05, 1.0 - float((z ** 2).sum()) / s.hidden))
+    noise_std = math.sqrt(max(0.05, 1.0 - float((z**2).sum()) / s.hidden))
     scales = torch.tensor([1.0, 2.0, 4.0], device=device)[:, None, None]  # later layers carry larger states
     aux_feat = torch.randn(3, s.n_lang, s.hidden, device=device, generator=gen) * scales
     return Language(ids, succ, final_mean, noise_std, aux_feat)
@@ -164,8 +231,9 @@ def sample_types(lang: Language, lengths: list[int], device: torch.device, gen: 
     return out
 
 
-def write_shard(path: Path, lang: Language, lengths: list[int], s: Setup, device: torch.device,
-                gen: torch.Generator) -> int:
+def write_shard(
+    path: Path, lang: Language, lengths: list[int], s: Setup, device: torch.device, gen: torch.Generator
+) -> int:
     types = sample_types(lang, lengths, device, gen)
     flat = torch.cat([types[i, :n] for i, n in enumerate(lengths)])  # shape: [T]
     total = flat.numel()
@@ -181,8 +249,15 @@ def write_shard(path: Path, lang: Language, lengths: list[int], s: Setup, device
     for n, p in zip(lengths, prompt):
         mask[start : start + min(p, n // 4)] = 0
         start += n
-    save_file({"input_ids": lang.ids[flat].cpu(), "loss_mask": mask, "seq_lens": torch.tensor(lengths),
-               "hidden_states": hidden.cpu()}, str(path))
+    save_file(
+        {
+            "input_ids": lang.ids[flat].cpu(),
+            "loss_mask": mask,
+            "seq_lens": torch.tensor(lengths),
+            "hidden_states": hidden.cpu(),
+        },
+        str(path),
+    )
     return total
 
 
@@ -203,16 +278,28 @@ def write_extract(root: Path, s: Setup, device: torch.device, seed: int = 0) -> 
             name = f"data/shard-{len(shards):05d}-{split}.safetensors"
             write_shard(root / name, lang, part, s, device, gen)
             shards.append({"file": name, "split": split, "num_seqs": len(part), "num_tokens": sum(part)})
-    index = {"shards": shards, "aux_layer_ids": [1, 2, 3], "final_layer_id": 4, "hidden_size": s.hidden,
-             "dtype": "bfloat16"}
+    index = {
+        "shards": shards,
+        "aux_layer_ids": [1, 2, 3],
+        "final_layer_id": 4,
+        "hidden_size": s.hidden,
+        "dtype": "bfloat16",
+    }
     (root / "data" / "index.json").write_text(json.dumps(index))
     # How peaked the target is: its top-1 probability over the draft-vocabulary-sized support, sampled.
-    probe = lang.final_mean[:256] + torch.randn(min(256, s.n_lang), s.hidden, device=device, generator=gen) * lang.noise_std
+    probe = (
+        lang.final_mean[:256] + torch.randn(min(256, s.n_lang), s.hidden, device=device, generator=gen) * lang.noise_std
+    )
     normed = probe * torch.rsqrt(probe.pow(2).mean(-1, keepdim=True) + 1e-5)
     top1 = torch.softmax(normed @ lm_head.float().T, -1).max(-1).values.mean().item()
-    return {"seconds": round(time.perf_counter() - t0, 1), "train_tokens": tokens["train"],
-            "holdout_tokens": tokens["holdout"], "shards": len(shards), "target_top1_prob_full_vocab": round(top1, 3),
-            "bytes": sum((root / sh["file"]).stat().st_size for sh in shards)}
+    return {
+        "seconds": round(time.perf_counter() - t0, 1),
+        "train_tokens": tokens["train"],
+        "holdout_tokens": tokens["holdout"],
+        "shards": len(shards),
+        "target_top1_prob_full_vocab": round(top1, 3),
+        "bytes": sum((root / sh["file"]).stat().st_size for sh in shards),
+    }
 
 
 # --------------------------------------------------------------------------------- the runs
@@ -238,22 +325,27 @@ PAIRS = {  # name: (a, b, what it measures)
 def stage_dir_for(work: Path, data_root: Path, name: str, train: dict) -> Path:
     """A train-stage request.json over the synthetic extract data (as the control side writes it)."""
     from eagleflow.config import parse_config
-    from eagleflow.manifest import Manifest
-    from eagleflow.outputs import ExtractOutputs
-    from eagleflow.request import StageRequest
+    from eagleflow.contracts.manifest import Manifest
+    from eagleflow.contracts.request import StageRequest
+    from eagleflow.contracts.stage_records import ExtractOutputs
 
     (work / "prompts.jsonl").write_text('{"prompt": "x"}\n')
-    cfg = parse_config({
-        "name": "ddp-bench", "host": {"work_root": str(work / "runs"), "python": sys.executable},
-        "target": {"model_path": str(data_root / "target"), "aux_layer_ids": [1, 2, 3], "final_layer_id": 4},
-        "generate": {"prompts_path": str(work / "prompts.jsonl"), "num_samples": 40, "holdout": 32},
-        "train": train,
-    })
+    cfg = parse_config(
+        {
+            "name": "ddp-bench",
+            "host": {"work_root": str(work / "runs"), "python": sys.executable},
+            "target": {"model_path": str(data_root / "target"), "aux_layer_ids": [1, 2, 3], "final_layer_id": 4},
+            "generate": {"prompts_path": str(work / "prompts.jsonl"), "num_samples": 40, "holdout": 32},
+            "train": train,
+        }
+    )
     index = json.loads((data_root / "data" / "index.json").read_text())
-    outputs = ExtractOutputs(index="data/index.json", shards=[e["file"] for e in index["shards"]],
-                             hidden_size=index["hidden_size"],
-                             num_tokens={s: sum(e["num_tokens"] for e in index["shards"] if e["split"] == s)
-                                         for s in ("train", "holdout")})
+    outputs = ExtractOutputs(
+        index="data/index.json",
+        shards=[e["file"] for e in index["shards"]],
+        hidden_size=index["hidden_size"],
+        num_tokens={s: sum(e["num_tokens"] for e in index["shards"] if e["split"] == s) for s in ("train", "holdout")},
+    )
     extract = Manifest(stage="extract", key="e", dir=str(data_root), outputs=outputs.model_dump())
     stage_dir = work / "runs" / "train" / name
     stage_dir.mkdir(parents=True, exist_ok=True)
@@ -266,8 +358,9 @@ def run_stage(stage_dir: Path, timeout_s: float, log_file, env: dict | None = No
     t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "eagleflow.stages.train", str(stage_dir / "request.json")]
     try:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout_s,
-                              cwd=ROOT, env=env)
+        proc = subprocess.run(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout_s, cwd=ROOT, env=env
+        )
         out, rc = proc.stdout, proc.returncode
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
@@ -284,13 +377,22 @@ def run_stage(stage_dir: Path, timeout_s: float, log_file, env: dict | None = No
         m = json.loads(manifest.read_text())["metrics"]
         result["tokens_per_s"] = m["tokens_per_s"]
         result["nproc"] = m.get("nproc")
-        result["epochs"] = [{
-            "epoch": e["epoch"], "step": e["step"], "seconds": e["seconds"], "tokens_per_s": e["tokens_per_s"],
-            "train_tokens": e["train"]["tokens"], "train_loss": e["train"]["loss"], "train_acc": e["train"]["acc"],
-            "val_loss": (e["validation"] or {}).get("loss"), "val_acc": (e["validation"] or {}).get("acc"),
-            "val_accept_pos": (e["validation"] or {}).get("accept_pos"),
-            "val_acceptance_length": (e["validation"] or {}).get("acceptance_length"),
-        } for e in m["epochs"]]
+        result["epochs"] = [
+            {
+                "epoch": e["epoch"],
+                "step": e["step"],
+                "seconds": e["seconds"],
+                "tokens_per_s": e["tokens_per_s"],
+                "train_tokens": e["train"]["tokens"],
+                "train_loss": e["train"]["loss"],
+                "train_acc": e["train"]["acc"],
+                "val_loss": (e["validation"] or {}).get("loss"),
+                "val_acc": (e["validation"] or {}).get("acc"),
+                "val_accept_pos": (e["validation"] or {}).get("accept_pos"),
+                "val_acceptance_length": (e["validation"] or {}).get("acceptance_length"),
+            }
+            for e in m["epochs"]
+        ]
     else:
         result["tail"] = out[-3000:]
     return result
@@ -305,8 +407,12 @@ def compare(a: dict, b: dict, epochs: int) -> dict:
     la, lb = a["step_loss"], b["step_loss"]
     if la and lb:
         d = [abs(x - y) for x, y in zip(la, lb)]
-        out.update(steps=(len(la), len(lb)), max_step_loss_diff=max(d), mean_step_loss_diff=sum(d) / len(d),
-                   first_step_diff=next((i for i, x in enumerate(d) if x > 0), None))
+        out.update(
+            steps=(len(la), len(lb)),
+            max_step_loss_diff=max(d),
+            mean_step_loss_diff=sum(d) / len(d),
+            first_step_diff=next((i for i, x in enumerate(d) if x > 0), None),
+        )
     ea, eb = a.get("epochs"), b.get("epochs")
     ckpt = f"checkpoints/epoch-{epochs}/model.safetensors"
     if ea and eb:
@@ -319,8 +425,9 @@ def compare(a: dict, b: dict, epochs: int) -> dict:
         num = sum(float((wa[k].double() - wb[k].double()).pow(2).sum()) for k in wa if wa[k].is_floating_point())
         den = sum(float(wa[k].double().pow(2).sum()) for k in wa if wa[k].is_floating_point())
         out["weight_rel_l2"] = math.sqrt(num / max(den, 1e-30))
-        out["weight_max_abs"] = max(float((wa[k].double() - wb[k].double()).abs().max())
-                                    for k in wa if wa[k].is_floating_point())
+        out["weight_max_abs"] = max(
+            float((wa[k].double() - wb[k].double()).abs().max()) for k in wa if wa[k].is_floating_point()
+        )
     return out
 
 
@@ -337,7 +444,9 @@ def run_concurrent(args, data_root: Path, train: dict, log_file, device: torch.d
 
     def one(i: int, name: str) -> dict:
         _, accum, seed = RUNS[name]
-        stage = stage_dir_for(args.work, data_root, name, {**train, "nproc": 1, "grad_accum_steps": accum, "seed": seed})
+        stage = stage_dir_for(
+            args.work, data_root, name, {**train, "nproc": 1, "grad_accum_steps": accum, "seed": seed}
+        )
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(i)) if device.type == "cuda" else None
         r = run_stage(stage, args.run_timeout_s, log_file, env)
         r.update(nproc_accum=f"1 x {accum}", concurrent=True)
@@ -347,15 +456,19 @@ def run_concurrent(args, data_root: Path, train: dict, log_file, device: torch.d
         results = dict(zip(names, pool.map(one, range(len(names)), names)))
     for name, r in results.items():
         last = r["epochs"][-1] if r.get("epochs") else {}
-        print(f"{name}: rc {r['rc']} wall {r['wall_s']} s, {len(r['step_loss'])} steps, "
-              f"{r.get('tokens_per_s', 0):.0f} tok/s, last epoch val loss {last.get('val_loss')} "
-              f"AL {last.get('val_acceptance_length')}", flush=True)
+        print(
+            f"{name}: rc {r['rc']} wall {r['wall_s']} s, {len(r['step_loss'])} steps, "
+            f"{r.get('tokens_per_s', 0):.0f} tok/s, last epoch val loss {last.get('val_loss')} "
+            f"AL {last.get('val_acceptance_length')}",
+            flush=True,
+        )
         if r["rc"] != 0:
             print(r.get("tail", ""), flush=True)
     return results
 
 
 # --------------------------------------------------------------------------------------- main
+
 
 def fmt_list(xs) -> str:
     return "[" + " ".join(f"{x:.3f}" for x in xs) + "]" if xs else "-"
@@ -368,9 +481,11 @@ def print_report(runs: dict, pairs: dict, verdict: dict) -> None:
     for name, r in runs.items():
         for e in r.get("epochs", []):
             al = e["val_acceptance_length"]
-            print(f"| {name} | {r['nproc_accum']} | {e['epoch']} | {e['step']} | {e['train_loss']:.4f} | "
-                  f"{(e['val_loss'] or float('nan')):.4f} | {fmt_list(e['val_acc'])} | "
-                  f"{al if al is not None else '-'} | {e['tokens_per_s']:.0f} |")
+            print(
+                f"| {name} | {r['nproc_accum']} | {e['epoch']} | {e['step']} | {e['train_loss']:.4f} | "
+                f"{(e['val_loss'] or float('nan')):.4f} | {fmt_list(e['val_acc'])} | "
+                f"{al if al is not None else '-'} | {e['tokens_per_s']:.0f} |"
+            )
     print("\n## throughput and wall time")
     print("| run | rc | wall s | tok/s (all epochs) | tok/s (last epoch) |")
     print("|---|---|---:|---:|---:|")
@@ -378,22 +493,30 @@ def print_report(runs: dict, pairs: dict, verdict: dict) -> None:
         last = r["epochs"][-1]["tokens_per_s"] if r.get("epochs") else float("nan")
         print(f"| {name} | {r['rc']} | {r['wall_s']} | {r.get('tokens_per_s', float('nan')):.0f} | {last:.0f} |")
     print("\n## pairs")
-    print("| pair | runs | max step-loss diff | mean | 1st differing step | last holdout loss diff | "
-          "last AL diff | weights rel L2 | what |")
+    print(
+        "| pair | runs | max step-loss diff | mean | 1st differing step | last holdout loss diff | "
+        "last AL diff | weights rel L2 | what |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---|")
     for name, p in pairs.items():
         c = p["cmp"]
-        def g(k, f="{:.2e}"):
+
+        def g(k, f="{:.2e}", c=c):
             return f.format(c[k]) if c.get(k) is not None else "-"
-        print(f"| {name} | {p['a']} vs {p['b']} | {g('max_step_loss_diff', '{:.4f}')} | "
-              f"{g('mean_step_loss_diff', '{:.5f}')} | {c.get('first_step_diff', '-')} | {g('val_loss_diff_last')} | "
-              f"{g('val_al_diff_last')} | {g('weight_rel_l2')} | {p['what']} |")
+
+        print(
+            f"| {name} | {p['a']} vs {p['b']} | {g('max_step_loss_diff', '{:.4f}')} | "
+            f"{g('mean_step_loss_diff', '{:.5f}')} | {c.get('first_step_diff', '-')} | {g('val_loss_diff_last')} | "
+            f"{g('val_al_diff_last')} | {g('weight_rel_l2')} | {p['what']} |"
+        )
     print("\nverdict:", json.dumps(verdict))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work", type=Path, default=Path("/tmp/ddp_bench"), help="scratch directory (data, stage dirs)")
+    parser.add_argument(
+        "--work", type=Path, default=Path("/tmp/ddp_bench"), help="scratch directory (data, stage dirs)"
+    )
     parser.add_argument("--json-out", type=Path)
     parser.add_argument("--log-out", type=Path, help="every run's full stdout (default: <work>/runs.log)")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (a CPU smoke check)")
@@ -401,11 +524,17 @@ def main() -> int:
     parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
     parser.add_argument("--deadline-s", type=float, default=540, help="start no run after this many seconds")
     parser.add_argument("--run-timeout-s", type=float, default=180)
-    parser.add_argument("--concurrent", action="store_true",
-                        help="start the (1-rank) runs at once, run i on GPU i (CUDA_VISIBLE_DEVICES)")
-    parser.add_argument("--reference", type=Path,
-                        help="a JSON this script wrote earlier: its runs join the comparisons (losses and epoch "
-                        "figures; weights only where its stage directories still exist)")
+    parser.add_argument(
+        "--concurrent",
+        action="store_true",
+        help="start the (1-rank) runs at once, run i on GPU i (CUDA_VISIBLE_DEVICES)",
+    )
+    parser.add_argument(
+        "--reference",
+        type=Path,
+        help="a JSON this script wrote earlier: its runs join the comparisons (losses and epoch "
+        "figures; weights only where its stage directories still exist)",
+    )
     args = parser.parse_args()
     t_start = time.perf_counter()
 
@@ -416,8 +545,11 @@ def main() -> int:
     device = torch.device(args.device)
     if device.type == "cuda":
         n = torch.cuda.device_count()
-        print(f"{n} x {torch.cuda.get_device_name()} | torch {torch.__version__} | "
-              f"NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')}", flush=True)
+        print(
+            f"{n} x {torch.cuda.get_device_name()} | torch {torch.__version__} | "
+            f"NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')}",
+            flush=True,
+        )
         if n < max(RUNS[r][0] for r in args.runs):
             sys.exit("the runs asked for need 2 GPUs (one per rank)")
     args.work.mkdir(parents=True, exist_ok=True)
@@ -446,16 +578,20 @@ def main() -> int:
                 print(f"{name}: skipped, {elapsed:.0f} s past the start (deadline {args.deadline_s:.0f} s)", flush=True)
                 continue
             nproc, accum, seed = RUNS[name]
-            stage = stage_dir_for(args.work, data_root, name, {**train, "nproc": nproc, "grad_accum_steps": accum,
-                                                              "seed": seed})
+            stage = stage_dir_for(
+                args.work, data_root, name, {**train, "nproc": nproc, "grad_accum_steps": accum, "seed": seed}
+            )
             timeout = min(args.run_timeout_s, max(30.0, args.deadline_s + 60 - elapsed))
             r = run_stage(stage, timeout, log_file)
             r["nproc_accum"] = f"{nproc} x {accum}"
             runs[name] = r
             last = r["epochs"][-1] if r.get("epochs") else {}
-            print(f"{name}: rc {r['rc']} wall {r['wall_s']} s, {len(r['step_loss'])} steps, "
-                  f"{r.get('tokens_per_s', 0):.0f} tok/s, last epoch val loss {last.get('val_loss')} "
-                  f"AL {last.get('val_acceptance_length')}", flush=True)
+            print(
+                f"{name}: rc {r['rc']} wall {r['wall_s']} s, {len(r['step_loss'])} steps, "
+                f"{r.get('tokens_per_s', 0):.0f} tok/s, last epoch val loss {last.get('val_loss')} "
+                f"AL {last.get('val_acceptance_length')}",
+                flush=True,
+            )
             if r["rc"] != 0:
                 print(r.get("tail", ""), flush=True)
 
@@ -468,13 +604,20 @@ def main() -> int:
     verdict = {}
     if "dp" in pairs:
         dp = pairs["dp"]["cmp"]
-        ref = [pairs[k]["cmp"].get("max_step_loss_diff", 0.0) for k in ("split", "repeat", "repeat1", "split_again") if k in pairs]
+        ref = [
+            pairs[k]["cmp"].get("max_step_loss_diff", 0.0)
+            for k in ("split", "repeat", "repeat1", "split_again")
+            if k in pairs
+        ]
         verdict["dp_max_step_loss_diff"] = dp.get("max_step_loss_diff")
         verdict["noise_max_step_loss_diff"] = max(ref) if ref else None
         # 1e-4: the logged loss has 4 decimals, so a difference below it is invisible either way.
         verdict["within_noise_steps"] = bool(ref) and dp.get("max_step_loss_diff", 1e9) <= max(ref + [1e-4])
-        wref = [pairs[k]["cmp"]["weight_rel_l2"] for k in ("split", "repeat", "repeat1", "split_again")
-                if k in pairs and "weight_rel_l2" in pairs[k]["cmp"]]
+        wref = [
+            pairs[k]["cmp"]["weight_rel_l2"]
+            for k in ("split", "repeat", "repeat1", "split_again")
+            if k in pairs and "weight_rel_l2" in pairs[k]["cmp"]
+        ]
         if wref and "weight_rel_l2" in dp:
             verdict["dp_weight_rel_l2"], verdict["noise_weight_rel_l2"] = dp["weight_rel_l2"], max(wref)
             verdict["within_noise_weights"] = dp["weight_rel_l2"] <= max(wref) or dp["weight_rel_l2"] == 0.0
@@ -482,19 +625,38 @@ def main() -> int:
             sd = pairs["seed"]["cmp"]
             verdict["dp_vs_seed_val_loss_diff"] = (dp["val_loss_diff_last"], sd.get("val_loss_diff_last"))
             verdict["dp_vs_seed_al_diff"] = (dp["val_al_diff_last"], sd.get("val_al_diff_last"))
-    verdict["last_epoch_diffs"] = {k: {"val_loss": p["cmp"].get("val_loss_diff_last"), "al": p["cmp"].get("val_al_diff_last"),
-                                       "train_loss": p["cmp"].get("train_loss_diff")} for k, p in pairs.items()}
+    verdict["last_epoch_diffs"] = {
+        k: {
+            "val_loss": p["cmp"].get("val_loss_diff_last"),
+            "al": p["cmp"].get("val_al_diff_last"),
+            "train_loss": p["cmp"].get("train_loss_diff"),
+        }
+        for k, p in pairs.items()
+    }
     if "r2a1" in ok and "r1a2" in ok:
-        verdict["speedup_2_ranks_last_epoch"] = round(runs["r2a1"]["epochs"][-1]["tokens_per_s"]
-                                                      / runs["r1a2"]["epochs"][-1]["tokens_per_s"], 3)
+        verdict["speedup_2_ranks_last_epoch"] = round(
+            runs["r2a1"]["epochs"][-1]["tokens_per_s"] / runs["r1a2"]["epochs"][-1]["tokens_per_s"], 3
+        )
     if "r2a1" in ok and "r1a1" in ok:
-        verdict["speedup_vs_r1a1_last_epoch"] = round(runs["r2a1"]["epochs"][-1]["tokens_per_s"]
-                                                      / runs["r1a1"]["epochs"][-1]["tokens_per_s"], 3)
+        verdict["speedup_vs_r1a1_last_epoch"] = round(
+            runs["r2a1"]["epochs"][-1]["tokens_per_s"] / runs["r1a1"]["epochs"][-1]["tokens_per_s"], 3
+        )
     print_report(runs, pairs, verdict)
     if args.json_out:
-        args.json_out.write_text(json.dumps({"setup": {k: v for k, v in vars(s).items()}, "train": train, "data": data,
-                                             "runs": runs, "pairs": pairs, "verdict": verdict,
-                                             "seconds": round(time.perf_counter() - t_start, 1)}, indent=1))
+        args.json_out.write_text(
+            json.dumps(
+                {
+                    "setup": {k: v for k, v in vars(s).items()},
+                    "train": train,
+                    "data": data,
+                    "runs": runs,
+                    "pairs": pairs,
+                    "verdict": verdict,
+                    "seconds": round(time.perf_counter() - t_start, 1),
+                },
+                indent=1,
+            )
+        )
     print(f"total {time.perf_counter() - t_start:.0f} s", flush=True)
     failed = [n for n, r in runs.items() if "reference" not in r and r.get("rc") != 0]
     if failed:

@@ -37,8 +37,16 @@ def main() -> None:
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="bench-dispatch-"))
     sshd = start_sshd(base / "sshd")
-    cfg = HostConfig(kind="ssh", name="loopback", address="127.0.0.1", port=sshd.port, key_path=str(sshd.user_key),
-                     known_hosts=str(sshd.known_hosts), work_root=str(base / "work"), python=HOST_PY)
+    cfg = HostConfig(
+        kind="ssh",
+        name="loopback",
+        address="127.0.0.1",
+        port=sshd.port,
+        key_path=str(sshd.user_key),
+        known_hosts=str(sshd.known_hosts),
+        work_root=str(base / "work"),
+        python=HOST_PY,
+    )
     times: dict[str, list[float]] = {"local": [], "warm": [], "cold": []}
     try:
         warm = SshHost(cfg)

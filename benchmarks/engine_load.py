@@ -57,10 +57,13 @@ PATTERNS = {
     "prefetch_s": r"Prefetching checkpoint files into page cache finished in ([\d.]+)s",
     "dynamo_s": r"Dynamo bytecode transform time: ([\d.]+) s",
     "compile_graph_s": r"Compiling a graph for compile range (\(.*?\)) takes ([\d.]+) s",
-    "cache_load_s": r"Directly load the compiled graph\(s\) for compile range (\(.*?\)) from the cache, took ([\d.]+) s",
+    "cache_load_s": (
+        r"Directly load the compiled graph\(s\) for compile range (\(.*?\)) from the cache, took ([\d.]+) s"
+    ),
     "torch_compile_s": r"torch\.compile took ([\d.]+) s in total",
     "graph_capture": r"Graph capturing finished in ([\d.]+) secs, took ([\d.]+) GiB",
-    "init_engine": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s(?: \(compilation: ([\d.]+) s)?",
+    "init_engine": r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s(?: \(compilation: ([\d.]+) "
+    r"s)?",
     "kv_cache_gib": r"Available KV cache memory: ([\d.]+) GiB",
 }
 
@@ -70,16 +73,42 @@ def llama_shape(size_gb: float, vocab: int, hidden: int, inter: int, heads: int,
     per_layer = (2 * hidden * hidden + 2 * hidden * kv_heads * head_dim + 3 * hidden * inter + 2 * hidden) * 2
     fixed = (2 * vocab * hidden + hidden) * 2
     layers = max(1, round((size_gb * GB - fixed) / per_layer))
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
-            "intermediate_size": inter, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
-            "head_dim": head_dim, "num_hidden_layers": layers, "vocab_size": vocab, "rms_norm_eps": 1e-5,
-            "max_position_embeddings": 4096, "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
-            "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16", "dtype": "bfloat16",
-            "bos_token_id": None, "eos_token_id": 1, "pad_token_id": 0, "attention_bias": False, "mlp_bias": False}
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "num_hidden_layers": layers,
+        "vocab_size": vocab,
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 4096,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "dtype": "bfloat16",
+        "bos_token_id": None,
+        "eos_token_id": 1,
+        "pad_token_id": 0,
+        "attention_bias": False,
+        "mlp_bias": False,
+    }
 
 
-def write_checkpoint(ckpt: Path, size_gb: float, shard_gb: float, tokenizer_dir: Path, vocab: int,
-                     hidden: int, inter: int, heads: int, kv_heads: int) -> dict:
+def write_checkpoint(
+    ckpt: Path,
+    size_gb: float,
+    shard_gb: float,
+    tokenizer_dir: Path,
+    vocab: int,
+    hidden: int,
+    inter: int,
+    heads: int,
+    kv_heads: int,
+) -> dict:
     """Random bf16 weights (std 0.02, norms 1) in safetensors shards of about shard_gb; reused if complete."""
     import torch
     from safetensors.torch import save_file
@@ -93,7 +122,7 @@ def write_checkpoint(ckpt: Path, size_gb: float, shard_gb: float, tokenizer_dir:
     tok_cfg = json.loads((tokenizer_dir / "config.json").read_text())
     vocab = max(vocab, int(tok_cfg["vocab_size"]))
     cfg = llama_shape(size_gb, vocab, hidden, inter, heads, kv_heads)
-    L, H, I, hd = cfg["num_hidden_layers"], hidden, inter, cfg["head_dim"]
+    L, H, I, hd = cfg["num_hidden_layers"], hidden, inter, cfg["head_dim"]  # noqa: E741 - the formulas' names
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator(device=dev).manual_seed(0)
 
@@ -102,15 +131,23 @@ def write_checkpoint(ckpt: Path, size_gb: float, shard_gb: float, tokenizer_dir:
 
     def layer(i):
         p = f"model.layers.{i}."
-        return {p + "self_attn.q_proj.weight": rnd(H, H), p + "self_attn.k_proj.weight": rnd(kv_heads * hd, H),
-                p + "self_attn.v_proj.weight": rnd(kv_heads * hd, H), p + "self_attn.o_proj.weight": rnd(H, H),
-                p + "mlp.gate_proj.weight": rnd(I, H), p + "mlp.up_proj.weight": rnd(I, H),
-                p + "mlp.down_proj.weight": rnd(H, I),
-                p + "input_layernorm.weight": torch.ones(H, dtype=torch.bfloat16),
-                p + "post_attention_layernorm.weight": torch.ones(H, dtype=torch.bfloat16)}
+        return {
+            p + "self_attn.q_proj.weight": rnd(H, H),
+            p + "self_attn.k_proj.weight": rnd(kv_heads * hd, H),
+            p + "self_attn.v_proj.weight": rnd(kv_heads * hd, H),
+            p + "self_attn.o_proj.weight": rnd(H, H),
+            p + "mlp.gate_proj.weight": rnd(I, H),
+            p + "mlp.up_proj.weight": rnd(I, H),
+            p + "mlp.down_proj.weight": rnd(H, I),
+            p + "input_layernorm.weight": torch.ones(H, dtype=torch.bfloat16),
+            p + "post_attention_layernorm.weight": torch.ones(H, dtype=torch.bfloat16),
+        }
 
-    groups = [lambda: {"model.embed_tokens.weight": rnd(vocab, H)}] + [lambda i=i: layer(i) for i in range(L)] + \
-        [lambda: {"model.norm.weight": torch.ones(H, dtype=torch.bfloat16), "lm_head.weight": rnd(vocab, H)}]
+    groups = (
+        [lambda: {"model.embed_tokens.weight": rnd(vocab, H)}]
+        + [lambda i=i: layer(i) for i in range(L)]
+        + [lambda: {"model.norm.weight": torch.ones(H, dtype=torch.bfloat16), "lm_head.weight": rnd(vocab, H)}]
+    )
     t0, written, shard, shard_bytes, files, weight_map = time.perf_counter(), 0, {}, 0, [], {}
 
     def flush():
@@ -141,16 +178,30 @@ def write_checkpoint(ckpt: Path, size_gb: float, shard_gb: float, tokenizer_dir:
         new = f"model-{i + 1:05d}-of-{len(files):05d}.safetensors"
         (ckpt / name).rename(ckpt / new)
         final[name] = new
-    (ckpt / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": written}, "weight_map": {k: final[v] for k, v in weight_map.items()}}, indent=1))
+    (ckpt / "model.safetensors.index.json").write_text(
+        json.dumps(
+            {"metadata": {"total_size": written}, "weight_map": {k: final[v] for k, v in weight_map.items()}}, indent=1
+        )
+    )
     (ckpt / "config.json").write_text(json.dumps(cfg, indent=1))
     for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
         if (tokenizer_dir / f).is_file():
             shutil.copy(tokenizer_dir / f, ckpt / f)
-    info = {"bytes": written, "gb": round(written / GB, 3), "files": len(files), "layers": L, "hidden": H,
-            "intermediate": I, "heads": heads, "kv_heads": kv_heads, "vocab_size": vocab,
-            "params_b": round(written / 2 / 1e9, 3), "write_s": round(seconds, 1),
-            "write_gb_s": round(written / GB / seconds, 2), "device_for_random": dev}
+    info = {
+        "bytes": written,
+        "gb": round(written / GB, 3),
+        "files": len(files),
+        "layers": L,
+        "hidden": H,
+        "intermediate": I,
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "vocab_size": vocab,
+        "params_b": round(written / 2 / 1e9, 3),
+        "write_s": round(seconds, 1),
+        "write_gb_s": round(written / GB / seconds, 2),
+        "device_for_random": dev,
+    }
     done.write_text(json.dumps(info))
     return info
 
@@ -217,8 +268,13 @@ def make_cold(ckpt: Path) -> dict:
             how = "posix_fadvise+drop_caches"
         except OSError as exc:
             how = f"posix_fadvise (drop_caches refused: {exc})"
-    return {"how": how, "ckpt_cached_gb_before": before[0], "meminfo_cached_gb_before": before[1],
-            "ckpt_cached_gb_after": cached_gb(ckpt), "meminfo_cached_gb_after": meminfo_cached_gb()}
+    return {
+        "how": how,
+        "ckpt_cached_gb_before": before[0],
+        "meminfo_cached_gb_before": before[1],
+        "ckpt_cached_gb_after": cached_gb(ckpt),
+        "meminfo_cached_gb_after": meminfo_cached_gb(),
+    }
 
 
 def make_warm(ckpt: Path) -> dict:
@@ -227,11 +283,16 @@ def make_warm(ckpt: Path) -> dict:
         with open(f, "rb") as fh:
             while chunk := fh.read(64 << 20):
                 n += len(chunk)
-    return {"how": "read", "read_s": round(time.perf_counter() - t0, 2), "ckpt_cached_gb_after": cached_gb(ckpt),
-            "meminfo_cached_gb_after": meminfo_cached_gb()}
+    return {
+        "how": "read",
+        "read_s": round(time.perf_counter() - t0, 2),
+        "ckpt_cached_gb_after": cached_gb(ckpt),
+        "meminfo_cached_gb_after": meminfo_cached_gb(),
+    }
 
 
 # ------------------------------------------------------------------------------------------ server
+
 
 def wait_gpu_free(limit_mib: int = 2048, timeout_s: float = 60) -> None:
     end = time.time() + timeout_s
@@ -267,19 +328,28 @@ def parse_log(text: str) -> dict:
 
 
 # Where the seconds to /health go: each marker's log timestamp (whole seconds) less the start.
-PHASES = [("api_server_up", r"version 0\.\d+"), ("arch_resolved", r"Resolved architecture"),
-          ("engine_core_up", r"Initializing a V1 LLM engine"), ("load_start", r"Loading model from scratch|Starting to load model"),
-          ("model_loaded", r"Model loading took"), ("dynamo_done", r"Dynamo bytecode transform"),
-          ("compile_done", r"torch\.compile took"), ("graphs_captured", r"Graph capturing finished"),
-          ("warmup_done", r"Kernel JIT monitor activated"), ("engine_ready", r"init engine \(profile"),
-          ("serving", r"Starting vLLM server")]
+PHASES = [
+    ("api_server_up", r"version 0\.\d+"),
+    ("arch_resolved", r"Resolved architecture"),
+    ("engine_core_up", r"Initializing a V1 LLM engine"),
+    ("load_start", r"Loading model from scratch|Starting to load model"),
+    ("model_loaded", r"Model loading took"),
+    ("dynamo_done", r"Dynamo bytecode transform"),
+    ("compile_done", r"torch\.compile took"),
+    ("graphs_captured", r"Graph capturing finished"),
+    ("warmup_done", r"Kernel JIT monitor activated"),
+    ("engine_ready", r"init engine \(profile"),
+    ("serving", r"Starting vLLM server"),
+]
 
 
 def phases(text: str, start_hms: str) -> dict:
     """Seconds from the start (HH:MM:SS) to each marker's first log line (whole seconds, same day)."""
+
     def sec(t: str) -> int:
         h, m, s = map(int, t.split(":"))
         return h * 3600 + m * 60 + s
+
     out = {}
     for key, pat in PHASES:
         m = re.search(r"(\d\d:\d\d:\d\d)[^\n]*(?:" + pat + ")", text)
@@ -289,17 +359,29 @@ def phases(text: str, start_hms: str) -> dict:
 
 
 def start_server(args, ckpt: Path, strategy: str, compile_mode: str, cache_root: Path, log_path: Path) -> dict:
-    cmd = ["--model", str(ckpt), "--served-model-name", "big",
-           "--max-model-len", str(args.max_model_len), "--gpu-memory-utilization", str(args.gpu_memory_utilization),
-           "--max-num-seqs", str(args.max_num_seqs), "--disable-uvicorn-access-log"]
+    cmd = [
+        "--model",
+        str(ckpt),
+        "--served-model-name",
+        "big",
+        "--max-model-len",
+        str(args.max_model_len),
+        "--gpu-memory-utilization",
+        str(args.gpu_memory_utilization),
+        "--max-num-seqs",
+        str(args.max_num_seqs),
+        "--disable-uvicorn-access-log",
+    ]
     flags: list[str] = []
     base, _, extra = strategy.partition("+")
     for part in filter(None, (base, extra)):
         if part in ("lazy", "eager", "prefetch"):
             flags += ["--safetensors-load-strategy", part]
         elif m := re.fullmatch(r"mt(\d+)", part):
-            flags += ["--model-loader-extra-config",
-                      json.dumps({"enable_multithread_load": True, "num_threads": int(m.group(1))})]
+            flags += [
+                "--model-loader-extra-config",
+                json.dumps({"enable_multithread_load": True, "num_threads": int(m.group(1))}),
+            ]
         elif part != "default":
             raise SystemExit(f"unknown strategy {part!r}")
     if compile_mode == "eager":
@@ -311,8 +393,10 @@ def start_server(args, ckpt: Path, strategy: str, compile_mode: str, cache_root:
     try:
         health_s = server.wait_healthy(args.start_timeout_s)
         healthy = True
-        r = server.client.post(server.url + "/v1/completions", json={
-            "model": "big", "prompt": "def f(x):", "max_tokens": 8, "temperature": 0})
+        r = server.client.post(
+            server.url + "/v1/completions",
+            json={"model": "big", "prompt": "def f(x):", "max_tokens": 8, "temperature": 0},
+        )
         completion_ok = r.status_code == 200 and len(r.json()["choices"][0]["text"]) >= 0
         peak_cached = cached_gb(ckpt)
     except RuntimeError as exc:
@@ -323,9 +407,16 @@ def start_server(args, ckpt: Path, strategy: str, compile_mode: str, cache_root:
     if error:
         tail = [ln for ln in text.splitlines() if "Error" in ln or "error" in ln][-6:]
         error += ": " + " | ".join(tail)[-1500:]
-    return {"cmd_flags": flags, "healthy": healthy, "health_s": round(health_s, 2) if health_s else None,
-            "completion_ok": completion_ok if healthy else None, "error": error,
-            "ckpt_cached_gb_after_load": peak_cached, **parse_log(text), "phases_s": phases(text, start_hms)}
+    return {
+        "cmd_flags": flags,
+        "healthy": healthy,
+        "health_s": round(health_s, 2) if health_s else None,
+        "completion_ok": completion_ok if healthy else None,
+        "error": error,
+        "ckpt_cached_gb_after_load": peak_cached,
+        **parse_log(text),
+        "phases_s": phases(text, start_hms),
+    }
 
 
 # ------------------------------------------------------------------------------------------ probe
@@ -377,6 +468,7 @@ def probe() -> dict:
 
 # ------------------------------------------------------------------------------------------ main
 
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", type=Path, required=True, help="checkpoint and compile caches (kept between calls)")
@@ -395,8 +487,12 @@ def main() -> int:
     ap.add_argument("--max-num-seqs", type=int, default=16)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     ap.add_argument("--start-timeout-s", type=float, default=420)
-    ap.add_argument("--budget-s", type=float, default=0,
-                    help="start no further run once this many seconds have passed less --run-estimate-s (0: no limit)")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=0,
+        help="start no further run once this many seconds have passed less --run-estimate-s (0: no limit)",
+    )
     ap.add_argument("--run-estimate-s", type=float, default=100)
     args = ap.parse_args()
     t_start = time.perf_counter()
@@ -423,8 +519,17 @@ def main() -> int:
             emit({"run": "probe", **probe()})
             continue
         if info is None:
-            info = write_checkpoint(ckpt, args.size_gb, args.shard_gb, args.tokenizer, args.vocab, args.hidden,
-                                    args.intermediate, args.heads, args.kv_heads)
+            info = write_checkpoint(
+                ckpt,
+                args.size_gb,
+                args.shard_gb,
+                args.tokenizer,
+                args.vocab,
+                args.hidden,
+                args.intermediate,
+                args.heads,
+                args.kv_heads,
+            )
             emit({"run": "checkpoint", **info})
         if spec == "write":
             continue
@@ -452,26 +557,44 @@ def main() -> int:
         state_file.write_text(json.dumps(state))
         gb = info["bytes"] / GB
         w = res.get("weights_s")
-        emit({"run": spec, "n": n, "strategy": strategy, "page_cache": cache, "compile_cache": comp,
-              "compile_cache_from_run": kept_from, "ckpt_gb": round(gb, 2), "page_cache_prep": page, **res,
-              "weights_s_per_gb": round(w / gb, 3) if w else None, "weights_gb_s": round(gb / w, 2) if w else None})
+        emit(
+            {
+                "run": spec,
+                "n": n,
+                "strategy": strategy,
+                "page_cache": cache,
+                "compile_cache": comp,
+                "compile_cache_from_run": kept_from,
+                "ckpt_gb": round(gb, 2),
+                "page_cache_prep": page,
+                **res,
+                "weights_s_per_gb": round(w / gb, 3) if w else None,
+                "weights_gb_s": round(gb / w, 2) if w else None,
+            }
+        )
 
     runs = [r for r in rows if "strategy" in r]
     if runs:
-        print("\n| # | strategy | page cache | compile cache | health s | weights s | s/GB | GB/s | model load s "
-              "| torch.compile s | dynamo s | graph capture s | init engine s | cached GB before start |")
+        print(
+            "\n| # | strategy | page cache | compile cache | health s | weights s | s/GB | GB/s | model load s "
+            "| torch.compile s | dynamo s | graph capture s | init engine s | cached GB before start |"
+        )
         print("|" + "---|" * 14)
         for r in runs:
-            def f(k, d=1):
+
+            def f(k, d=1, r=r):
                 v = r.get(k)
                 return "-" if v is None else (f"{v:.{d}f}" if isinstance(v, float) else str(v))
-            print(f"| {r['n']} | {r['strategy']} | {r['page_cache']} | {r['compile_cache']}"
-                  f"{'' if not r.get('compile_cache_from_run') else ' (run ' + str(r['compile_cache_from_run']) + ')'} "
-                  f"| {f('health_s')} | {f('weights_s', 2)} | {f('weights_s_per_gb', 3)} | {f('weights_gb_s', 2)} "
-                  f"| {f('model_load_s', 2)} | {f('torch_compile_s', 2)} | {f('dynamo_s', 2)} "
-                  f"| {f('graph_capture_s', 0)} | {f('init_engine_s', 2)} "
-                  f"| {r['page_cache_prep'].get('ckpt_cached_gb_after')} |"
-                  + (f" ERROR {r['error'][:300]}" if r.get("error") else ""))
+
+            print(
+                f"| {r['n']} | {r['strategy']} | {r['page_cache']} | {r['compile_cache']}"
+                f"{'' if not r.get('compile_cache_from_run') else ' (run ' + str(r['compile_cache_from_run']) + ')'} "
+                f"| {f('health_s')} | {f('weights_s', 2)} | {f('weights_s_per_gb', 3)} | {f('weights_gb_s', 2)} "
+                f"| {f('model_load_s', 2)} | {f('torch_compile_s', 2)} | {f('dynamo_s', 2)} "
+                f"| {f('graph_capture_s', 0)} | {f('init_engine_s', 2)} "
+                f"| {r['page_cache_prep'].get('ckpt_cached_gb_after')} |"
+                + (f" ERROR {r['error'][:300]}" if r.get("error") else "")
+            )
     return 0 if all(r.get("healthy") or "+" in r.get("strategy", "") for r in runs) else 1
 
 

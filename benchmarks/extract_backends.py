@@ -34,9 +34,9 @@ for p in (ROOT, Path(__file__).parent):
 from stage_run import run_stage  # noqa: E402
 
 from eagleflow.config import load_config  # noqa: E402
+from eagleflow.contracts.manifest import Manifest, read_manifest  # noqa: E402
+from eagleflow.contracts.stage_records import ExtractMetrics, ExtractOutputs, GenerateOutputs  # noqa: E402
 from eagleflow.drafter.data import SequenceStore, read_index  # noqa: E402
-from eagleflow.manifest import Manifest, read_manifest  # noqa: E402
-from eagleflow.outputs import ExtractMetrics, ExtractOutputs, GenerateOutputs  # noqa: E402
 
 
 def newest(work_root: Path, stage: str) -> Manifest:
@@ -83,10 +83,16 @@ def compare(a: dict, b: dict, names: list[str]) -> list[dict]:
     for layer, name in enumerate(names):
         u, v = x[:, layer], y[:, layer]
         cos = torch.nn.functional.cosine_similarity(u, v, dim=-1)  # [N]
-        rows.append({"layer": name, "tokens": int(u.shape[0]), "cos_mean": cos.mean().item(),
-                     "cos_min": cos.min().item(),
-                     "max_rel_err": ((u - v).abs().max() / u.abs().max()).item(),
-                     "mean_rel_err": ((u - v).norm(dim=-1) / u.norm(dim=-1).clamp_min(1e-12)).mean().item()})
+        rows.append(
+            {
+                "layer": name,
+                "tokens": int(u.shape[0]),
+                "cos_mean": cos.mean().item(),
+                "cos_min": cos.min().item(),
+                "max_rel_err": ((u - v).abs().max() / u.abs().max()).item(),
+                "mean_rel_err": ((u - v).norm(dim=-1) / u.norm(dim=-1).clamp_min(1e-12)).mean().item(),
+            }
+        )
     return rows
 
 
@@ -97,8 +103,12 @@ def main() -> int:
     p.add_argument("--backends", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm"])
     p.add_argument("--storage", nargs="+", default=["bfloat16"], choices=["bfloat16", "float8_e4m3fn"])
     p.add_argument("--max-samples", type=int, default=None)
-    p.add_argument("--generate", type=Path, default=None,
-                   help="a generate stage's manifest.json (default: the newest under the config's host.work_root)")
+    p.add_argument(
+        "--generate",
+        type=Path,
+        default=None,
+        help="a generate stage's manifest.json (default: the newest under the config's host.work_root)",
+    )
     args = p.parse_args()
     out = args.out.resolve()
     config = load_config(args.config)
@@ -115,21 +125,27 @@ def main() -> int:
             m, wall = run_extract(data, gen, out / name)
             metrics = ExtractMetrics.of(m)
             runs[name] = m
-            print(f"{name:24}{metrics.tok_s or 0:>10.0f}{wall:>9.1f}{ExtractOutputs.of(m).num_bytes / 1e9:>8.3f}"
-                  f"{metrics.peak_rss_mib or 0:>14.0f}")
+            print(
+                f"{name:24}{metrics.tok_s or 0:>10.0f}{wall:>9.1f}{ExtractOutputs.of(m).num_bytes / 1e9:>8.3f}"
+                f"{metrics.peak_rss_mib or 0:>14.0f}"
+            )
     names = [f"aux {i}" for i in config.target.aux_layer_ids] + [f"final {config.target.final_layer_id} (pre-norm)"]
     ref_name = next(iter(runs))
     ref = sequences(runs[ref_name])
-    report = {"runs": {k: {"metrics": m.metrics, "bytes": ExtractOutputs.of(m).num_bytes} for k, m in runs.items()},
-              "parity": {}}
+    report = {
+        "runs": {k: {"metrics": m.metrics, "bytes": ExtractOutputs.of(m).num_bytes} for k, m in runs.items()},
+        "parity": {},
+    }
     for name, m in list(runs.items())[1:]:
         rows = compare(ref, sequences(m), names)
         report["parity"][f"{name} vs {ref_name}"] = rows
         print(f"\n{name} against {ref_name} ({rows[0]['tokens']} tokens)")
         print(f"{'layer':22}{'cos mean':>10}{'cos min':>10}{'max rel':>10}{'mean rel':>10}")
         for r in rows:
-            print(f"{r['layer']:22}{r['cos_mean']:>10.6f}{r['cos_min']:>10.6f}{r['max_rel_err']:>10.2e}"
-                  f"{r['mean_rel_err']:>10.2e}")
+            print(
+                f"{r['layer']:22}{r['cos_mean']:>10.6f}{r['cos_min']:>10.6f}{r['max_rel_err']:>10.2e}"
+                f"{r['mean_rel_err']:>10.2e}"
+            )
     (out / "extract_backends.json").write_text(json.dumps(report, indent=1))
     return 0
 

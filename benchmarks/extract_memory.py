@@ -29,8 +29,8 @@ for p in (ROOT, Path(__file__).parent):
 from extract_backends import newest, run_extract  # noqa: E402
 
 from eagleflow.config import load_config  # noqa: E402
-from eagleflow.manifest import Manifest  # noqa: E402
-from eagleflow.outputs import ExtractMetrics, ExtractOutputs, GenerateOutputs  # noqa: E402
+from eagleflow.contracts.manifest import Manifest  # noqa: E402
+from eagleflow.contracts.stage_records import ExtractMetrics, ExtractOutputs, GenerateOutputs  # noqa: E402
 
 
 def grown_generate(gen: Manifest, n: int, out: Path) -> Manifest:
@@ -39,10 +39,13 @@ def grown_generate(gen: Manifest, n: int, out: Path) -> Manifest:
     table = pq.read_table(gen.path(GenerateOutputs.of(gen).shards[0]), columns=["split", "input_ids", "loss_mask"])
     ids, masks = table.column("input_ids").to_pylist(), table.column("loss_mask").to_pylist()
     rows = [(ids[i % len(ids)], masks[i % len(ids)]) for i in range(n)]
-    pq.write_table(pa.table({"split": ["train"] * n, "input_ids": [r[0] for r in rows],
-                             "loss_mask": [r[1] for r in rows]}), out / "shard-00000.parquet")
-    outputs = GenerateOutputs(shards=["shard-00000.parquet"], num_train=n, num_holdout=0,
-                              num_tokens=sum(len(r[0]) for r in rows))
+    pq.write_table(
+        pa.table({"split": ["train"] * n, "input_ids": [r[0] for r in rows], "loss_mask": [r[1] for r in rows]}),
+        out / "shard-00000.parquet",
+    )
+    outputs = GenerateOutputs(
+        shards=["shard-00000.parquet"], num_train=n, num_holdout=0, num_tokens=sum(len(r[0]) for r in rows)
+    )
     return Manifest(stage="generate", key=f"x{n}", dir=str(out), outputs=outputs.model_dump())
 
 
@@ -75,10 +78,16 @@ def main() -> int:
         gen = grown_generate(source, n, out / f"generate-{n}")
         m, _ = run_extract(data, gen, out / f"extract-{n}")
         metrics, outputs = ExtractMetrics.of(m), ExtractOutputs.of(m)
-        results[n] = {"tokens": metrics.tokens_extracted, "bytes": outputs.num_bytes, "shards": len(outputs.shards),
-                      "peak_rss_mib": metrics.peak_rss_mib}
-        print(f"{n:>8}{metrics.tokens_extracted:>10}{outputs.num_bytes / 1e9:>12.3f}{len(outputs.shards):>8}"
-              f"{metrics.peak_rss_mib:>14.0f}")
+        results[n] = {
+            "tokens": metrics.tokens_extracted,
+            "bytes": outputs.num_bytes,
+            "shards": len(outputs.shards),
+            "peak_rss_mib": metrics.peak_rss_mib,
+        }
+        print(
+            f"{n:>8}{metrics.tokens_extracted:>10}{outputs.num_bytes / 1e9:>12.3f}{len(outputs.shards):>8}"
+            f"{metrics.peak_rss_mib:>14.0f}"
+        )
     small, big = results[args.samples], results[4 * args.samples]
     ratio = big["peak_rss_mib"] / small["peak_rss_mib"]
     print(f"4x the samples: {big['bytes'] / small['bytes']:.2f}x the bytes, {ratio:.2f}x the peak memory")

@@ -9,7 +9,7 @@ night k >= 2 the train stage runs again on night k's own training index (its new
 and the fixed held-out split), continuing from night k-1's drafter, once per recipe. Then one drafter is
 trained from scratch (train.* as the first night) on every batch of the last night's pool. The figure is
 the trainer's simulated serving AL on the held-out split: the same sequences every night, so every row
-compares (offline and served AL agree when the conventions are right: ../shared/DESIGN.md).
+compares (offline and served AL agree when the conventions are right: docs/benchmarks.md).
 Everything runs here, one stage after another, through the stages' public entry point.
 """
 
@@ -25,11 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.stage_run import run_stage  # noqa: E402
-from eagleflow.files import write_json_atomic  # noqa: E402
-from eagleflow.manifest import Manifest, read_manifest, sha256_file  # noqa: E402
-from eagleflow.outputs import ExtractOutputs, TrainMetrics  # noqa: E402
-from eagleflow.pool import continuing_train_config  # noqa: E402
 from eagleflow.config import RunConfig  # noqa: E402
+from eagleflow.contracts.manifest import Manifest, read_manifest, sha256_file  # noqa: E402
+from eagleflow.contracts.stage_records import ExtractOutputs, TrainMetrics  # noqa: E402
+from eagleflow.nightly.pool import continuing_train_config  # noqa: E402
+from eagleflow.util.files import write_json_atomic  # noqa: E402
 
 # (name, learning rate factor of train.learning_rate, steps as a share of the first night's, replay kept)
 RECIPES = [
@@ -56,8 +56,13 @@ def index_variant(pool: Manifest, out: Path, keep: Any) -> Manifest:
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "data" / "index.json", raw)
     outputs = ExtractOutputs.of(pool).model_copy(update={"shards": [e["file"] for e in raw["shards"]]})
-    return Manifest(stage="pool", key=out.name, dir=str(out), outputs=outputs.model_dump(mode="json"),
-                    hashes={"data/index.json": sha256_file(out / "data" / "index.json")})
+    return Manifest(
+        stage="pool",
+        key=out.name,
+        dir=str(out),
+        outputs=outputs.model_dump(mode="json"),
+        hashes={"data/index.json": sha256_file(out / "data" / "index.json")},
+    )
 
 
 def whole_pool(reports: list[dict[str, Any]], out: Path) -> Manifest:
@@ -74,8 +79,13 @@ def whole_pool(reports: list[dict[str, Any]], out: Path) -> Manifest:
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "data" / "index.json", raw)
     outputs = ExtractOutputs.of(last).model_copy(update={"shards": [e["file"] for e in raw["shards"]]})
-    return Manifest(stage="pool", key=out.name, dir=str(out), outputs=outputs.model_dump(mode="json"),
-                    hashes={"data/index.json": sha256_file(out / "data" / "index.json")})
+    return Manifest(
+        stage="pool",
+        key=out.name,
+        dir=str(out),
+        outputs=outputs.model_dump(mode="json"),
+        hashes={"data/index.json": sha256_file(out / "data" / "index.json")},
+    )
 
 
 def train(config: RunConfig, data: Manifest, d: Path) -> dict[str, Any]:
@@ -93,19 +103,39 @@ def main() -> int:
     reports = [load(p) for p in args.reports]
     if len(reports) < 2:
         raise SystemExit("give at least two nights' reports")
-    base = RunConfig.model_validate(json.loads(Path(manifest_of(reports[0], "train").dir, "request.json").read_text())["config"])
+    base = RunConfig.model_validate(
+        json.loads(Path(manifest_of(reports[0], "train").dir, "request.json").read_text())["config"]
+    )
     first = TrainMetrics.of(manifest_of(reports[0], "train"))
-    rows: list[dict[str, Any]] = [{"night": 1, "recipe": "first night (train.*)", "steps": first.steps,
-                                   "holdout_al": first.best.acceptance_length, "seconds": None}]
+    rows: list[dict[str, Any]] = [
+        {
+            "night": 1,
+            "recipe": "first night (train.*)",
+            "steps": first.steps,
+            "holdout_al": first.best.acceptance_length,
+            "seconds": None,
+        }
+    ]
     recipes = [r for r in RECIPES if args.recipes is None or r[0] in args.recipes]
     for k in range(1, len(reports)):
         pool, prev = manifest_of(reports[k], "pool"), reports[k - 1]["drafter_dir"]
         tokens = ExtractOutputs.of(pool).num_tokens.get("train", 0)
         for j, (name, lr, share, replay) in enumerate(recipes):
-            data = pool if replay else index_variant(pool, args.out / f"night{k + 1}-data-noreplay",
-                                                     lambda e: "select" not in e)
-            cfg = base.model_copy(update={"nightly": base.nightly.model_copy(update={
-                "train_steps": max(1, int(first.steps * share)), "learning_rate": base.train.learning_rate * lr})})
+            data = (
+                pool
+                if replay
+                else index_variant(pool, args.out / f"night{k + 1}-data-noreplay", lambda e: "select" not in e)
+            )
+            cfg = base.model_copy(
+                update={
+                    "nightly": base.nightly.model_copy(
+                        update={
+                            "train_steps": max(1, int(first.steps * share)),
+                            "learning_rate": base.train.learning_rate * lr,
+                        }
+                    )
+                }
+            )
             res = train(continuing_train_config(cfg, prev, tokens), data, args.out / f"night{k + 1}-r{j}")
             rows.append({"night": k + 1, "recipe": name, **res})
             print(json.dumps(rows[-1]), flush=True)
@@ -115,8 +145,10 @@ def main() -> int:
     print("| night | recipe | steps | holdout AL | vs night 1 | seconds |")
     print("|---:|---|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['night']} | {r['recipe']} | {r['steps']} | {r['holdout_al']:.3f} | "
-              f"{r['holdout_al'] - first.best.acceptance_length:+.3f} | {r['seconds'] or ''} |")
+        print(
+            f"| {r['night']} | {r['recipe']} | {r['steps']} | {r['holdout_al']:.3f} | "
+            f"{r['holdout_al'] - first.best.acceptance_length:+.3f} | {r['seconds'] or ''} |"
+        )
     (args.out / "recipe.json").write_text(json.dumps(rows, indent=2))
     return 0
 

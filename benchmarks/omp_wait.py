@@ -34,8 +34,9 @@ def one(steps: int, seq_len: int) -> None:
     from benchmarks.train_gpu import Shape, eagleflow_step, synthetic_data
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
-    demo = Shape(hidden=192, heads=3, kv_heads=1, head_dim=64, intermediate=512, vocab=2048, draft_vocab=512,
-                 rope_theta=10000.0)  # demo/target/config.json; draft vocabulary as configs/demo.yaml
+    demo = Shape(
+        hidden=192, heads=3, kv_heads=1, head_dim=64, intermediate=512, vocab=2048, draft_vocab=512, rope_theta=10000.0
+    )  # demo/target/config.json; draft vocabulary as configs/demo.yaml
     step, _ = eagleflow_step(demo, synthetic_data(demo, 2, seq_len, torch.device("cpu")), 3, torch.device("cpu"))
     step()  # first-call costs out of the timing
     t0, c0 = time.perf_counter(), time.process_time()
@@ -49,8 +50,15 @@ def run(copies: int, policy: str, steps: int, seq_len: int) -> list[dict]:
     env.pop("OMP_WAIT_POLICY", None)
     if policy != "default":
         env["OMP_WAIT_POLICY"] = policy
-    procs = [subprocess.Popen([sys.executable, __file__, "--one", "--steps", str(steps), "--seq-len", str(seq_len)],
-                              env=env, stdout=subprocess.PIPE, text=True) for _ in range(copies)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--one", "--steps", str(steps), "--seq-len", str(seq_len)],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(copies)
+    ]
     outs = [p.communicate()[0] for p in procs]
     if any(p.returncode for p in procs):
         raise SystemExit(f"a copy failed under {policy}: {outs}")
@@ -73,10 +81,17 @@ def main() -> int:
     for policy in ("default", "PASSIVE"):
         res = run(args.copies, policy, args.steps, args.seq_len)
         slowest[policy] = max(r["wall_s"] for r in res)
-        print(f"{args.copies} at once, OMP_WAIT_POLICY={policy}: wall " + ", ".join(f"{r['wall_s']:.1f}" for r in res)
-              + " s; cpu " + ", ".join(f"{r['cpu_s']:.1f}" for r in res) + " s")
-    print(f"slowest copy, default over PASSIVE: {slowest['default'] / slowest['PASSIVE']:.2f}x; the work of "
-          f"{args.copies} copies done one after another would take {args.copies * alone['wall_s']:.1f} s")
+        print(
+            f"{args.copies} at once, OMP_WAIT_POLICY={policy}: wall "
+            + ", ".join(f"{r['wall_s']:.1f}" for r in res)
+            + " s; cpu "
+            + ", ".join(f"{r['cpu_s']:.1f}" for r in res)
+            + " s"
+        )
+    print(
+        f"slowest copy, default over PASSIVE: {slowest['default'] / slowest['PASSIVE']:.2f}x; the work of "
+        f"{args.copies} copies done one after another would take {args.copies * alone['wall_s']:.1f} s"
+    )
     return 0
 
 

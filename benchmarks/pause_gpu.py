@@ -10,11 +10,11 @@ VLLM_SERVER_DEV_MODE=1, at --gpu-memory-utilization 0.5. A poller reads /health 
 second all along: production is "down" while it does not answer healthy or says it is asleep. Windows, each
 with a GPU job inside that takes 60% of the GPU (it fits only if production gave its memory up):
 
-    w1  level 1, drafter B switched in (deployed.switch) during the window: woken, B swapped in, probed
+    w1  level 1, drafter B switched in (served.switch) during the window: woken, B swapped in, probed
     w2  level 2, nothing switched: the known fault (vllm#52479, the drafter accepts nothing after the wake)
         must be caught by the probe and fall back to stop and start
     w3  level 1, a drafter with random weights (same shape) switched in: swapped in, the probe catches it,
-        production restarted; then rolled back by hand (deployed.rollback) in
+        production restarted; then rolled back by hand (served.rollback) in
     w4  level 1: the last good drafter (B) swapped back in
 
 After each window the canary's measurement (eagleflow.engines.acceptance: held-out prompts, production's own
@@ -37,11 +37,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from eagleflow import httpget  # noqa: E402
+from eagleflow.contracts.prompts import load_prompts  # noqa: E402
 from eagleflow.engines.acceptance import measure  # noqa: E402
-from eagleflow.production import deployed  # noqa: E402
+from eagleflow.production import served  # noqa: E402
 from eagleflow.production.window import CLOSED, RELEASE, open_window, status  # noqa: E402
-from eagleflow.prompts import load_prompts  # noqa: E402
+from eagleflow.util import http  # noqa: E402
 
 START = """#!/bin/bash
 # production's start: the operator's command (eagleflow only runs it); returns once launched
@@ -76,11 +76,11 @@ class Poller(threading.Thread):
         with open(self.path, "a") as f:
             while not self.stop_flag.is_set():
                 t = time.time()
-                ok = httpget.answers(f"{self.url}/health", 1.0)
+                ok = http.answers(f"{self.url}/health", 1.0)
                 asleep = None
                 if ok:
                     try:
-                        asleep = httpget.get(f"{self.url}/is_sleeping", timeout=1.0).json().get("is_sleeping")
+                        asleep = http.get(f"{self.url}/is_sleeping", timeout=1.0).json().get("is_sleeping")
                     except Exception:  # noqa: BLE001 - a poll that fails counts as not serving
                         asleep = None
                 serving = ok and asleep is False
@@ -106,7 +106,11 @@ def gpu_job(fraction: float) -> dict:
         torch.cuda.synchronize()
         del x
         torch.cuda.empty_cache()
-        return {"gpu_job": f"took {fraction:.0%} of {total / 2**30:.0f} GiB", "ok": True, "s": round(time.time() - t0, 2)}
+        return {
+            "gpu_job": f"took {fraction:.0%} of {total / 2**30:.0f} GiB",
+            "ok": True,
+            "s": round(time.time() - t0, 2),
+        }
     except torch.OutOfMemoryError as exc:
         return {"gpu_job": f"could not take {fraction:.0%}: {str(exc)[:200]}", "ok": False}
 
@@ -127,8 +131,8 @@ def main() -> int:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     work = out / "work"
-    dep = Path(deployed.deploy_dir(str(work), "demo"))
-    link = dep / deployed.LINK
+    dep = Path(served.deploy_dir(str(work), "demo"))
+    link = dep / served.LINK
     url = f"http://127.0.0.1:{args.port}"
     rows: list[dict] = []
     failed: list[str] = []
@@ -143,33 +147,56 @@ def main() -> int:
     # vLLM 0.26's ipc weight-transfer module imports ray and requests at the top; only its trainer side uses them.
     stubs = Path(tempfile.mkdtemp(prefix="stubs-"))
     import importlib.util
+
     for m in ("ray", "requests"):
         if importlib.util.find_spec(m) is None:
             (stubs / m).mkdir()
             (stubs / m / "__init__.py").write_text(f'"""Stand-in for {m}: vLLM\'s ipc weight transfer imports it."""\n')
     pythonpath = os.pathsep.join([str(stubs), str(ROOT), os.environ.get("PYTHONPATH", "")])
     for name, text in (("start.sh", START), ("stop.sh", STOP)):
-        (out / name).write_text(text.format(out=shlex.quote(str(out)), python=shlex.quote(sys.executable),
-                                            pythonpath=shlex.quote(pythonpath), port=args.port,
-                                            target=shlex.quote(str(args.target)), link=link))
+        (out / name).write_text(
+            text.format(
+                out=shlex.quote(str(out)),
+                python=shlex.quote(sys.executable),
+                pythonpath=shlex.quote(pythonpath),
+                port=args.port,
+                target=shlex.quote(str(args.target)),
+                link=link,
+            )
+        )
         (out / name).chmod(0o755)
-    settings = {"kind": "command", "start_command": [str(out / "start.sh")], "stop_command": [str(out / "stop.sh")],
-                "health_url": f"{url}/health", "url": url, "pause": "sleep", "swap_drafter": True,
-                "drafter_link": str(link), "stop_timeout_s": 60, "restore_timeout_s": 600}
-    prompts = load_prompts(args.prompts)[-args.num_prompts:]
+    settings = {
+        "kind": "command",
+        "start_command": [str(out / "start.sh")],
+        "stop_command": [str(out / "stop.sh")],
+        "health_url": f"{url}/health",
+        "url": url,
+        "pause": "sleep",
+        "swap_drafter": True,
+        "drafter_link": str(link),
+        "stop_timeout_s": 60,
+        "restore_timeout_s": 600,
+    }
+    prompts = load_prompts(args.prompts)[-args.num_prompts :]
 
     def canary(step: str) -> dict:
         m = measure(url, "target", prompts, args.max_tokens)
-        rec = {"step": step, "canary_al": m["mean_acceptance_length"], "per_position": m["per_position_acceptance"],
-               "tok_s": m["output_tok_s"], "errors": m["errors"], "serving": os.path.realpath(link)}
+        rec = {
+            "step": step,
+            "canary_al": m["mean_acceptance_length"],
+            "per_position": m["per_position_acceptance"],
+            "tok_s": m["output_tok_s"],
+            "errors": m["errors"],
+            "serving": os.path.realpath(link),
+        }
         emit(rec)
         return rec
 
-    deployed.adopt(dep, args.drafter_a)
+    served.adopt(dep, args.drafter_a)
     poller = Poller(url, out / "health.jsonl")
     t0 = time.time()
     os.system(shlex.quote(str(out / "start.sh")))
-    while not httpget.answers(f"{url}/health", 2.0):
+    while not http.answers(f"{url}/health", 2.0):
         if time.time() - t0 > 600:
             emit({"step": "start", "error": "production not healthy in 600 s"})
             return 1
@@ -195,23 +222,31 @@ def main() -> int:
             t_closed = time.time()
             res = json.loads((d / CLOSED).read_text())
             outcome = "resumed" if res.get("resumed") else ("fallback" if res.get("pause_fallback") else "restarted")
-            r = {"step": f"{name}: level {level}" + (f", {what}" if what else ""),
-                 "open_s": round(rec.get("down_at", t_open) - t_open, 2), "sleep": {k: paused.get(k) for k in (
-                     "level", "sleep_s", "gpu_used_mib_before", "gpu_used_mib_asleep")},
-                 **job, "ok": res.get("ok"), "outcome": outcome, "expected": expect, "summary": res.get("summary"),
-                 "resumed": res.get("resumed"), "pause_fallback": res.get("pause_fallback"),
-                 "window_s": round(t_closed - t_open, 1), "down_s_polled": poller.down_s(t_open, t_closed + 1)}
+            r = {
+                "step": f"{name}: level {level}" + (f", {what}" if what else ""),
+                "open_s": round(rec.get("down_at", t_open) - t_open, 2),
+                "sleep": {k: paused.get(k) for k in ("level", "sleep_s", "gpu_used_mib_before", "gpu_used_mib_asleep")},
+                **job,
+                "ok": res.get("ok"),
+                "outcome": outcome,
+                "expected": expect,
+                "summary": res.get("summary"),
+                "resumed": res.get("resumed"),
+                "pause_fallback": res.get("pause_fallback"),
+                "window_s": round(t_closed - t_open, 1),
+                "down_s_polled": poller.down_s(t_open, t_closed + 1),
+            }
             emit(r)
             if outcome != expect or not res.get("ok") or not job["ok"]:
                 failed.append(name)
             return r
 
         def switch(drafter: Path, name: str):
-            return lambda d: deployed.switch(dep, drafter, run=name, window=d)
+            return lambda d: served.switch(dep, drafter, run=name, window=d)
 
         if "w1" in args.windows:
             window("w1", 1, "switch to B", switch(args.drafter_b, "w1"), "resumed")
-            deployed.confirm(dep, {"by": "pause_gpu"})
+            served.confirm(dep, {"by": "pause_gpu"})
             canary("after w1 (B swapped in)")
         if "w2" in args.windows:
             window("w2", 2, "", None, "fallback")
@@ -220,25 +255,30 @@ def main() -> int:
             window("w3", 1, "switch to a random drafter", switch(args.drafter_bad, "w3"), "fallback")
             canary("after w3 (random drafter, restarted)")
             # as `eagleflow rollback` does: the link moved back inside a window, the last good drafter swapped in
-            window("w4", 1, "rollback", lambda d: deployed.rollback(dep, "pause_gpu: a random drafter", window=d),
-                   "resumed")
+            window(
+                "w4", 1, "rollback", lambda d: served.rollback(dep, "pause_gpu: a random drafter", window=d), "resumed"
+            )
             canary("after w4 (rolled back, swapped in)")
     finally:
         poller.stop_flag.set()
         os.system(shlex.quote(str(out / "stop.sh")))
-    emit({"step": "history", "deployed": deployed.summary(dep)})
-    print("\n| step | outcome | sleep s | GPU MiB before / asleep | wake s | swap s | probe AL | polled down s | "
-          "canary AL after |")
+    emit({"step": "history", "deployed": served.summary(dep)})
+    print(
+        "\n| step | outcome | sleep s | GPU MiB before / asleep | wake s | swap s | probe AL | polled down s | "
+        "canary AL after |"
+    )
     print("|" + "---|" * 9)
     for i, r in enumerate(rows):
         if "outcome" not in r:
             continue
-        nxt = next((x for x in rows[i + 1:] if "canary_al" in x), {})
+        nxt = next((x for x in rows[i + 1 :] if "canary_al" in x), {})
         res = r.get("resumed") or {}
         wake = sum(res.get(k, 0) for k in ("wake_weights_s", "reload_weights_s", "wake_kv_cache_s")) if res else None
-        print(f"| {r['step']} | {r['outcome']} | {r['sleep'].get('sleep_s')} | {r['sleep'].get('gpu_used_mib_before')} / "
-              f"{r['sleep'].get('gpu_used_mib_asleep')} | {round(wake, 3) if wake is not None else '-'} | "
-              f"{res.get('swap_s', '-')} | {res.get('probe_al', '-')} | {r['down_s_polled']} | {nxt.get('canary_al')} |")
+        print(
+            f"| {r['step']} | {r['outcome']} | {r['sleep'].get('sleep_s')} | {r['sleep'].get('gpu_used_mib_before')} / "
+            f"{r['sleep'].get('gpu_used_mib_asleep')} | {round(wake, 3) if wake is not None else '-'} | "
+            f"{res.get('swap_s', '-')} | {res.get('probe_al', '-')} | {r['down_s_polled']} | {nxt.get('canary_al')} |"
+        )
     print("FAILED: " + ", ".join(failed) if failed else "all windows as expected")
     return 1 if failed else 0
 

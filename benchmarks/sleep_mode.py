@@ -47,12 +47,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.vllm_server import Server, gpu_used_mib  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-DEV_ROUTES = ["/sleep", "/wake_up", "/is_sleeping", "/collective_rpc", "/pause", "/resume",
-              "/init_weight_transfer_engine", "/start_weight_update", "/start_draft_weight_update",
-              "/update_weights", "/finish_weight_update", "/reset_prefix_cache"]
+DEV_ROUTES = [
+    "/sleep",
+    "/wake_up",
+    "/is_sleeping",
+    "/collective_rpc",
+    "/pause",
+    "/resume",
+    "/init_weight_transfer_engine",
+    "/start_weight_update",
+    "/start_draft_weight_update",
+    "/update_weights",
+    "/finish_weight_update",
+    "/reset_prefix_cache",
+]
 
 
 # --------------------------------------------------------------------------------------------- sender
+
 
 def send_drafter(url: str, drafter: Path) -> dict:
     """(Run in a child process.) Load the drafter's tensors onto this GPU and hand vLLM their CUDA IPC
@@ -74,27 +86,51 @@ def send_drafter(url: str, drafter: Path) -> dict:
         handles.append({uuid: reduce_tensor(t)[1]})
     torch.cuda.synchronize()
     t1 = time.perf_counter()
-    payload = {"update_info": {"names": names, "dtype_names": dtypes, "shapes": shapes, "packed": False,
-                               "ipc_handles_pickled": base64.b64encode(pickle.dumps(handles)).decode()}}
+    payload = {
+        "update_info": {
+            "names": names,
+            "dtype_names": dtypes,
+            "shapes": shapes,
+            "packed": False,
+            "ipc_handles_pickled": base64.b64encode(pickle.dumps(handles)).decode(),
+        }
+    }
     r = httpx.post(url + "/update_weights", json=payload, timeout=300)
     t2 = time.perf_counter()
     torch.cuda.synchronize()
     torch.cuda.ipc_collect()
-    return {"status": r.status_code, "body": r.text[:1500], "tensors": len(names),
-            "bytes": sum(t.numel() * t.element_size() for t in refs), "sender_load_s": round(t1 - t0, 3),
-            "update_weights_s": round(t2 - t1, 3)}
+    return {
+        "status": r.status_code,
+        "body": r.text[:1500],
+        "tensors": len(names),
+        "bytes": sum(t.numel() * t.element_size() for t in refs),
+        "sender_load_s": round(t1 - t0, 3),
+        "update_weights_s": round(t2 - t1, 3),
+    }
 
 
 # --------------------------------------------------------------------------------------------- engine
+
 
 class Engine(Server):
     """The target with the drafter, sleep mode on (and the IPC weight transfer when asked)."""
 
     def __init__(self, args, log_path: Path) -> None:
         spec = {"method": "eagle3", "model": str(args.drafter), "num_speculative_tokens": args.k}
-        cmd = ["--model", str(args.target), "--served-model-name", "target",
-               "--max-model-len", str(args.max_model_len), "--gpu-memory-utilization", str(args.gpu_memory_utilization),
-               "--speculative-config", json.dumps(spec), "--enable-sleep-mode", "--disable-uvicorn-access-log"]
+        cmd = [
+            "--model",
+            str(args.target),
+            "--served-model-name",
+            "target",
+            "--max-model-len",
+            str(args.max_model_len),
+            "--gpu-memory-utilization",
+            str(args.gpu_memory_utilization),
+            "--speculative-config",
+            json.dumps(spec),
+            "--enable-sleep-mode",
+            "--disable-uvicorn-access-log",
+        ]
         if args.weight_transfer:
             cmd += ["--weight-transfer-config", json.dumps({"backend": "ipc"})]
         if args.eager:
@@ -113,8 +149,9 @@ class Engine(Server):
         text = self.client.get(self.url + "/metrics").text
         out: dict[str, float] = {}
         for line in text.splitlines():
-            if (line.startswith("vllm:spec_decode") or line.startswith("vllm:generation_tokens_total")) \
-                    and "_created" not in line:  # counters only, not their creation timestamps
+            if (
+                line.startswith("vllm:spec_decode") or line.startswith("vllm:generation_tokens_total")
+            ) and "_created" not in line:  # counters only, not their creation timestamps
                 name, _, value = line.rpartition(" ")
                 name = re.sub(r'(engine|model_name)="[^"]*",?', "", name).replace("{}", "").replace(",}", "}")
                 out[name] = out.get(name, 0.0) + float(value)
@@ -126,9 +163,17 @@ def run_pass(eng: Engine, prompts: list[list[dict]], max_tokens: int) -> dict:
     t0 = time.perf_counter()
     texts, tokens, errors = [], 0, []
     for messages in prompts:
-        r = eng.client.post(eng.url + "/v1/chat/completions", json={
-            "model": "target", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True}, timeout=120)
+        r = eng.client.post(
+            eng.url + "/v1/chat/completions",
+            json={
+                "model": "target",
+                "messages": messages,
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+            },
+            timeout=120,
+        )
         if r.status_code != 200:
             errors.append(f"{r.status_code} {r.text[:200]}")
             texts.append(None)
@@ -141,13 +186,29 @@ def run_pass(eng: Engine, prompts: list[list[dict]], max_tokens: int) -> dict:
     d = {k: m1.get(k, 0.0) - m0.get(k, 0.0) for k in m1}
     drafts = d.get("vllm:spec_decode_num_drafts_total", 0.0)
     acc = d.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
-    per_pos = [d[k] / drafts for k in sorted(d, key=lambda k: int(re.search(r'position="(\d+)"', k).group(1))
-                                             if 'position="' in k else -1)
-               if "accepted_tokens_per_pos" in k] if drafts else []
-    return {"requests": len(prompts), "errors": errors, "output_tokens": tokens, "wall_s": round(wall, 2),
-            "tok_s": round(tokens / wall, 1) if wall else None, "drafts": drafts, "accepted": acc,
-            "acceptance_length": round(1 + acc / drafts, 3) if drafts else None,
-            "per_position": [round(x, 3) for x in per_pos], "texts": texts}
+    per_pos = (
+        [
+            d[k] / drafts
+            for k in sorted(
+                d, key=lambda k: int(re.search(r'position="(\d+)"', k).group(1)) if 'position="' in k else -1
+            )
+            if "accepted_tokens_per_pos" in k
+        ]
+        if drafts
+        else []
+    )
+    return {
+        "requests": len(prompts),
+        "errors": errors,
+        "output_tokens": tokens,
+        "wall_s": round(wall, 2),
+        "tok_s": round(tokens / wall, 1) if wall else None,
+        "drafts": drafts,
+        "accepted": acc,
+        "acceptance_length": round(1 + acc / drafts, 3) if drafts else None,
+        "per_position": [round(x, 3) for x in per_pos],
+        "texts": texts,
+    }
 
 
 def load_prompts(path: Path, n: int) -> list[list[dict]]:
@@ -163,13 +224,18 @@ def load_prompts(path: Path, n: int) -> list[list[dict]]:
 
 # --------------------------------------------------------------------------------------------- main
 
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", type=Path, default=ROOT / "demo" / "target")
     ap.add_argument("--drafter", type=Path, help="the served EAGLE-3 drafter (vLLM layout)")
     ap.add_argument("--drafter-b", type=Path, help="a second drafter of the same shape, swapped in and out")
-    ap.add_argument("--prompts", type=Path, default=ROOT / "demo" / "prompts.jsonl",
-                    help="JSONL of {'messages': [...]} or {'prompt': ...}; the last --num-prompts are used")
+    ap.add_argument(
+        "--prompts",
+        type=Path,
+        default=ROOT / "demo" / "prompts.jsonl",
+        help="JSONL of {'messages': [...]} or {'prompt': ...}; the last --num-prompts are used",
+    )
     ap.add_argument("--num-prompts", type=int, default=24)
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--k", type=int, default=3, help="num_speculative_tokens")
@@ -178,8 +244,12 @@ def main() -> int:
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     ap.add_argument("--eager", action="store_true", help="--enforce-eager (default: torch.compile + CUDA graphs)")
-    ap.add_argument("--no-weight-transfer", dest="weight_transfer", action="store_false",
-                    help="leave out --weight-transfer-config (and the swap steps)")
+    ap.add_argument(
+        "--no-weight-transfer",
+        dest="weight_transfer",
+        action="store_false",
+        help="leave out --weight-transfer-config (and the swap steps)",
+    )
     ap.add_argument("--start-timeout-s", type=float, default=300)
     ap.add_argument("--send", nargs=2, metavar=("URL", "DRAFTER"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -213,13 +283,15 @@ def main() -> int:
     args.stub_dir = None
     if args.weight_transfer:
         import importlib.util
+
         missing = [m for m in ("ray", "requests") if importlib.util.find_spec(m) is None]
         if missing:
             args.stub_dir = tempfile.mkdtemp(prefix="stubs-")
             for m in missing:
                 (Path(args.stub_dir) / m).mkdir()
                 (Path(args.stub_dir) / m / "__init__.py").write_text(
-                    f'"""Stand-in: the ipc weight-transfer engine imports {m}; only its trainer side uses it."""\n')
+                    f'"""Stand-in: the ipc weight-transfer engine imports {m}; only its trainer side uses it."""\n'
+                )
         emit({"step": "stubs", "missing_modules": missing, "stub_dir": args.stub_dir})
 
     prompts = load_prompts(args.prompts, args.num_prompts)
@@ -241,9 +313,18 @@ def main() -> int:
         routes = set(eng.client.get(eng.url + "/openapi.json").json().get("paths", {}))
         version = eng.client.get(eng.url + "/version").json()
         r = eng.client.get(eng.url + "/is_sleeping")
-        emit({"step": "preflight", "health_s": round(health_s, 1), "version": version,
-              "routes": {p: p in routes for p in DEV_ROUTES}, "is_sleeping": r.json() if r.status_code == 200 else r.status_code,
-              "gpu_used_mib": gpu_used_mib(), "weight_transfer": args.weight_transfer, "eager": args.eager})
+        emit(
+            {
+                "step": "preflight",
+                "health_s": round(health_s, 1),
+                "version": version,
+                "routes": {p: p in routes for p in DEV_ROUTES},
+                "is_sleeping": r.json() if r.status_code == 200 else r.status_code,
+                "gpu_used_mib": gpu_used_mib(),
+                "weight_transfer": args.weight_transfer,
+                "eager": args.eager,
+            }
+        )
         run_pass(eng, prompts[:2], 16)  # warm-up
         before = run_pass(eng, prompts, args.max_tokens)
         emit({"step": "before", **before})
@@ -254,8 +335,13 @@ def main() -> int:
             r, s = eng.post(f"/sleep?level={level}&mode=abort")
             sl = eng.client.get(eng.url + "/is_sleeping").json()
             m1 = gpu_used_mib()
-            rec = {"sleep_status": r.status_code, "sleep_s": round(s, 3), "is_sleeping": sl,
-                   "gpu_mib_before": m0, "gpu_mib_asleep": m1}
+            rec = {
+                "sleep_status": r.status_code,
+                "sleep_s": round(s, 3),
+                "is_sleeping": sl,
+                "gpu_mib_before": m0,
+                "gpu_mib_asleep": m1,
+            }
             if level == 1:
                 r, w = eng.post("/wake_up")
                 rec.update(wake_status=r.status_code, wake_s=round(w, 3))
@@ -264,10 +350,15 @@ def main() -> int:
                 m_w = gpu_used_mib()
                 r2, w2 = eng.post("/collective_rpc", json={"method": "reload_weights"})
                 r3, w3 = eng.post("/wake_up", params={"tags": "kv_cache"})
-                rec.update(wake_weights_s=round(w1, 3), reload_weights_s=round(w2, 3), wake_kv_s=round(w3, 3),
-                           wake_s=round(w1 + w2 + w3, 3), gpu_mib_weights_only=m_w,
-                           wake_status=[r1.status_code, r2.status_code, r3.status_code],
-                           reload_weights_body=r2.text[:300])
+                rec.update(
+                    wake_weights_s=round(w1, 3),
+                    reload_weights_s=round(w2, 3),
+                    wake_kv_s=round(w3, 3),
+                    wake_s=round(w1 + w2 + w3, 3),
+                    gpu_mib_weights_only=m_w,
+                    wake_status=[r1.status_code, r2.status_code, r3.status_code],
+                    reload_weights_body=r2.text[:300],
+                )
             rec["gpu_mib_awake"] = gpu_used_mib()
             rec["is_sleeping_after"] = eng.client.get(eng.url + "/is_sleeping").json()
             return rec
@@ -283,8 +374,12 @@ def main() -> int:
             if r.status_code != 200:
                 return rec
             t0 = time.perf_counter()
-            p = subprocess.run([sys.executable, __file__, "--out", str(args.out), "--send", eng.url, str(drafter)],
-                               capture_output=True, text=True, timeout=300)
+            p = subprocess.run(
+                [sys.executable, __file__, "--out", str(args.out), "--send", eng.url, str(drafter)],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             line = next((ln for ln in p.stdout.splitlines() if ln.startswith("SEND ")), None)
             rec["sender"] = json.loads(line[5:]) if line else {"rc": p.returncode, "stderr": p.stderr[-1500:]}
             rec["sender_process_s"] = round(time.perf_counter() - t0, 2)
@@ -310,12 +405,17 @@ def main() -> int:
     finally:
         eng.stop()
     text = (args.out / "sleep_mode-engine.log").read_text(errors="replace")
-    lines = [ln.strip()[-300:] for ln in text.splitlines() if re.search(
-        r"Sleep mode freed|wake up the engine|took .* seconds|Model loading took|Traceback|Error", ln)]
+    lines = [
+        ln.strip()[-300:]
+        for ln in text.splitlines()
+        if re.search(r"Sleep mode freed|wake up the engine|took .* seconds|Model loading took|Traceback|Error", ln)
+    ]
     emit({"step": "engine log lines", "lines": lines[-40:]})
 
-    print("\n| step | AL | per position | tok/s | answers = before | sleep s | wake s | GPU MiB before / asleep / awake "
-          "| swap s (start + send + finish) |")
+    print(
+        "\n| step | AL | per position | tok/s | answers = before | sleep s | wake s | GPU MiB before / asleep / awake "
+        "| swap s (start + send + finish) |"
+    )
     print("|" + "---|" * 9)
     for r in rows:
         if "acceptance_length" not in r:
@@ -323,11 +423,16 @@ def main() -> int:
         swap_s = None
         if "start_s" in r:
             swap_s = round(r["start_s"] + r.get("sender_process_s", 0) + r.get("finish_s", 0), 2)
-        mem = " / ".join(str(r.get(k, "-")) for k in ("gpu_mib_before", "gpu_mib_asleep", "gpu_mib_awake")) \
-            if "gpu_mib_before" in r else "-"
-        print(f"| {r['step']} | {r['acceptance_length']} | {r['per_position']} | {r['tok_s']} "
-              f"| {r.get('answers_identical', '-')}/{r.get('answers_compared', r['requests'])} | {r.get('sleep_s', '-')} "
-              f"| {r.get('wake_s', '-')} | {mem} | {swap_s if swap_s is not None else '-'} |")
+        mem = (
+            " / ".join(str(r.get(k, "-")) for k in ("gpu_mib_before", "gpu_mib_asleep", "gpu_mib_awake"))
+            if "gpu_mib_before" in r
+            else "-"
+        )
+        print(
+            f"| {r['step']} | {r['acceptance_length']} | {r['per_position']} | {r['tok_s']} "
+            f"| {r.get('answers_identical', '-')}/{r.get('answers_compared', r['requests'])} | {r.get('sleep_s', '-')} "
+            f"| {r.get('wake_s', '-')} | {mem} | {swap_s if swap_s is not None else '-'} |"
+        )
     return 0 if ok else 1
 
 

@@ -45,8 +45,8 @@ import sys
 import time
 from pathlib import Path
 
-
 # ----------------------------------------------------------------------------------- prepare
+
 
 def prepare(index_path: Path, out: Path) -> dict:
     """eagleflow's extract shards -> speculators' data layout under `out`. Returns a summary."""
@@ -75,13 +75,15 @@ def prepare(index_path: Path, out: Path) -> dict:
                 start = 0
                 for n in lens.tolist():
                     n = int(n)
-                    seq_ids = ids[start:start + n].to(torch.int64)
-                    seq_mask = mask[start:start + n].to(torch.int64)
+                    seq_ids = ids[start : start + n].to(torch.int64)
+                    seq_mask = mask[start : start + n].to(torch.int64)
                     # eagleflow skips sequences shorter than 3 (no next token and label); so do we.
                     if n >= 3 and int(seq_mask.sum()) > 0:
-                        states = hidden[start:start + n]  # shape: [n, 4, H] bf16
-                        save_file({"hidden_states": states.contiguous(), "token_ids": seq_ids.contiguous()},
-                                  str(hs_dir / f"hs_{row}.safetensors"))
+                        states = hidden[start : start + n]  # shape: [n, 4, H] bf16
+                        save_file(
+                            {"hidden_states": states.contiguous(), "token_ids": seq_ids.contiguous()},
+                            str(hs_dir / f"hs_{row}.safetensors"),
+                        )
                         rows["input_ids"].append(seq_ids.tolist())
                         rows["loss_mask"].append(seq_mask.tolist())
                         rows["seq_len"].append(n)
@@ -99,15 +101,22 @@ def prepare(index_path: Path, out: Path) -> dict:
     total = counts["train"] + counts["holdout"]
     ratio = (counts["train"] + 0.5) / total
     assert int(total * ratio) == counts["train"], (total, ratio)
-    summary = {"rows": total, "train_rows": counts["train"], "holdout_rows": counts["holdout"],
-               "train_tokens": tokens["train"], "holdout_tokens": tokens["holdout"],
-               "train_data_ratio": ratio, "hidden_size": int(index["hidden_size"]),
-               "aux_layer_ids": index["aux_layer_ids"]}
+    summary = {
+        "rows": total,
+        "train_rows": counts["train"],
+        "holdout_rows": counts["holdout"],
+        "train_tokens": tokens["train"],
+        "holdout_tokens": tokens["holdout"],
+        "train_data_ratio": ratio,
+        "hidden_size": int(index["hidden_size"]),
+        "aux_layer_ids": index["aux_layer_ids"],
+    }
     (out / "eagleflow_prepare.json").write_text(json.dumps(summary, indent=2))
     return summary
 
 
 # ----------------------------------------------------------------------------------- train
+
 
 class BudgetReached(Exception):
     """Raised from the step callback when the summed step time reaches the budget."""
@@ -137,9 +146,9 @@ def _ns_fp32(grad, ns_coefficients, ns_steps, eps):
 
 def patch_for_cpu(budget_s: float, clock: dict, budget_tokens: float = math.inf) -> None:
     """The workarounds listed in the module docstring; `clock` collects what was measured."""
+    import speculators.train.trainer as trainer_mod
     import torch
     import torch.optim._muon as muon
-    import speculators.train.trainer as trainer_mod
 
     cpu = torch.device("cpu")
     if torch.accelerator.current_accelerator() is None:
@@ -228,8 +237,11 @@ def train(budget_s: float, report: Path, argv: list[str], budget_tokens: float =
     wall = time.perf_counter() - wall0
     save = Path(cfg.flatten()["save_path"])
     best = save / "checkpoint_best"
-    chosen = best.resolve() if best.exists() else max(
-        (p for p in save.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+    chosen = (
+        best.resolve()
+        if best.exists()
+        else max((p for p in save.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+    )
     val = {}
     metrics_file = chosen / "val_metrics.json"
     if metrics_file.is_file():
@@ -263,8 +275,12 @@ def main() -> int:
     pp.add_argument("--out", type=Path, required=True, help="speculators data dir to write")
     pt = sub.add_parser("train")
     pt.add_argument("--budget-s", type=float, default=math.inf, help="seconds of training steps (default: none)")
-    pt.add_argument("--budget-tokens", type=float, default=math.inf,
-                    help="tokens trained on (default: none); with neither budget, --epochs ends training")
+    pt.add_argument(
+        "--budget-tokens",
+        type=float,
+        default=math.inf,
+        help="tokens trained on (default: none); with neither budget, --epochs ends training",
+    )
     pt.add_argument("--report", type=Path, required=True, help="JSON written at the end")
     pt.add_argument("rest", nargs=argparse.REMAINDER, help="-- then `speculators train` flags")
     a = p.parse_args()

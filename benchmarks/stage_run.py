@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 from eagleflow.config import parse_config
-from eagleflow.manifest import Manifest, read_manifest
-from eagleflow.request import StageRequest
+from eagleflow.contracts.manifest import Manifest, read_manifest
+from eagleflow.contracts.request import StageRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,15 +19,21 @@ def run_stage(stage: str, config_data: dict, upstream: dict[str, Manifest], stag
     The stage's output goes to stage.log; a failure exits with its tail."""
     stage_dir.mkdir(parents=True, exist_ok=True)
     (stage_dir / "manifest.json").unlink(missing_ok=True)
-    req = StageRequest(stage=stage, key=stage_dir.name, dir=str(stage_dir), config=parse_config(config_data),
-                       upstream=upstream)
+    req = StageRequest(
+        stage=stage, key=stage_dir.name, dir=str(stage_dir), config=parse_config(config_data), upstream=upstream
+    )
     (stage_dir / "request.json").write_text(req.model_dump_json(indent=1))
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", f"eagleflow.stages.{stage}", str(stage_dir / "request.json")],
-                          cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", f"eagleflow.stages.{stage}", str(stage_dir / "request.json")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - t0
     (stage_dir / "stage.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
-        raise SystemExit(f"{stage} stage in {stage_dir} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}"
-                         f"{proc.stderr[-3000:]}")
+        raise SystemExit(
+            f"{stage} stage in {stage_dir} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+        )
     return read_manifest(stage_dir / "manifest.json"), wall

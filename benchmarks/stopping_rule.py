@@ -28,8 +28,8 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.stage_run import run_stage  # noqa: E402
 from eagleflow.config import load_config  # noqa: E402
-from eagleflow.intervals import StoppingRule, acceptance_length, paired_speedup  # noqa: E402
-from eagleflow.outputs import BenchmarkMetrics, Measurement  # noqa: E402
+from eagleflow.contracts.benchmark_records import BenchmarkMetrics, Measurement  # noqa: E402
+from eagleflow.measure.intervals import StoppingRule, acceptance_length, paired_speedup  # noqa: E402
 
 
 def half(lo_hi: list[float] | None, value: float | None) -> str:
@@ -54,8 +54,13 @@ def replay(base: Measurement, new: Measurement, rule: StoppingRule) -> dict[str,
         al = acceptance_length(new.round_accepted[:k], new.round_drafts[:k])
         if k == n or rule.done(k * c, [sp, al]):
             assert sp is not None and al is not None
-            return {"requests": min(k * c, new.requests or k * c), "speedup": sp.value, "speedup_ci": [sp.low, sp.high],
-                    "al": al.value, "al_ci": [al.low, al.high]}
+            return {
+                "requests": min(k * c, new.requests or k * c),
+                "speedup": sp.value,
+                "speedup_ci": [sp.low, sp.high],
+                "al": al.value,
+                "al_ci": [al.low, al.high],
+            }
     raise AssertionError("unreachable")
 
 
@@ -69,9 +74,13 @@ def main() -> int:
     ap.add_argument("--min-requests", type=int, default=8)
     args = ap.parse_args()
     args.out = args.out.resolve()
-    common = {"host.work_root": str(args.out / "runs"), "benchmark.drafter": str(Path(args.drafter).resolve()),
-              "benchmark.num_prompts": args.num_prompts, "benchmark.triage.when": "never",
-              "benchmark.min_requests": args.min_requests}
+    common = {
+        "host.work_root": str(args.out / "runs"),
+        "benchmark.drafter": str(Path(args.drafter).resolve()),
+        "benchmark.num_prompts": args.num_prompts,
+        "benchmark.triage.when": "never",
+        "benchmark.min_requests": args.min_requests,
+    }
     cfg = load_config(args.config, {**common, "generate.holdout": max(args.num_prompts, 48)})
     fixed, fixed_s = run_stage("benchmark", cfg.model_dump(mode="json"), {}, args.out / "fixed")
     seq_cfg = cfg.model_copy(update={"benchmark": cfg.benchmark.model_copy(update={"precision": args.precision})})
@@ -83,44 +92,74 @@ def main() -> int:
     for w in fm.windows:
         if w.variant != "drafter":
             continue
-        base = next(x for x in fm.windows if x.variant == "baseline" and (x.temperature, x.concurrency) ==
-                    (w.temperature, w.concurrency))
-        live = next(x for x in sm.windows if x.variant == "drafter" and (x.temperature, x.concurrency) ==
-                    (w.temperature, w.concurrency))
+        base = next(
+            x
+            for x in fm.windows
+            if x.variant == "baseline" and (x.temperature, x.concurrency) == (w.temperature, w.concurrency)
+        )
+        live = next(
+            x
+            for x in sm.windows
+            if x.variant == "drafter" and (x.temperature, x.concurrency) == (w.temperature, w.concurrency)
+        )
         frow = next(r for r in fm.verdict.speedups if (r.temperature, r.concurrency) == (w.temperature, w.concurrency))
         srow = next(r for r in sm.verdict.speedups if (r.temperature, r.concurrency) == (w.temperature, w.concurrency))
-        rows.append({"temperature": w.temperature, "concurrency": w.concurrency,
-                     "fixed": {"requests": w.requests, "speedup": frow.drafter_vs_baseline,
-                               "speedup_ci": frow.drafter_vs_baseline_ci, "al": w.mean_acceptance_length,
-                               "al_ci": w.al_interval},
-                     "replayed": replay(base, w, rule),
-                     "sequential": {"requests": live.requests, "speedup": srow.drafter_vs_baseline,
-                                    "speedup_ci": srow.drafter_vs_baseline_ci, "al": live.mean_acceptance_length,
-                                    "al_ci": live.al_interval, "stopped": live.stopped}})
+        rows.append(
+            {
+                "temperature": w.temperature,
+                "concurrency": w.concurrency,
+                "fixed": {
+                    "requests": w.requests,
+                    "speedup": frow.drafter_vs_baseline,
+                    "speedup_ci": frow.drafter_vs_baseline_ci,
+                    "al": w.mean_acceptance_length,
+                    "al_ci": w.al_interval,
+                },
+                "replayed": replay(base, w, rule),
+                "sequential": {
+                    "requests": live.requests,
+                    "speedup": srow.drafter_vs_baseline,
+                    "speedup_ci": srow.drafter_vs_baseline_ci,
+                    "al": live.mean_acceptance_length,
+                    "al_ci": live.al_interval,
+                    "stopped": live.stopped,
+                },
+            }
+        )
     print("| temp | conc | fixed: requests, speedup, AL | the rule on the same rounds | sequential, live |")
     print("|---:|---:|---|---|---|")
     for r in rows:
         cells = []
         for k in ("fixed", "replayed", "sequential"):
             x = r[k]
-            cells.append(f"{x['requests']}: {x['speedup']:.2f}x {half(x['speedup_ci'], x['speedup'])}, "
-                         f"AL {x['al']:.2f} {half(x['al_ci'], x['al'])}")
+            cells.append(
+                f"{x['requests']}: {x['speedup']:.2f}x {half(x['speedup_ci'], x['speedup'])}, "
+                f"AL {x['al']:.2f} {half(x['al_ci'], x['al'])}"
+            )
         print(f"| {r['temperature']:g} | {r['concurrency']} | " + " | ".join(cells) + " |")
     # The verdict at each setting: faster (the interval above 1), slower (below 1), or no different from no
     # speculation (1 inside it); the same verdict is the same answer everywhere, and the same suspicion.
     same_class = all(len({verdict_class(r[k]) for k in ("fixed", "replayed", "sequential")}) == 1 for r in rows)
     same = same_class and fm.verdict.integration_suspect == sm.verdict.integration_suspect
     for r in rows:
-        print(f"temperature {r['temperature']:g}, concurrency {r['concurrency']}: "
-              + ", ".join(f"{k} {verdict_class(r[k])}" for k in ("fixed", "replayed", "sequential")))
+        print(
+            f"temperature {r['temperature']:g}, concurrency {r['concurrency']}: "
+            + ", ".join(f"{k} {verdict_class(r[k])}" for k in ("fixed", "replayed", "sequential"))
+        )
     used = {k: sum(r[k]["requests"] for r in rows) for k in ("fixed", "replayed", "sequential")}
-    print(f"\ndrafter requests: fixed {used['fixed']}, the rule replayed {used['replayed']}, sequential "
-          f"{used['sequential']} (+ fixed's baseline {sum(x.requests or 0 for x in fm.windows if x.variant == 'baseline')}, "
-          "reused by the sequential run)")
+    print(
+        f"\ndrafter requests: fixed {used['fixed']}, the rule replayed {used['replayed']}, sequential "
+        f"{used['sequential']} (+ fixed's baseline "
+        f"{sum(x.requests or 0 for x in fm.windows if x.variant == 'baseline')}, "
+        "reused by the sequential run)"
+    )
     print(f"stage wall: fixed {fixed_s:.0f} s (baseline and drafter engines), sequential {seq_s:.0f} s (drafter only)")
     print(f"verdict fixed: {fm.verdict.summary}\nverdict sequential: {sm.verdict.summary}\nsame verdict: {same}")
-    (args.out / "stopping_rule.json").write_text(json.dumps({"rows": rows, "used": used, "same_verdict": same,
-                                                             "fixed_s": fixed_s, "sequential_s": seq_s}, indent=2))
+    (args.out / "stopping_rule.json").write_text(
+        json.dumps(
+            {"rows": rows, "used": used, "same_verdict": same, "fixed_s": fixed_s, "sequential_s": seq_s}, indent=2
+        )
+    )
     return 0
 
 

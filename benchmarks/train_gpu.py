@@ -16,7 +16,8 @@ autocast, frozen lm_head (the trainer's defaults), the batch as `collate` hands 
 speculators 0.9.0: `Eagle3DraftModel.forward` (its own `torch.compile`, flex attention with a
 block mask, `kl_div` loss) driven the way `speculators.train.trainer.Trainer` does:
 bf16 autocast, zero_grad, backward, clip 1.0, optimizer step (AdamW by default here, as eagleflow;
-`--spec-optimizer muon` for its CLI default, `--optimizer muon` for eagleflow's `train.optimizer: muon`). Sequences are packed into one row with document ids,
+`--spec-optimizer muon` for its CLI default, `--optimizer muon` for eagleflow's `train.optimizer: muon`). Sequences are
+packed into one row with document ids,
 as its collate does, after its `shift_batch` (so each document is T-1 long and the row B*T).
 Its default loss implementation, "fused" (a Triton kernel), fails to trace under torch 2.11's
 dynamo inside the compiled forward ("ListVariable ... is already tracked for mutation"), so the
@@ -74,6 +75,7 @@ PEAK_BF16_TFLOPS = 989.0  # H200 SXM dense bf16, vendor datasheet
 
 # ------------------------------------------------------------------------------------- shapes
 
+
 @dataclass(frozen=True)
 class Shape:
     hidden: int
@@ -88,19 +90,36 @@ class Shape:
 
     def target_config(self) -> dict:
         """The target's config.json fields that `arch_for_target` / speculators read."""
-        return {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": self.hidden,
-                "num_attention_heads": self.heads, "num_key_value_heads": self.kv_heads,
-                "head_dim": self.head_dim, "intermediate_size": self.intermediate, "vocab_size": self.vocab,
-                "rope_theta": self.rope_theta, "rms_norm_eps": self.rms_norm_eps,
-                "max_position_embeddings": 131072, "num_hidden_layers": 32}
+        return {
+            "model_type": "llama",
+            "architectures": ["LlamaForCausalLM"],
+            "hidden_size": self.hidden,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate,
+            "vocab_size": self.vocab,
+            "rope_theta": self.rope_theta,
+            "rms_norm_eps": self.rms_norm_eps,
+            "max_position_embeddings": 131072,
+            "num_hidden_layers": 32,
+        }
 
 
-LLAMA_8B = Shape(hidden=4096, heads=32, kv_heads=8, head_dim=128, intermediate=14336, vocab=128256,
-                 draft_vocab=32000)
+LLAMA_8B = Shape(hidden=4096, heads=32, kv_heads=8, head_dim=128, intermediate=14336, vocab=128256, draft_vocab=32000)
 # Kimi-K2.5's public EAGLE-3 drafter (a one-layer Llama block at the target's width, MHA: 64 heads of 128,
 # MLP 12,288) with its target's 163,840-token vocabulary and a 32,000-token draft vocabulary.
-KIMI_K25 = Shape(hidden=7168, heads=64, kv_heads=64, head_dim=128, intermediate=12288, vocab=163840,
-                 draft_vocab=32000, rope_theta=50000.0, rms_norm_eps=1e-6)
+KIMI_K25 = Shape(
+    hidden=7168,
+    heads=64,
+    kv_heads=64,
+    head_dim=128,
+    intermediate=12288,
+    vocab=163840,
+    draft_vocab=32000,
+    rope_theta=50000.0,
+    rms_norm_eps=1e-6,
+)
 SHAPES = {"llama-8b": LLAMA_8B, "kimi-k25": KIMI_K25}
 TINY = Shape(hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=512, draft_vocab=128)
 
@@ -141,6 +160,7 @@ def flops_per_token(s: Shape, seq_len: int, steps: int) -> dict[str, float]:
 
 # ----------------------------------------------------------------------------------- the input
 
+
 @dataclass
 class SyntheticData:
     """What the target would have handed over for B sequences of T tokens (bf16, as extracted)."""
@@ -172,20 +192,33 @@ def synthetic_data(s: Shape, batch: int, seq_len: int, device: torch.device, see
 
 # ------------------------------------------------------------------------------------ eagleflow
 
-def eagleflow_step(s: Shape, data: SyntheticData, steps: int, device: torch.device, optimizer: str = "adamw",
-                   loss: str = "soft_ce"):
+
+def eagleflow_step(
+    s: Shape, data: SyntheticData, steps: int, device: torch.device, optimizer: str = "adamw", loss: str = "soft_ce"
+):
     """(a zero-argument training step, the model): eagleflow's public one-step entry point."""
-    from eagleflow.drafter.config import TrainConfig
+    from eagleflow.config.train import TrainConfig
     from eagleflow.drafter.data import Batch
     from eagleflow.drafter.model import Eagle3Drafter, TargetHead
     from eagleflow.drafter.objective import TTTObjective
     from eagleflow.drafter.step import make_optimizer, train_step
     from eagleflow.drafter.target import arch_for_target
 
-    cfg = TrainConfig(ttt_steps=steps, draft_vocab_size=s.draft_vocab, device=device.type, optimizer=optimizer, loss=loss,
-                      dtype="bfloat16" if device.type == "cuda" else "float32")
-    target = TargetHead(embed_tokens=data.embed, norm_weight=data.norm_weight, rms_norm_eps=s.rms_norm_eps,
-                        lm_head=data.lm_head, config=s.target_config())
+    cfg = TrainConfig(
+        ttt_steps=steps,
+        draft_vocab_size=s.draft_vocab,
+        device=device.type,
+        optimizer=optimizer,
+        loss=loss,
+        dtype="bfloat16" if device.type == "cuda" else "float32",
+    )
+    target = TargetHead(
+        embed_tokens=data.embed,
+        norm_weight=data.norm_weight,
+        rms_norm_eps=s.rms_norm_eps,
+        lm_head=data.lm_head,
+        config=s.target_config(),
+    )
     model = Eagle3Drafter(arch_for_target(target, cfg, s.draft_vocab), target.embed_tokens)
     model.init_from_target(target, data.draft_to_target)
     model.lm_head.weight.requires_grad_(not cfg.freeze_lm_head)
@@ -194,9 +227,11 @@ def eagleflow_step(s: Shape, data: SyntheticData, steps: int, device: torch.devi
     objective = TTTObjective(model, target, data.draft_to_target, cfg)
     b, t = data.input_ids.shape
     batch = Batch(  # what collate(...).to(device) hands the step: fp32 states
-        input_ids=data.input_ids, loss_mask=torch.ones(b, t, dtype=torch.bool, device=device),
+        input_ids=data.input_ids,
+        loss_mask=torch.ones(b, t, dtype=torch.bool, device=device),
         lengths=torch.full((b,), t, dtype=torch.int64, device=device),
-        aux=data.aux.reshape(b, t, 3 * s.hidden).float(), final=data.final.float(),
+        aux=data.aux.reshape(b, t, 3 * s.hidden).float(),
+        final=data.final.float(),
     )
 
     def step() -> torch.Tensor:
@@ -207,6 +242,7 @@ def eagleflow_step(s: Shape, data: SyntheticData, steps: int, device: torch.devi
 
 
 # ---------------------------------------------------------------------------------- speculators
+
 
 def _dummy_attr(attr: str):
     if attr.startswith("__"):
@@ -239,8 +275,16 @@ def _stub_missing(names: list[str]) -> list[str]:
     return stubbed
 
 
-def speculators_step(s: Shape, data: SyntheticData, steps: int, device: torch.device, optimizer_name: str,
-                     loss_impl: str, attn_impl: str, loss_fn: str = "kl_div"):
+def speculators_step(
+    s: Shape,
+    data: SyntheticData,
+    steps: int,
+    device: torch.device,
+    optimizer_name: str,
+    loss_impl: str,
+    attn_impl: str,
+    loss_fn: str = "kl_div",
+):
     """(a zero-argument training step, the model) driven the way speculators' Trainer drives it."""
     from transformers import LlamaConfig  # before the stubs: transformers probes for `datasets`
 
@@ -255,18 +299,30 @@ def speculators_step(s: Shape, data: SyntheticData, steps: int, device: torch.de
     from speculators.train.optimizers import build_optimizers
 
     tl_config = LlamaConfig(
-        vocab_size=s.vocab, hidden_size=s.hidden, intermediate_size=s.intermediate, num_hidden_layers=1,
-        num_attention_heads=s.heads, num_key_value_heads=s.kv_heads, head_dim=s.head_dim, hidden_act="silu",
-        max_position_embeddings=131072, rms_norm_eps=s.rms_norm_eps, tie_word_embeddings=False,
+        vocab_size=s.vocab,
+        hidden_size=s.hidden,
+        intermediate_size=s.intermediate,
+        num_hidden_layers=1,
+        num_attention_heads=s.heads,
+        num_key_value_heads=s.kv_heads,
+        head_dim=s.head_dim,
+        hidden_act="silu",
+        max_position_embeddings=131072,
+        rms_norm_eps=s.rms_norm_eps,
+        tie_word_embeddings=False,
         layer_types=["full_attention"],  # `--full-attention-indices 0`; T <= its 2048 window anyway
         rope_parameters={"rope_type": "default", "rope_theta": s.rope_theta},
     )
     tl_config._attn_implementation = attn_impl
     config = Eagle3SpeculatorConfig(
-        transformer_layer_config=tl_config, draft_vocab_size=s.draft_vocab, norm_before_residual=True,
-        norm_before_fc=True, eagle_aux_hidden_state_layer_ids=[2, 16, 29],
+        transformer_layer_config=tl_config,
+        draft_vocab_size=s.draft_vocab,
+        norm_before_residual=True,
+        norm_before_fc=True,
+        eagle_aux_hidden_state_layer_ids=[2, 16, 29],
         speculators_config=SpeculatorsConfig(
-            algorithm="eagle3", proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=steps)],
+            algorithm="eagle3",
+            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=steps)],
             default_proposal_method="greedy",
             verifier=VerifierConfig(name_or_path=None, architectures=["LlamaForCausalLM"]),
         ),
@@ -285,19 +341,34 @@ def speculators_step(s: Shape, data: SyntheticData, steps: int, device: torch.de
         model.verifier_lm_head.weight.copy_(data.lm_head[data.draft_to_target])
         model.verifier_norm.weight.copy_(data.norm_weight)
     model.to(device)
-    opt_cfg = types.SimpleNamespace(optimizer=optimizer_name, lr=1e-3, weight_decay=0.01, muon_lr=1e-3,
-                                    muon_momentum=0.95, muon_weight_decay=0.1, muon_ns_steps=5,
-                                    muon_adjust_lr_fn="match_rms_adamw")
+    opt_cfg = types.SimpleNamespace(
+        optimizer=optimizer_name,
+        lr=1e-3,
+        weight_decay=0.01,
+        muon_lr=1e-3,
+        muon_momentum=0.95,
+        muon_weight_decay=0.1,
+        muon_ns_steps=5,
+        muon_adjust_lr_fn="match_rms_adamw",
+    )
     optimizers = build_optimizers(model, opt_cfg)
     loss_config = resolve_loss_config(loss_fn, loss_impl)
 
     # Its collate: shift each document (x[1:], g[:-1], y[1:]), pack them into one row, pad with doc id -1.
     b, t = data.input_ids.shape
-    docs = [shift_batch({"input_ids": data.input_ids[i], "hidden_states": data.aux[i].reshape(t, -1),
-                         "verifier_last_hidden_states": data.final[i],
-                         "loss_mask": torch.ones(t, dtype=torch.long, device=device),
-                         "lengths": torch.tensor([t]), "position_ids": torch.arange(t, device=device)})
-            for i in range(b)]
+    docs = [
+        shift_batch(
+            {
+                "input_ids": data.input_ids[i],
+                "hidden_states": data.aux[i].reshape(t, -1),
+                "verifier_last_hidden_states": data.final[i],
+                "loss_mask": torch.ones(t, dtype=torch.long, device=device),
+                "lengths": torch.tensor([t]),
+                "position_ids": torch.arange(t, device=device),
+            }
+        )
+        for i in range(b)
+    ]
     pad = b * t - sum(d["input_ids"].shape[0] for d in docs)
 
     def packed(key: str, fill=0) -> torch.Tensor:
@@ -306,11 +377,14 @@ def speculators_step(s: Shape, data: SyntheticData, steps: int, device: torch.de
         return torch.cat([*parts, tail]).unsqueeze(0)  # shape: [1, B*T, ...]
 
     batch = {
-        "input_ids": packed("input_ids"), "hidden_states": packed("hidden_states"),
-        "verifier_last_hidden_states": packed("verifier_last_hidden_states"), "loss_mask": packed("loss_mask"),
+        "input_ids": packed("input_ids"),
+        "hidden_states": packed("hidden_states"),
+        "verifier_last_hidden_states": packed("verifier_last_hidden_states"),
+        "loss_mask": packed("loss_mask"),
         "position_ids": packed("position_ids"),
-        "document_ids": torch.cat([torch.full((t - 1,), i, device=device) for i in range(b)]
-                                  + [torch.full((pad,), -1, device=device)]).unsqueeze(0),
+        "document_ids": torch.cat(
+            [torch.full((t - 1,), i, device=device) for i in range(b)] + [torch.full((pad,), -1, device=device)]
+        ).unsqueeze(0),
     }
     call_kwargs = {"ttt_steps": steps, "ttt_step_loss_decay": 0.8, "loss_config": loss_config}
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
@@ -330,6 +404,7 @@ def speculators_step(s: Shape, data: SyntheticData, steps: int, device: torch.de
 
 
 # --------------------------------------------------------------------------------------- timing
+
 
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -355,8 +430,7 @@ def time_steps(step, device: torch.device, warmup: int, iters: int) -> dict:
         loss = step()
         sync(device)  # honest step timing, as Trainer.train does
         times.append(time.perf_counter() - t0)
-    out = {"first_step_s": first_s, "step_s": times, "median_s": statistics.median(times),
-           "loss": float(loss)}
+    out = {"first_step_s": first_s, "step_s": times, "median_s": statistics.median(times), "loss": float(loss)}
     if device.type == "cuda":
         out["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
     return out
@@ -379,16 +453,30 @@ def run_one(trainer: str, s: Shape, batch: int, seq_len: int, args, device: torc
     if trainer == "eagleflow":
         step, model = eagleflow_step(s, data, args.ttt_steps, device, args.optimizer, loss_fn)
     else:
-        step, model = speculators_step(s, data, args.ttt_steps, device, args.spec_optimizer,
-                                       "eager" if device.type == "cpu" else args.spec_loss, args.spec_attn, loss_fn)
+        step, model = speculators_step(
+            s,
+            data,
+            args.ttt_steps,
+            device,
+            args.spec_optimizer,
+            "eager" if device.type == "cpu" else args.spec_loss,
+            args.spec_attn,
+            loss_fn,
+        )
     result = time_steps(step, device, args.warmup, args.iters)
     tokens = batch * seq_len
     fl = flops_per_token(s, seq_len, args.ttt_steps)
-    result.update(trainer=trainer, loss_fn=loss_fn, batch=batch, seq_len=seq_len, tokens_per_step=tokens,
-                  tokens_per_s=tokens / result["median_s"],
-                  tflops=fl["model"] * tokens / result["median_s"] / 1e12,
-                  tflops_executed=fl["executed"] * tokens / result["median_s"] / 1e12,
-                  spread=(max(result["step_s"]) - min(result["step_s"])) / result["median_s"])
+    result.update(
+        trainer=trainer,
+        loss_fn=loss_fn,
+        batch=batch,
+        seq_len=seq_len,
+        tokens_per_step=tokens,
+        tokens_per_s=tokens / result["median_s"],
+        tflops=fl["model"] * tokens / result["median_s"] / 1e12,
+        tflops_executed=fl["executed"] * tokens / result["median_s"] / 1e12,
+        spread=(max(result["step_s"]) - min(result["step_s"])) / result["median_s"],
+    )
     result["mfu"] = result["tflops"] / PEAK_BF16_TFLOPS
     if args.peak_tflops:  # the matmul floor: the step's FLOPs at the measured matmul rate, over its time
         result["floor_fraction"] = result["tflops"] / args.peak_tflops
@@ -411,14 +499,28 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw", help="eagleflow's train.optimizer")
     parser.add_argument("--spec-optimizer", choices=["adamw", "muon"], default="adamw")
-    parser.add_argument("--loss", nargs="+", choices=["soft_ce", "kl", "lk"], default=["soft_ce"],
-                        help="eagleflow's train.loss, each timed in turn")
-    parser.add_argument("--spec-loss-fn", nargs="+", default=["kl_div"],
-                        help="speculators' --loss-fn, each timed in turn (kl_div, lk_hybrid)")
-    parser.add_argument("--spec-loss", choices=["fused", "eager"], default="eager",
-                        help="speculators' loss implementation (fused fails under torch 2.11's dynamo)")
-    parser.add_argument("--spec-attn", choices=["simple_flex_attention", "sdpa", "eager"],
-                        default="simple_flex_attention")
+    parser.add_argument(
+        "--loss",
+        nargs="+",
+        choices=["soft_ce", "kl", "lk"],
+        default=["soft_ce"],
+        help="eagleflow's train.loss, each timed in turn",
+    )
+    parser.add_argument(
+        "--spec-loss-fn",
+        nargs="+",
+        default=["kl_div"],
+        help="speculators' --loss-fn, each timed in turn (kl_div, lk_hybrid)",
+    )
+    parser.add_argument(
+        "--spec-loss",
+        choices=["fused", "eager"],
+        default="eager",
+        help="speculators' loss implementation (fused fails under torch 2.11's dynamo)",
+    )
+    parser.add_argument(
+        "--spec-attn", choices=["simple_flex_attention", "sdpa", "eager"], default="simple_flex_attention"
+    )
     parser.add_argument("--profile", type=int, default=0, help="print this many rows of a one-step CUDA profile")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="llama-8b", help="the drafter's shape")
     parser.add_argument("--tiny", action="store_true", help="a tiny shape (CPU smoke check)")
@@ -438,47 +540,63 @@ def main() -> int:
     results = []
     for seq_len in args.seq_len:
         fl = flops_per_token(s, seq_len, args.ttt_steps)
-        print(f"T={seq_len}: {fl['model'] / 1e9:.2f} GFLOP/token model ({fl['executed'] / 1e9:.2f} executed), "
-              f"attention {100 * fl['attention_share']:.1f}%", flush=True)
+        print(
+            f"T={seq_len}: {fl['model'] / 1e9:.2f} GFLOP/token model ({fl['executed'] / 1e9:.2f} executed), "
+            f"attention {100 * fl['attention_share']:.1f}%",
+            flush=True,
+        )
         for batch in args.batch:
-            for trainer, loss_fn in [(t, f) for t in trainers
-                                     for f in (args.loss if t == "eagleflow" else args.spec_loss_fn)]:
+            for trainer, loss_fn in [
+                (t, f) for t in trainers for f in (args.loss if t == "eagleflow" else args.spec_loss_fn)
+            ]:
                 try:
                     r = run_one(trainer, s, batch, seq_len, args, device, loss_fn)
                 except torch.OutOfMemoryError as exc:
                     r = {"trainer": trainer, "batch": batch, "seq_len": seq_len, "error": f"OOM: {exc}"[:300]}
                     torch.cuda.empty_cache()
                 except Exception as exc:  # report and go on to the next configuration
-                    r = {"trainer": trainer, "batch": batch, "seq_len": seq_len,
-                         "error": f"{type(exc).__name__}: {exc}"[:2000]}
+                    r = {
+                        "trainer": trainer,
+                        "batch": batch,
+                        "seq_len": seq_len,
+                        "error": f"{type(exc).__name__}: {exc}"[:2000],
+                    }
                 results.append(r)
                 if "error" in r:
                     print(f"{trainer:12s} {loss_fn} B={batch} T={seq_len}: {r['error']}", flush=True)
                     continue
                 if "profile" in r:
                     print(r["profile"], flush=True)
-                print(f"{trainer:12s} {loss_fn} B={batch} T={seq_len}: {r['median_s'] * 1e3:8.1f} ms/step "
-                      f"(spread {100 * r['spread']:.1f}%, first {r['first_step_s']:.1f} s) "
-                      f"{r['tokens_per_s']:9.0f} tok/s {r['tflops']:6.1f} TFLOP/s MFU {100 * r['mfu']:.1f}% "
-                      f"floor {100 * r.get('floor_fraction', 0):.1f}% peak {r.get('peak_mem_gib', 0):.1f} GiB loss {r['loss']:.3f}",
-                      flush=True)
+                print(
+                    f"{trainer:12s} {loss_fn} B={batch} T={seq_len}: {r['median_s'] * 1e3:8.1f} ms/step "
+                    f"(spread {100 * r['spread']:.1f}%, first {r['first_step_s']:.1f} s) "
+                    f"{r['tokens_per_s']:9.0f} tok/s {r['tflops']:6.1f} TFLOP/s MFU {100 * r['mfu']:.1f}% "
+                    f"floor {100 * r.get('floor_fraction', 0):.1f}% peak {r.get('peak_mem_gib', 0):.1f} GiB loss "
+                    f"{r['loss']:.3f}",
+                    flush=True,
+                )
     if args.json_out:
-        args.json_out.write_text(json.dumps([{k: v for k, v in r.items() if k != "profile"} for r in results],
-                                            indent=1))
+        args.json_out.write_text(
+            json.dumps([{k: v for k, v in r.items() if k != "profile"} for r in results], indent=1)
+        )
     print("\n| trainer | loss | B x T | ms/step | tokens/s | TFLOP/s | MFU | peak GiB |")
     print("|---|---|---|---:|---:|---:|---:|---:|")
     for r in results:
         if "error" not in r:
-            print(f"| {r['trainer']} | {r['loss_fn']} | {r['batch']} x {r['seq_len']} | {r['median_s'] * 1e3:.1f} | "
-                  f"{r['tokens_per_s']:.0f} | {r['tflops']:.1f} | {100 * r['mfu']:.1f}% | "
-                  f"{r.get('peak_mem_gib', 0):.1f} |")
+            print(
+                f"| {r['trainer']} | {r['loss_fn']} | {r['batch']} x {r['seq_len']} | {r['median_s'] * 1e3:.1f} | "
+                f"{r['tokens_per_s']:.0f} | {r['tflops']:.1f} | {100 * r['mfu']:.1f}% | "
+                f"{r.get('peak_mem_gib', 0):.1f} |"
+            )
     failed = [r for r in results if "error" in r and not r["error"].startswith("OOM")]
     ours = [r for r in results if "error" not in r and r["trainer"] == "eagleflow"]
     theirs = [r for r in results if "error" not in r and r["trainer"] == "speculators"]
     for r in ours:
         for other in (o for o in theirs if (o["batch"], o["seq_len"]) == (r["batch"], r["seq_len"])):
-            print(f"eagleflow {r['loss_fn']} / speculators {other['loss_fn']} at B={r['batch']} T={r['seq_len']}: "
-                  f"{r['tokens_per_s'] / other['tokens_per_s']:.2f}x")
+            print(
+                f"eagleflow {r['loss_fn']} / speculators {other['loss_fn']} at B={r['batch']} T={r['seq_len']}: "
+                f"{r['tokens_per_s'] / other['tokens_per_s']:.2f}x"
+            )
     # An out-of-memory configuration is a result; any other error means the benchmark no longer runs.
     return 1 if failed else 0
 

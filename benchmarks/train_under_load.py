@@ -36,8 +36,8 @@ for p in (ROOT, Path(__file__).parent):
 from stage_run import run_stage  # noqa: E402
 
 from eagleflow.config import load_config  # noqa: E402
-from eagleflow.manifest import Manifest, read_manifest  # noqa: E402
-from eagleflow.outputs import ExtractOutputs, TrainMetrics, TrainOutputs  # noqa: E402
+from eagleflow.contracts.manifest import Manifest, read_manifest  # noqa: E402
+from eagleflow.contracts.stage_records import ExtractOutputs, TrainMetrics, TrainOutputs  # noqa: E402
 
 
 def _busy_loop() -> None:
@@ -61,26 +61,37 @@ def synthetic_extract(out: Path) -> tuple[Manifest, dict]:
     if not (root / "data" / "index.json").is_file():
         write_extract(root, TINY, torch.device("cpu"))
     index = json.loads((root / "data" / "index.json").read_text())
-    outputs = ExtractOutputs(index="data/index.json", shards=[e["file"] for e in index["shards"]],
-                             hidden_size=index["hidden_size"],
-                             num_tokens={s: sum(e["num_tokens"] for e in index["shards"] if e["split"] == s)
-                                         for s in ("train", "holdout")})
+    outputs = ExtractOutputs(
+        index="data/index.json",
+        shards=[e["file"] for e in index["shards"]],
+        hidden_size=index["hidden_size"],
+        num_tokens={s: sum(e["num_tokens"] for e in index["shards"] if e["split"] == s) for s in ("train", "holdout")},
+    )
     (out / "prompts.jsonl").write_text('{"prompt": "x"}\n')
-    config = {"name": "under-load", "host": {"work_root": str(out), "python": sys.executable},
-              "target": {"model_path": str(root / "target"), "aux_layer_ids": [1, 2, 3], "final_layer_id": 4},
-              "generate": {"prompts_path": str(out / "prompts.jsonl"), "num_samples": 40, "holdout": 32},
-              "train": {**TINY.train, "epochs": 3}}
+    config = {
+        "name": "under-load",
+        "host": {"work_root": str(out), "python": sys.executable},
+        "target": {"model_path": str(root / "target"), "aux_layer_ids": [1, 2, 3], "final_layer_id": 4},
+        "generate": {"prompts_path": str(out / "prompts.jsonl"), "num_samples": 40, "holdout": 32},
+        "train": {**TINY.train, "epochs": 3},
+    }
     return Manifest(stage="extract", key="synthetic", dir=str(root), outputs=outputs.model_dump()), config
 
 
 def run_train(config_data: dict, extract: Manifest, stage_dir: Path) -> dict:
     m, wall = run_stage("train", config_data, {"extract": extract}, stage_dir)
     metrics, outputs = TrainMetrics.of(m), TrainOutputs.of(m)
-    return {"steps": metrics.steps, "epochs": len(metrics.epochs),
-            "complete_epochs": sum(e.complete for e in metrics.epochs), "bounded_by": metrics.bounded_by,
-            "best_epoch": metrics.best_epoch, "acceptance_length_sim": metrics.best.acceptance_length,
-            "wall_s": round(wall, 1), "tokens_per_s": metrics.tokens_per_s,
-            "weights": str(stage_dir / outputs.checkpoints[-1] / "model.safetensors")}
+    return {
+        "steps": metrics.steps,
+        "epochs": len(metrics.epochs),
+        "complete_epochs": sum(e.complete for e in metrics.epochs),
+        "bounded_by": metrics.bounded_by,
+        "best_epoch": metrics.best_epoch,
+        "acceptance_length_sim": metrics.best.acceptance_length,
+        "wall_s": round(wall, 1),
+        "tokens_per_s": metrics.tokens_per_s,
+        "weights": str(stage_dir / outputs.checkpoints[-1] / "model.safetensors"),
+    }
 
 
 def main() -> int:
@@ -109,8 +120,10 @@ def main() -> int:
     same = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     print(f"{'run':8}{'steps':>7}{'epochs':>8}{'bounded by':>12}{'best AL':>9}{'wall s':>8}{'tok/s':>9}")
     for name, r in results.items():
-        print(f"{name:8}{r['steps']:>7}{r['epochs']:>8}{r['bounded_by']:>12}{r['acceptance_length_sim'] or 0:>9.3f}"
-              f"{r['wall_s']:>8}{r['tokens_per_s']:>9.0f}")
+        print(
+            f"{name:8}{r['steps']:>7}{r['epochs']:>8}{r['bounded_by']:>12}{r['acceptance_length_sim'] or 0:>9.3f}"
+            f"{r['wall_s']:>8}{r['tokens_per_s']:>9.0f}"
+        )
     print(f"final weights identical: {same}")
     (out / "under_load.json").write_text(json.dumps({**results, "weights_identical": same}, indent=1))
     ok = results["idle"]["steps"] == results["loaded"]["steps"] and same

@@ -31,8 +31,8 @@ for p in (ROOT, Path(__file__).parent):
 from stage_run import run_stage  # noqa: E402
 
 from eagleflow.config import parse_overrides  # noqa: E402
-from eagleflow.manifest import read_manifest  # noqa: E402
-from eagleflow.outputs import BenchmarkMetrics  # noqa: E402
+from eagleflow.contracts.benchmark_records import BenchmarkMetrics  # noqa: E402
+from eagleflow.contracts.manifest import read_manifest  # noqa: E402
 
 
 def config_data(path: Path, out: Path, overrides: dict) -> dict:
@@ -77,19 +77,37 @@ def main() -> int:
         m = BenchmarkMetrics.of(manifest)
         d, b = m.drafter, m.baseline
         tri = m.verdict.triage
-        print(json.dumps({
-            "drafter": name, "seconds": round(time.perf_counter() - t0, 1), "served_al": d.mean_acceptance_length,
-            "per_position": d.per_position_acceptance, "offline_al": m.offline.get("drafter"),
-            "tok_s": {"baseline": round(b.output_tok_s, 1), "drafter": round(d.output_tok_s, 1)},
-            "speedup": round(m.speedup, 3), "verdict": m.verdict.summary,
-            "preflight": [f"{f.level} {f.check}: {f.message}" for f in m.preflight if f.check.startswith(("attention", "mla"))],
-            "triage": None if tri is None else {
-                "blame": tri.culprit, "lossless": [c.model_dump() for c in tri.lossless],
-                "verify": tri.verify.model_dump() if tri.verify else None,
-                "plumbing": [x.model_dump() for x in tri.plumbing.layers] if tri.plumbing else None,
-                "backends": tri.backends.model_dump() if tri.backends else None, "skipped": tri.skipped,
-                "seconds": round(tri.seconds, 1)},
-        }), flush=True)
+        print(
+            json.dumps(
+                {
+                    "drafter": name,
+                    "seconds": round(time.perf_counter() - t0, 1),
+                    "served_al": d.mean_acceptance_length,
+                    "per_position": d.per_position_acceptance,
+                    "offline_al": m.offline.get("drafter"),
+                    "tok_s": {"baseline": round(b.output_tok_s, 1), "drafter": round(d.output_tok_s, 1)},
+                    "speedup": round(m.speedup, 3),
+                    "verdict": m.verdict.summary,
+                    "preflight": [
+                        f"{f.level} {f.check}: {f.message}"
+                        for f in m.preflight
+                        if f.check.startswith(("attention", "mla"))
+                    ],
+                    "triage": None
+                    if tri is None
+                    else {
+                        "blame": tri.culprit,
+                        "lossless": [c.model_dump() for c in tri.lossless],
+                        "verify": tri.verify.model_dump() if tri.verify else None,
+                        "plumbing": [x.model_dump() for x in tri.plumbing.layers] if tri.plumbing else None,
+                        "backends": tri.backends.model_dump() if tri.backends else None,
+                        "skipped": tri.skipped,
+                        "seconds": round(tri.seconds, 1),
+                    },
+                }
+            ),
+            flush=True,
+        )
     return 0
 
 

@@ -21,8 +21,12 @@ def log(msg: str) -> None:
 def gpu_used_mib() -> int | None:
     """The first GPU's memory in use (nvidia-smi), or None where there is none."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout
         return int(out.split()[0])
     except Exception:
         return None
@@ -31,18 +35,36 @@ def gpu_used_mib() -> int | None:
 class Server:
     """`python -m vllm.entrypoints.openai.api_server ARGS` on 127.0.0.1:`port`, its output in `log_path`."""
 
-    def __init__(self, args: list[str], port: int, log_path: Path, env: dict[str, str] | None = None,
-                 client_timeout_s: float = 120) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        port: int,
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        client_timeout_s: float = 120,
+    ) -> None:
         self.url = f"http://127.0.0.1:{port}"
-        self.cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
-                    "--port", str(port), *args]
+        self.cmd = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            *args,
+        ]
         self.log_path = log_path
         log("engine: " + " ".join(self.cmd[3:]))
         self.logf = open(log_path, "w")
         self.t0 = time.perf_counter()
-        self.proc = subprocess.Popen(self.cmd, stdout=self.logf, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.cmd,
+            stdout=self.logf,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            start_new_session=True,
+        )
         self.client = httpx.Client(timeout=client_timeout_s)
 
     def wait_healthy(self, timeout_s: float) -> float:

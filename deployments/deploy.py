@@ -41,23 +41,48 @@ from prefect.schedules import Cron
 
 from eagleflow.config import ConfigError, RunConfig, parse_overrides
 from flows.params import (
-    FIELD_KEYS, FLOW_OF, BenchmarkParams, ConfigParams, PlainParams, RetrainParams, RunParams, deployment_name,
+    FIELD_KEYS,
+    FLOW_OF,
+    BenchmarkParams,
+    ConfigParams,
+    PlainParams,
+    RetrainParams,
+    RunParams,
+    deployment_name,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
 
 # (kind, entrypoint, parameter model, description); a config's deployment of a kind is named `<config name>-<kind>`.
 KINDS: list[tuple[str, str, type[ConfigParams], str]] = [
-    ("pipeline", "flows/pipeline.py:pipeline", RunParams,
-     "Full run: generate, extract, train, export, benchmark; stages come from cache when unchanged."),
-    ("nightly", "flows/retrain.py:retrain", RetrainParams,
-     "Nightly retrain on fresh data with a promotion gate, on the config's schedule."),
-    ("benchmark", "flows/benchmark.py:benchmark_only", BenchmarkParams,
-     "Benchmark only: a drafter (parameter `drafter`: a directory or export manifest on the host; empty: the "
-     "config's finished one) against no speculation and production's current drafter, production given back."),
-    ("bootstrap", "flows/bootstrap.py:bootstrap", PlainParams,
-     "Create or update the host environment and report python, torch, CUDA, engine, GPUs and disk."),
+    (
+        "pipeline",
+        "flows/pipeline.py:pipeline",
+        RunParams,
+        "Full run: generate, extract, train, export, benchmark; stages come from cache when unchanged.",
+    ),
+    (
+        "nightly",
+        "flows/retrain.py:retrain",
+        RetrainParams,
+        "Nightly retrain on fresh data with a promotion gate, on the config's schedule.",
+    ),
+    (
+        "benchmark",
+        "flows/benchmark.py:benchmark_only",
+        BenchmarkParams,
+        "Benchmark only: a drafter (parameter `drafter`: a directory or export manifest on the host; empty: the "
+        "config's finished one) against no speculation and production's current drafter, production given back.",
+    ),
+    (
+        "bootstrap",
+        "flows/bootstrap.py:bootstrap",
+        PlainParams,
+        "Create or update the host environment and report python, torch, CUDA, engine, GPUs and disk.",
+    ),
 ]
+
+
 def ensure_pool(name: str) -> None:
     with get_client(sync_client=True) as client:
         try:
@@ -112,17 +137,32 @@ def deploy_config(config_path: str, pool: str, overrides: dict[str, Any] | None 
         # the operator gets one line per deployment instead.
         with contextlib.redirect_stdout(io.StringIO()):
             dep_id = f.deploy(
-                name=name, work_pool_name=pool, description=f"{description} (config {config_path})",
+                name=name,
+                work_pool_name=pool,
+                description=f"{description} (config {config_path})",
                 schedules=[Cron(sched.cron, timezone=sched.timezone, active=sched.active)] if sched else [],
                 parameters={"params": {"config_path": config_path, "overrides": overrides or {}}},
                 tags=["eagleflow", f"config:{config.name}", f"host:{config.host.name}"],
-                build=False, push=False, print_next_steps=False, ignore_warnings=True,
+                build=False,
+                push=False,
+                print_next_steps=False,
+                ignore_warnings=True,
             )
         with get_client(sync_client=True) as client:
             schema = client.read_deployment(dep_id).parameter_openapi_schema or {}
-            client.update_deployment(dep_id, DeploymentUpdate(parameter_openapi_schema=form_defaults(schema, model, config)))
-        out.append(Deployed(name=name, flow=FLOW_OF[kind], pool=pool, config=config_path, id=str(dep_id),
-                            schedule=sched.describe() if sched else "no schedule (runs when triggered)"))
+            client.update_deployment(
+                dep_id, DeploymentUpdate(parameter_openapi_schema=form_defaults(schema, model, config))
+            )
+        out.append(
+            Deployed(
+                name=name,
+                flow=FLOW_OF[kind],
+                pool=pool,
+                config=config_path,
+                id=str(dep_id),
+                schedule=sched.describe() if sched else "no schedule (runs when triggered)",
+            )
+        )
     return out
 
 
@@ -133,19 +173,28 @@ def deploy_all(config_paths: list[str], pool: str, overrides: dict[str, Any] | N
     names: dict[str, str] = {}
     for path, config in zip(config_paths, configs):
         if config.name in names:
-            raise ConfigError(f"{path} and {names[config.name]} are both named {config.name!r}: their deployments would "
-                              "replace each other; give each config its own `name`")
+            raise ConfigError(
+                f"{path} and {names[config.name]} are both named {config.name!r}: their deployments would "
+                "replace each other; give each config its own `name`"
+            )
         names[config.name] = path
     return [d for path in config_paths for d in deploy_config(path, pool, overrides)]
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("configs", nargs="*", metavar="CONFIG", help="run configs, each deployed under its own name")
     parser.add_argument("--config", action="append", default=[], help="the same, as a flag (default configs/demo.yaml)")
     parser.add_argument("--pool", default="eagleflow", help="process work pool (created when missing)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="an override every run of these deployments gets (VALUE is YAML)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an override every run of these deployments gets (VALUE is YAML)",
+    )
     args = parser.parse_args(argv)
     paths = [*args.configs, *args.config] or [str(ROOT / "configs" / "demo.yaml")]
     try:

@@ -2,7 +2,15 @@
 
 The library never imports Prefect: `flows/` wire, `tasks/` dispatch, this package does the work.
 Modules that need torch (stages, drafter) import it themselves, so the control environment can
-import `eagleflow.config`, `eagleflow.manifest` and `eagleflow.hosts` without it.
+import `eagleflow.config`, `eagleflow.contracts.manifest` and `eagleflow.hosts` without it.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+
+class EagleflowError(Exception):
+    """The root of every error eagleflow raises on purpose: a caller that catches it catches them all.
+
+    Each subclass's message is what a person reads (eagleflow.contracts.failure: what failed, the cause, the fix);
+    those raised where a value is wrong are also `ValueError`s, so validation and argument parsing treat them so.
+    """

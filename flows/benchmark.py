@@ -14,8 +14,8 @@ import sys
 
 from prefect import flow
 
-from eagleflow.manifest import Manifest
-from eagleflow.report import Report
+from eagleflow.contracts.manifest import Manifest
+from eagleflow.reporting.report import Report
 from flows.host_slot import host_slot, stop_jobs_of_run
 from flows.params import BenchmarkParams, main_cli
 from tasks.benchmark import benchmark
@@ -47,9 +47,17 @@ def benchmark_only(params: BenchmarkParams = BenchmarkParams()) -> Report:
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    return main_cli(benchmark_only, __doc__, params_cls=BenchmarkParams, argv=argv, prog=prog, extra_args={
-        "--drafter": "drafter directory or export manifest.json on the host (a relative path is relative to the "
-                     "config file, like the paths in it)"})
+    return main_cli(
+        benchmark_only,
+        __doc__,
+        params_cls=BenchmarkParams,
+        argv=argv,
+        prog=prog,
+        extra_args={
+            "--drafter": "drafter directory or export manifest.json on the host (a relative path is relative to the "
+            "config file, like the paths in it)"
+        },
+    )
 
 
 if __name__ == "__main__":

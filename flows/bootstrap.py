@@ -17,7 +17,8 @@ from pydantic import Field
 
 from eagleflow.config import ConfigError, load_config, parse_overrides
 from flows.params import PlainParams
-from infra.bootstrap import build_parser, render_text
+from infra.bootstrap import build_parser
+from infra.summary import render_text
 from tasks.bootstrap import bootstrap_host
 
 
@@ -47,8 +48,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"error: {exc}")
         return 2
-    params = BootstrapParams(config_path=args.config, overrides=overrides,
-                             packages=[] if args.no_packages else args.packages, base_python=args.base_python)
+    params = BootstrapParams(
+        config_path=args.config,
+        overrides=overrides,
+        packages=[] if args.no_packages else args.packages,
+        base_python=args.base_python,
+    )
     state = bootstrap(params, return_state=True)
     if not state.is_completed():
         print(f"error: the flow run ended {state.name}: {state.message}")

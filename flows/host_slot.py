@@ -18,7 +18,8 @@ import json
 import logging
 import re
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from prefect import get_run_logger
 from prefect.client.orchestration import get_client
@@ -31,7 +32,6 @@ from prefect.variables import Variable
 from eagleflow.config import HostConfig, RunConfig, load_config
 from eagleflow.hosts import Host, make_host
 from tasks.naming import flow_run_owner
-
 
 WAIT_NOTE_S = 30.0  # while queued, who holds the host is looked up again this often
 
@@ -59,8 +59,10 @@ def holder_variable(limit: str) -> str:
 def _held_by(holder: Any) -> str:
     if not isinstance(holder, dict):
         return ""
-    return (f": held by flow run {holder.get('flow_run')!r} ({holder.get('flow_run_id')}) for {holder.get('what')} "
-            f"since {holder.get('since')}")
+    return (
+        f": held by flow run {holder.get('flow_run')!r} ({holder.get('flow_run_id')}) for {holder.get('what')} "
+        f"since {holder.get('since')}"
+    )
 
 
 def _let_go(variable: str, run_id: str) -> None:
@@ -81,8 +83,11 @@ class _QuietTimeouts(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         item = record.args[1] if isinstance(record.args, tuple) and len(record.args) > 1 else None
-        return not (record.msg.startswith("Service %r failed to process item") and isinstance(item, tuple)
-                    and "TimeoutError" in repr(item))
+        return not (
+            record.msg.startswith("Service %r failed to process item")
+            and isinstance(item, tuple)
+            and "TimeoutError" in repr(item)
+        )
 
 
 @contextlib.contextmanager
@@ -137,21 +142,28 @@ def host_slot(config: RunConfig, what: str) -> Iterator[Host]:
             if holders != said:
                 for h, name, holder in zip(hosts, names, holders):
                     if holder is not None or h is config.host:
-                        logger.info("waiting for host %s (Prefect global concurrency limit %r)%s", h.name, name,
-                                    _held_by(holder))
+                        logger.info(
+                            "waiting for host %s (Prefect global concurrency limit %r)%s",
+                            h.name,
+                            name,
+                            _held_by(holder),
+                        )
                 said = holders
             try:
                 stack.enter_context(concurrency(names, occupy=1, strict=True, timeout_seconds=WAIT_NOTE_S))
                 break
             except TimeoutError:
                 continue
-        me = {"flow_run_id": flow_run_owner(), "flow_run": current_run.name, "what": what,
-              "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        me = {
+            "flow_run_id": flow_run_owner(),
+            "flow_run": current_run.name,
+            "what": what,
+            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
         for variable in variables:
             Variable.set(variable, me, overwrite=True)
         held = time.monotonic()
-        stack.callback(lambda: logger.info("released host %s after %.0f s", config.host.name,
-                                           time.monotonic() - held))
+        stack.callback(lambda: logger.info("released host %s after %.0f s", config.host.name, time.monotonic() - held))
         for variable in variables:
             stack.callback(_let_go, variable, me["flow_run_id"])
         host = stack.enter_context(make_host(config.host))
@@ -184,8 +196,10 @@ def stop_jobs_of_run(flow: Any, flow_run: Any, state: Any) -> None:
                 stopped += [f"{node.name}:{d}" for d in other.stop_owner(str(flow_run.id))]
         except Exception as exc:  # noqa: BLE001 - one unreachable node must not keep the others' jobs alive
             print(f"cannot stop the jobs of flow run {flow_run.id} on {node.name}: {exc}")
-    print(f"flow run {flow_run.id} ended {state.name}: stopped {len(stopped)} job(s) on {config.host.name}: {stopped}"
-          + (f"; production windows given back: {released}" if released else ""))
+    print(
+        f"flow run {flow_run.id} ended {state.name}: stopped {len(stopped)} job(s) on {config.host.name}: {stopped}"
+        + (f"; production windows given back: {released}" if released else "")
+    )
 
 
 def release_windows(host: Host, config: RunConfig, owner: str) -> list[str]:
@@ -193,8 +207,10 @@ def release_windows(host: Host, config: RunConfig, owner: str) -> list[str]:
     guardian would, once the host lease has been gone for production.orphan_grace_s)."""
     if config.production.kind == "none":
         return []
-    rc, out, err = host.exec([config.host.python, "-m", "eagleflow.production.window", "release-owner",
-                              config.host.work_root, owner], timeout=60)
+    rc, out, err = host.exec(
+        [config.host.python, "-m", "eagleflow.production.window", "release-owner", config.host.work_root, owner],
+        timeout=60,
+    )
     if rc != 0:
         print(f"could not release the production windows of {owner} on {config.host.name}: {(err or out)[-500:]}")
         return []

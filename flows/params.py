@@ -8,7 +8,8 @@ config's value. `deployments.deploy` shows the chosen config's values as the for
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -40,10 +41,15 @@ def full_name(config_name: str, kind: str) -> str:
     return f"{FLOW_OF[kind]}/{deployment_name(config_name, kind)}"
 
 
-CONFIG_PATH = Field("configs/demo.yaml", description="Run config (YAML) on the machine running the flow; "
-                    "the fields below default to its values.")
-OVERRIDES = Field(default_factory=dict, description='Any other setting, as dotted keys of the run config: '
-                  '{"benchmark.max_tokens": 64, "train.lr": 2e-4}. A typed field above wins over the same key here.')
+CONFIG_PATH = Field(
+    "configs/demo.yaml",
+    description="Run config (YAML) on the machine running the flow; the fields below default to its values.",
+)
+OVERRIDES = Field(
+    default_factory=dict,
+    description="Any other setting, as dotted keys of the run config: "
+    '{"benchmark.max_tokens": 64, "train.lr": 2e-4}. A typed field above wins over the same key here.',
+)
 
 
 class ConfigParams(BaseModel):
@@ -78,15 +84,25 @@ class RunParams(ConfigParams):
     typed: ClassVar[tuple[str, ...]] = ("epochs", "num_samples", "temperatures", "current_drafter", "host_address")
 
     config_path: str = CONFIG_PATH
-    epochs: int | None = Field(None, ge=1, le=1000, description="Training epochs over the generated data (train.epochs).")
-    num_samples: int | None = Field(None, ge=2, description="Prompts to answer, held-out ones included "
-                                    "(generate.num_samples).")
-    temperatures: list[float] | None = Field(None, description="Sampling temperatures the benchmark measures, 0 "
-                                             "greedy (benchmark.temperatures).")
-    current_drafter: str | None = Field(None, description="Production's drafter to compare the new one with: a "
-                                        "directory or export manifest.json on the host (benchmark.current_drafter).")
-    host_address: str | None = Field(None, description="The GPU host to run on, for an SSH host: its name or IP "
-                                     "(host.address; its key must be in host.known_hosts).")
+    epochs: int | None = Field(
+        None, ge=1, le=1000, description="Training epochs over the generated data (train.epochs)."
+    )
+    num_samples: int | None = Field(
+        None, ge=2, description="Prompts to answer, held-out ones included (generate.num_samples)."
+    )
+    temperatures: list[float] | None = Field(
+        None, description="Sampling temperatures the benchmark measures, 0 greedy (benchmark.temperatures)."
+    )
+    current_drafter: str | None = Field(
+        None,
+        description="Production's drafter to compare the new one with: a "
+        "directory or export manifest.json on the host (benchmark.current_drafter).",
+    )
+    host_address: str | None = Field(
+        None,
+        description="The GPU host to run on, for an SSH host: its name or IP "
+        "(host.address; its key must be in host.known_hosts).",
+    )
     overrides: dict[str, Any] = OVERRIDES
 
 
@@ -97,7 +113,8 @@ class BenchmarkParams(ConfigParams):
 
     config_path: str = CONFIG_PATH
     drafter: str | None = Field(
-        None, description="Drafter to measure: a directory on the host (engine format) or an export manifest.json; "
+        None,
+        description="Drafter to measure: a directory on the host (engine format) or an export manifest.json; "
         "empty: the run config's finished export (benchmark.drafter).",
     )
     temperatures: list[float] | None = RunParams.model_fields["temperatures"]
@@ -113,9 +130,16 @@ class RetrainParams(RunParams):
     min_acceptance_length: float = Field(1.5, ge=1, description="Promote only at or above this mean acceptance length.")
 
 
-def main_cli(flow_fn: Callable[[Any], Any], doc: str | None, params_cls: type[ConfigParams] = RunParams,
-             extra_args: dict[str, str] | None = None, argv: list[str] | None = None, prog: str | None = None,
-             check: Callable[[RunConfig], None] | None = None, show: Callable[[Any], None] | None = None) -> int:
+def main_cli(
+    flow_fn: Callable[[Any], Any],
+    doc: str | None,
+    params_cls: type[ConfigParams] = RunParams,
+    extra_args: dict[str, str] | None = None,
+    argv: list[str] | None = None,
+    prog: str | None = None,
+    check: Callable[[RunConfig], None] | None = None,
+    show: Callable[[Any], None] | None = None,
+) -> int:
     """`python -m flows.<flow> CONFIG [--set a.b=value ...]`: validate first, then run the flow.
 
     The config is validated before Prefect starts, so a bad field fails in a second, by name (exit 2);
@@ -125,8 +149,13 @@ def main_cli(flow_fn: Callable[[Any], Any], doc: str | None, params_cls: type[Co
     """
     parser = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", nargs="?", default="configs/demo.yaml", help="run config (YAML)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a field, e.g. --set benchmark.max_tokens=64 (VALUE is YAML)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field, e.g. --set benchmark.max_tokens=64 (VALUE is YAML)",
+    )
     for flag, help_text in (extra_args or {}).items():
         parser.add_argument(flag, default=None, help=help_text)
     args = vars(parser.parse_args(argv))

@@ -13,9 +13,9 @@ import time
 from prefect import flow
 
 from eagleflow.config import RunConfig
+from eagleflow.contracts.benchmark_records import ProductionWindow
 from eagleflow.hosts import Host
-from eagleflow.outputs import ProductionWindow
-from eagleflow.report import Report
+from eagleflow.reporting.report import Report
 from flows.host_slot import host_slot, stop_jobs_of_run
 from flows.params import RunParams, main_cli
 from tasks.benchmark import benchmark
@@ -40,8 +40,9 @@ def run_stages(host: Host, config: RunConfig) -> tuple[dict[str, StageRun], list
         runs["train"] = windows.run(train, {"extract": runs["extract"].manifest})
         runs["export"] = windows.run(export, {"train": runs["train"].manifest})
         # extract rides along (not in the benchmark's key): the triage compares the engine's states with it
-        runs["benchmark"] = windows.run(benchmark, {"export": runs["export"].manifest,
-                                                    "extract": runs["extract"].manifest})
+        runs["benchmark"] = windows.run(
+            benchmark, {"export": runs["export"].manifest, "extract": runs["extract"].manifest}
+        )
     return runs, windows.records
 
 

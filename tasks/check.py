@@ -6,8 +6,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from eagleflow.config import RunConfig
+from eagleflow.contracts.manifest import Manifest
 from eagleflow.hosts import Host
-from eagleflow.manifest import Manifest
 from tasks.dispatch import STAGE_TASK, dispatch
 
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from prefect import Task, get_run_logger
 from prefect.artifacts import create_table_artifact
@@ -26,18 +27,19 @@ from prefect.context import TaskRunContext
 from prefect.states import State
 
 from eagleflow.config import RunConfig
+from eagleflow.contracts.manifest import Manifest, required_upstream, stage_dir, stage_key
+from eagleflow.contracts.request import StageRequest
 from eagleflow.hosts import Host, StageFailed, is_transient
 from eagleflow.hosts.nodes import check_shared, node_jobs, run_together
-from eagleflow.manifest import Manifest, required_upstream, stage_dir, stage_key
-from eagleflow.request import StageRequest
 from tasks.failures import attach_failure_logs
 from tasks.naming import flow_run_owner
 from tasks.progress import ProgressArtifacts
 
 
 def key_for(stage: str, config: RunConfig, upstream: dict[str, Manifest]) -> str:
-    return stage_key(stage, config, {s: upstream[s].downstream_key for s in required_upstream(stage, config)
-                                     if s in upstream})
+    return stage_key(
+        stage, config, {s: upstream[s].downstream_key for s in required_upstream(stage, config) if s in upstream}
+    )
 
 
 def stage_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
@@ -75,9 +77,16 @@ def _run_ids() -> tuple[str, str, str]:
     return owner, str(run.id), stamp
 
 
-def dispatch(stage: str, host: Host, config: RunConfig, upstream: dict[str, Manifest],
-             on_failure: Callable[[str, StageFailed], None] | None = None, env: dict[str, str] | None = None,
-             secret_env: dict[str, str] | None = None, nodes: list[Host] | None = None) -> Manifest:
+def dispatch(
+    stage: str,
+    host: Host,
+    config: RunConfig,
+    upstream: dict[str, Manifest],
+    on_failure: Callable[[str, StageFailed], None] | None = None,
+    env: dict[str, str] | None = None,
+    secret_env: dict[str, str] | None = None,
+    nodes: list[Host] | None = None,
+) -> Manifest:
     """Run `python -m eagleflow.stages.<stage>` on the host; return the manifest it wrote last.
 
     `on_failure(stage_dir, error)` runs before a failed stage's error is raised (to attach logs; by
@@ -110,13 +119,24 @@ def dispatch(stage: str, host: Host, config: RunConfig, upstream: dict[str, Mani
     say = lambda line: logger.info(progress.line(line))  # noqa: E731
     try:
         if nodes:
-            check_shared(host, nodes, [f"{d}/request.json", config.target.model_path,
-                                       *(m.dir for m in upstream.values())])
+            check_shared(
+                host, nodes, [f"{d}/request.json", config.target.model_path, *(m.dir for m in upstream.values())]
+            )
             master = f"{config.train_nodes.master_addr or config.host.address}:{config.train_nodes.master_port}"
-            logger.info("%s on %d hosts: %s (rendezvous at %s)", stage, 1 + len(nodes),
-                        ", ".join([host.name, *(n.name for n in nodes)]), master)
-            run_together(node_jobs(host, nodes, d, master, config.host.python, env), argv[1:], log=say, owner=owner,
-                         attempt=attempt)
+            logger.info(
+                "%s on %d hosts: %s (rendezvous at %s)",
+                stage,
+                1 + len(nodes),
+                ", ".join([host.name, *(n.name for n in nodes)]),
+                master,
+            )
+            run_together(
+                node_jobs(host, nodes, d, master, config.host.python, env),
+                argv[1:],
+                log=say,
+                owner=owner,
+                attempt=attempt,
+            )
         else:
             host.run_job(d, argv, log=say, owner=owner, attempt=attempt, env=env, secret_env=secret_env)
     except StageFailed as exc:
@@ -135,8 +155,9 @@ def record_stage_dir(stage: str, key: str, host: Host, d: str, how: str) -> None
     """A table artifact of the running task (or flow) run: which stage, where on which host. What
     `eagleflow status` reads back, and what the task's page shows; never the stage's end."""
     try:
-        create_table_artifact([{"stage": stage, "key": key, "host": host.name, "dir": d, "how": how}],
-                              description=STAGE_RECORD)
+        create_table_artifact(
+            [{"stage": stage, "key": key, "host": host.name, "dir": d, "how": how}], description=STAGE_RECORD
+        )
     except Exception as exc:  # noqa: BLE001
         get_run_logger().warning("no stage record for %s: %s", stage, exc)
 
@@ -152,11 +173,19 @@ class StageRun:
 
 def is_finished(host: Host, config: RunConfig, stage: str, upstream: dict[str, Manifest]) -> bool:
     """Whether the stage's manifest for these inputs is on the host: a run of it is no work."""
-    return stage not in ALWAYS_RUN and host.exists(f"{stage_dir(config, stage, key_for(stage, config, upstream))}/manifest.json")
+    return stage not in ALWAYS_RUN and host.exists(
+        f"{stage_dir(config, stage, key_for(stage, config, upstream))}/manifest.json"
+    )
 
 
-def run_cached(task: Task, host: Host, config: RunConfig, upstream: dict[str, Manifest] | None = None,
-               env: dict[str, str] | None = None, label: str | None = None) -> StageRun:
+def run_cached(
+    task: Task,
+    host: Host,
+    config: RunConfig,
+    upstream: dict[str, Manifest] | None = None,
+    env: dict[str, str] | None = None,
+    label: str | None = None,
+) -> StageRun:
     """Call a stage task, honouring a cache hit only if its manifest still exists on the host.
     `env` (a production window's) reaches the stage process, not the cache key. `label`: the task run's
     name when a flow runs the stage more than once (the nightly's 'generate: holdout')."""
@@ -166,7 +195,8 @@ def run_cached(task: Task, host: Host, config: RunConfig, upstream: dict[str, Ma
     start = time.monotonic()
     options: dict[str, Any] = {"task_run_name": label} if label else {}
     state = task.with_options(refresh_cache=not present, retries=config.host.stage_retries, **options)(
-        host, config, upstream, **({"env": env} if env else {}), return_state=True)
+        host, config, upstream, **({"env": env} if env else {}), return_state=True
+    )
     manifest = state.result()  # raises the task's exception when it failed
     cached = state.name == "Cached"
     if cached:  # the task did not run, so its dispatch said nothing: say where the stage is

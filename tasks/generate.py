@@ -12,14 +12,15 @@ import os
 
 from prefect import task
 
+from eagleflow import EagleflowError
 from eagleflow.config import RunConfig
+from eagleflow.contracts.manifest import Manifest
+from eagleflow.contracts.request import PRODUCTION_API_KEY_ENV
 from eagleflow.hosts import Host
-from eagleflow.manifest import Manifest
-from eagleflow.request import PRODUCTION_API_KEY_ENV
 from tasks.dispatch import STAGE_TASK, dispatch, stage_cache_key
 
 
-class MissingSecret(RuntimeError):
+class MissingSecret(EagleflowError):
     """Production's API key was named in the config but is not where it says."""
 
 
@@ -34,15 +35,19 @@ def production_api_key(config: RunConfig) -> dict[str, str]:
         try:
             key = Secret.load(p.api_key_secret).get()
         except ValueError as exc:
-            raise MissingSecret(f"production.api_key_secret: no Prefect Secret block named {p.api_key_secret!r} on "
-                                f"this Prefect server ({type(exc).__name__}); create it (prefect block create secret) "
-                                "or set production.api_key_env instead") from None
+            raise MissingSecret(
+                f"production.api_key_secret: no Prefect Secret block named {p.api_key_secret!r} on "
+                f"this Prefect server ({type(exc).__name__}); create it (prefect block create secret) "
+                "or set production.api_key_env instead"
+            ) from None
         return {PRODUCTION_API_KEY_ENV: str(key)}
     if p.api_key_env:
         key = os.environ.get(p.api_key_env)
         if not key:
-            raise MissingSecret(f"production.api_key_env names {p.api_key_env}, which is not set in this flow run's "
-                                "environment; export it where the Prefect worker runs, or use production.api_key_secret")
+            raise MissingSecret(
+                f"production.api_key_env names {p.api_key_env}, which is not set in this flow run's "
+                "environment; export it where the Prefect worker runs, or use production.api_key_secret"
+            )
         return {PRODUCTION_API_KEY_ENV: key}
     return {}
 

@@ -1,5 +1,5 @@
 """The nightly retrain's record of nights as Prefect tasks: `nights.json` in the pool directory on the host
-(eagleflow.pool.NightRecord, one a night) and its picture, AL by night, drawn on the host."""
+(eagleflow.contracts.stage_records.NightRecord, one a night) and its picture, AL by night, drawn on the host."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from eagleflow.config import RunConfig
+from eagleflow.contracts.stage_records import NightRecord
 from eagleflow.hosts import Host
-from eagleflow.pool import NightRecord
 
 NIGHTS = "nights.json"
 PICTURE = "al-by-night.png"
@@ -22,7 +22,9 @@ def read_nights(host: Host, pool_dir: str) -> list[NightRecord]:
 
 
 @task(name="record-night", cache_policy=NO_CACHE)
-def record_night(host: Host, config: RunConfig, pool_dir: str, night: NightRecord) -> tuple[list[NightRecord], str | None]:
+def record_night(
+    host: Host, config: RunConfig, pool_dir: str, night: NightRecord
+) -> tuple[list[NightRecord], str | None]:
     """Tonight's record into nights.json (a rerun of the same flow run replaces its own), then the picture.
     Returns every night so far and the picture's path on the host (None when it could not be drawn)."""
     nights = [n for n in read_nights(host, pool_dir) if n.run != night.run]
@@ -30,7 +32,9 @@ def record_night(host: Host, config: RunConfig, pool_dir: str, night: NightRecor
     nights.append(night)
     host.write_text(f"{pool_dir}/{NIGHTS}", json.dumps([n.model_dump(mode="json") for n in nights], indent=2))
     picture = f"{pool_dir}/{PICTURE}"
-    rc, out, err = host.exec([config.host.python, "-m", "eagleflow.plots", "nights", f"{pool_dir}/{NIGHTS}", picture])
+    rc, out, err = host.exec(
+        [config.host.python, "-m", "eagleflow.reporting.plots", "nights", f"{pool_dir}/{NIGHTS}", picture]
+    )
     if rc != 0:
         get_run_logger().warning("AL-by-night picture not drawn: %s", (err or out)[-500:])
         return nights, None

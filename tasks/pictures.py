@@ -7,7 +7,7 @@ import base64
 from prefect import get_run_logger
 
 from eagleflow.hosts import Host
-from eagleflow.report import PLOT_TITLES
+from eagleflow.reporting.report import PLOT_TITLES
 
 MAX_IMAGE_BYTES = 2_000_000  # a picture larger than this stays on the host (it is not one of ours)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from prefect import task
 
 from eagleflow.config import RunConfig
+from eagleflow.contracts.manifest import Manifest
 from eagleflow.hosts import Host
-from eagleflow.manifest import Manifest
 from tasks.dispatch import STAGE_TASK, dispatch, stage_cache_key
 
 

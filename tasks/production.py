@@ -16,17 +16,20 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from prefect import Task, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from eagleflow import EagleflowError
 from eagleflow.config import RunConfig
-from eagleflow.failure import split_message, three_lines
+from eagleflow.contracts.benchmark_records import ProductionWindow
+from eagleflow.contracts.failure import split_message, three_lines
+from eagleflow.contracts.manifest import Manifest
+from eagleflow.extraction.backends import backend_of
 from eagleflow.hosts import Host
-from eagleflow.manifest import Manifest
-from eagleflow.outputs import ProductionWindow
-from eagleflow.production.deployed import link_path
+from eagleflow.production.served import link_path
 from tasks.dispatch import StageRun, is_finished, run_cached
 from tasks.naming import flow_run_owner
 
@@ -35,7 +38,7 @@ POLL_S = 2.0
 CLOSE_MARGIN_S = 300.0  # beyond restore_timeout_s: the holder's own waits
 
 
-class ProductionWindowError(RuntimeError):
+class ProductionWindowError(EagleflowError):
     """Production could not be stopped for the GPU stages, or is not healthy after them."""
 
 
@@ -43,7 +46,7 @@ def needs_gpus(stage: str, config: RunConfig) -> bool:
     """Whether the stage takes the GPUs production holds. 'auto' devices count: on a GPU host they pick
     CUDA, and a stage fighting production for memory fails hours in."""
     if stage == "extract":
-        return config.extract.backend == "vllm" or config.extract.device != "cpu"
+        return backend_of(config).uses_gpus(config)
     if stage == "train":
         return config.train.device != "cpu"
     return stage == "benchmark"
@@ -53,25 +56,46 @@ def needs_gpus(stage: str, config: RunConfig) -> bool:
 def stop_production(host: Host, config: RunConfig, stage: str) -> dict[str, Any]:
     """Start a window's holder on the host; return its record (token, env for the stages) once production is down."""
     owner = flow_run_owner()
-    d = f"{config.host.work_root.rstrip('/')}/production/{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{owner[-8:]}-{stage}"
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    d = f"{config.host.work_root.rstrip('/')}/production/{stamp}-{owner[-8:]}-{stage}"
     settings = config.production.model_dump(mode="json")
-    if config.production.promote == "deploy":  # a drafter switched in the window is swapped in at the wake
+    if config.production.promote == "serve":  # a drafter switched in the window is swapped in at the wake
         settings["drafter_link"] = link_path(config.host.work_root, config.name)
-    argv = [config.host.python, "-m", WINDOW_CLI, "open", d, "--config", json.dumps(settings),
-            "--work-root", config.host.work_root, "--owner", owner, "--stages", stage]
+    argv = [
+        config.host.python,
+        "-m",
+        WINDOW_CLI,
+        "open",
+        d,
+        "--config",
+        json.dumps(settings),
+        "--work-root",
+        config.host.work_root,
+        "--owner",
+        owner,
+        "--stages",
+        stage,
+    ]
     rc, out, err = host.exec(argv, timeout=config.production.stop_timeout_s + 180)
     lines = [x for x in out.splitlines() if x.startswith("{")]
     rec = json.loads(lines[-1]) if lines else {"error": (err or out)[-3000:]}
     if rc != 0 or "error" in rec:
         cause, fix, _ = split_message(str(rec.get("error")))
-        raise ProductionWindowError(three_lines(f"production on {host.name} was not stopped for {stage}", cause, fix,
-                                                [f"{host.name}:{d}"]))
+        raise ProductionWindowError(
+            three_lines(f"production on {host.name} was not stopped for {stage}", cause, fix, [f"{host.name}:{d}"])
+        )
     if rec.get("paused"):
-        get_run_logger().info("production is asleep on %s (window %s; %s, in %s s)", host.name, d,
-                              rec["paused"].get("why"), rec["paused"].get("sleep_s"))
+        get_run_logger().info(
+            "production is asleep on %s (window %s; %s, in %s s)",
+            host.name,
+            d,
+            rec["paused"].get("why"),
+            rec["paused"].get("sleep_s"),
+        )
     else:
-        get_run_logger().info("production is down on %s (window %s; the stop took %s s)", host.name, d,
-                              rec.get("stopped_s"))
+        get_run_logger().info(
+            "production is down on %s (window %s; the stop took %s s)", host.name, d, rec.get("stopped_s")
+        )
     return {**rec, "dir": d}
 
 
@@ -89,17 +113,28 @@ def restore_production(host: Host, config: RunConfig, window: dict[str, Any], st
         if status.get("state") == "closed":
             break
         if time.monotonic() > deadline:
-            raise ProductionWindowError(three_lines(
-                f"production on {host.name} is not back after the window of {', '.join(stages)}",
-                f"its window did not close within {deadline_s:.0f} s", None,
-                [f"{host.name}:{d}/window.log", f"{host.name}:{d}/production-guardian.log"]))
+            raise ProductionWindowError(
+                three_lines(
+                    f"production on {host.name} is not back after the window of {', '.join(stages)}",
+                    f"its window did not close within {deadline_s:.0f} s",
+                    None,
+                    [f"{host.name}:{d}/window.log", f"{host.name}:{d}/production-guardian.log"],
+                )
+            )
         time.sleep(POLL_S)
     record = ProductionWindow.model_validate({**status["result"], "stages": stages, "dir": d})
-    get_run_logger().info("production window of %s closed: %s (down %s s)", ", ".join(stages), record.summary,
-                          record.down_s)
+    get_run_logger().info(
+        "production window of %s closed: %s (down %s s)", ", ".join(stages), record.summary, record.down_s
+    )
     if not record.ok:
-        raise ProductionWindowError(three_lines(f"production on {host.name} is NOT healthy after {', '.join(stages)}",
-                                                record.summary, None, [f"{host.name}:{d}"]))
+        raise ProductionWindowError(
+            three_lines(
+                f"production on {host.name} is NOT healthy after {', '.join(stages)}",
+                record.summary,
+                None,
+                [f"{host.name}:{d}"],
+            )
+        )
     return record
 
 
@@ -116,17 +151,22 @@ class Windows:
     def active(self) -> bool:
         return self.config.production.kind != "none"
 
-    def run(self, stage_task: Task, upstream: dict[str, Manifest] | None = None, config: RunConfig | None = None,
-            label: str | None = None) -> StageRun:
+    def run(
+        self,
+        stage_task: Task,
+        upstream: dict[str, Manifest] | None = None,
+        config: RunConfig | None = None,
+        label: str | None = None,
+    ) -> StageRun:
         """Run a stage task, inside a window when it needs the GPUs and has work to do. `config`: the stage's own
         when it is not the flow's (a nightly pool batch); `label`: its task run's name."""
         stage, upstream, config = stage_task.name, upstream or {}, config or self.config
-        if (not self.active or not needs_gpus(stage, config)
-                or is_finished(self.host, config, stage, upstream)):
+        if not self.active or not needs_gpus(stage, config) or is_finished(self.host, config, stage, upstream):
             if self.open is not None:
                 self.stages.append(label or stage)
-            return run_cached(stage_task, self.host, config, upstream, env=self.open["env"] if self.open else None,
-                              label=label)
+            return run_cached(
+                stage_task, self.host, config, upstream, env=self.open["env"] if self.open else None, label=label
+            )
         if self.open is None:
             self.open = stop_production(self.host, self.config, label or stage)
         self.stages.append(label or stage)

@@ -1,4 +1,4 @@
-"""A stage's progress lines (eagleflow.progress) as Prefect progress artifacts, updated while it runs.
+"""A stage's progress lines (eagleflow.contracts.progress) as Prefect progress artifacts, updated while it runs.
 
 One artifact per piece of work of the stage (generate's samples, extract's tokens, train's steps,
 each engine's load), keyed `eagleflow-<run>-<stage>-<work>-progress` and shown on the task run's
@@ -9,13 +9,14 @@ The person in the terminal sees the same line without its JSON.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 from uuid import UUID
 
 from prefect import get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-from eagleflow.progress import ProgressEvent, duration, parse_line
+from eagleflow.contracts.progress import ProgressEvent, parse_line
+from eagleflow.util.text import duration_text
 from tasks.naming import artifact_key
 
 # At most one update per artifact this often (the final one always goes): the server is shared.
@@ -28,11 +29,11 @@ def describe(event: ProgressEvent) -> str:
     if event.rate:
         rows.append(("rate", f"{event.rate:,.1f} {event.unit}/s"))
     rows += [(k, _cell(v)) for k, v in event.figures.items()]
-    rows.append(("elapsed", duration(event.elapsed_s)))
+    rows.append(("elapsed", duration_text(event.elapsed_s)))
     if event.final:
         rows.append(("state", "done"))
     elif event.eta_s is not None:
-        rows.append(("time left", f"about {duration(event.eta_s)}"))
+        rows.append(("time left", f"about {duration_text(event.eta_s)}"))
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
     return f"**{event.label}**: {event.percent:.1f}%\n\n| | |\n|---|---|\n{table}"
 

@@ -21,8 +21,16 @@ def demo_yaml() -> Path:
     return ROOT / "configs" / "demo.yaml"
 
 
-def prod_service_config(tmp: Path, port: int, python: str, served_name: str = "prod", engine_args: tuple = (),
-                        env_from: tuple = (), env: tuple = (), **extra) -> dict:
+def prod_service_config(
+    tmp: Path,
+    port: int,
+    python: str,
+    served_name: str = "prod",
+    engine_args: tuple = (),
+    env_from: tuple = (),
+    env: tuple = (),
+    **extra,
+) -> dict:
     """production: a command-defined service around a real vLLM CPU server of the demo target (no
     drafter), started and stopped by tests/prodservice.py, as an operator's scripts would.
     `env_from`: K=VAR pairs the server gets from the start command's environment (an API key); `env`: more
@@ -30,17 +38,49 @@ def prod_service_config(tmp: Path, port: int, python: str, served_name: str = "p
     import sys
 
     pidfile, log = tmp / "prod.pid", tmp / "prod.log"
-    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(ROOT / "demo" / "target"),
-            "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16",
-            "--max-model-len", "1024", "--enforce-eager", *engine_args]
+    argv = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(ROOT / "demo" / "target"),
+        "--served-model-name",
+        served_name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        "1024",
+        "--enforce-eager",
+        *engine_args,
+    ]
     script = str(ROOT / "tests" / "prodservice.py")
-    return {"kind": "command",
-            "start_command": [sys.executable, script, "start", "--pidfile", str(pidfile), "--log", str(log),
-                              "--port", str(port), "--env", "VLLM_CPU_KVCACHE_SPACE=1",
-                              *[a for kv in env for a in ("--env", kv)],
-                              *[a for kv in env_from for a in ("--env-from", kv)], "--", *argv],
-            "stop_command": [sys.executable, script, "stop", "--pidfile", str(pidfile)],
-            "health_url": f"http://127.0.0.1:{port}/health", **extra}
+    return {
+        "kind": "command",
+        "start_command": [
+            sys.executable,
+            script,
+            "start",
+            "--pidfile",
+            str(pidfile),
+            "--log",
+            str(log),
+            "--port",
+            str(port),
+            "--env",
+            "VLLM_CPU_KVCACHE_SPACE=1",
+            *[a for kv in env for a in ("--env", kv)],
+            *[a for kv in env_from for a in ("--env-from", kv)],
+            "--",
+            *argv,
+        ],
+        "stop_command": [sys.executable, script, "stop", "--pidfile", str(pidfile)],
+        "health_url": f"http://127.0.0.1:{port}/health",
+        **extra,
+    }
 
 
 def processes_with_env(var: str, value: str) -> list[int]:

@@ -19,11 +19,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from eagleflow.drafter.config import TrainConfig  # noqa: E402
+from eagleflow.config.train import TrainConfig  # noqa: E402
 from eagleflow.drafter.checkpoint import save_checkpoint  # noqa: E402
+from eagleflow.drafter.model import Eagle3Drafter  # noqa: E402
 from eagleflow.drafter.target import arch_for_target, read_target_head  # noqa: E402
 from eagleflow.drafter.vllm_export import export_vllm  # noqa: E402
-from eagleflow.drafter.model import Eagle3Drafter  # noqa: E402
 from eagleflow.drafter.vocab import DraftVocab  # noqa: E402
 
 

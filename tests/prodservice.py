@@ -71,8 +71,15 @@ def start(pidfile: Path, log: Path, port: int, env: list[str], argv: list[str], 
             return 2
         extra[key] = os.environ[var]
     with open(log, "ab") as out:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, **extra}, start_new_session=True, cwd="/")
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **extra},
+            start_new_session=True,
+            cwd="/",
+        )
     pidfile.write_text(str(proc.pid))
     print(f"started pid {proc.pid}")
     return 0
@@ -109,9 +116,14 @@ def block(state_dir: str, work_root: str, config: str) -> int:
     with production_stopped(cfg, state_dir, work_root=work_root, log=lambda m: print(m, flush=True)) as downtime:
         # The engine stand-in: its own session, the token in its environment, no death signal, so
         # only the guardian can end it once this process is gone.
-        engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
-                                  env={**os.environ, **downtime.engine_env()}, start_new_session=True,
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        engine = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(600)"],
+            env={**os.environ, **downtime.engine_env()},
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         downtime.pid_file("standin").write_text(str(engine.pid))
         print(f"in-block {downtime.token} {engine.pid}", flush=True)
         time.sleep(600)

@@ -36,9 +36,15 @@ class Sshd:
 
     def host_overrides(self, port: int | None = None, **extra: object) -> dict[str, object]:
         """Run-config overrides that send the host to this server (or to a relay in front of it)."""
-        return {"host.kind": "ssh", "host.name": "loopback", "host.address": "127.0.0.1",
-                "host.port": port or self.port, "host.key_path": str(self.user_key),
-                "host.known_hosts": str(self.known_hosts), **extra}
+        return {
+            "host.kind": "ssh",
+            "host.name": "loopback",
+            "host.address": "127.0.0.1",
+            "host.port": port or self.port,
+            "host.key_path": str(self.user_key),
+            "host.known_hosts": str(self.known_hosts),
+            **extra,
+        }
 
     def trust_port(self, port: int) -> None:
         """Add the server's key for another port (a relay in front of it) to known_hosts."""
@@ -71,7 +77,9 @@ def run_settings() -> str:
     return f"SetEnv {' '.join(pairs)}\n" if pairs else ""
 
 
-def start_sshd(base: Path, *, sftp: str | None = "internal-sftp", extra: str = "", wrap: list[str] | None = None) -> Sshd:
+def start_sshd(
+    base: Path, *, sftp: str | None = "internal-sftp", extra: str = "", wrap: list[str] | None = None
+) -> Sshd:
     """`sftp`: the sftp subsystem's command (None: no subsystem, as on a hardened host); `extra`: more
     sshd_config lines; `wrap`: argv the sshd runs under (a mount namespace, a capability set)."""
     if not os.path.exists(SSHD):
@@ -91,8 +99,10 @@ def start_sshd(base: Path, *, sftp: str | None = "internal-sftp", extra: str = "
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {host_key}\nPidFile {base / 'sshd.pid'}\n"
         f"AuthorizedKeysFile {base / 'authorized_keys'}\nPasswordAuthentication no\n"
         "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPermitRootLogin prohibit-password\n"
-        + (f"Subsystem sftp {sftp}\n" if sftp else "") + "LogLevel VERBOSE\nMaxStartups 100\nMaxSessions 50\n"
-        + run_settings() + extra
+        + (f"Subsystem sftp {sftp}\n" if sftp else "")
+        + "LogLevel VERBOSE\nMaxStartups 100\nMaxSessions 50\n"
+        + run_settings()
+        + extra
     )
     if os.geteuid() == 0:
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege-separation directory

@@ -7,7 +7,7 @@ working directory.
 The reference of every setting a run has: one section a class, every field with its description, in modules
 named after what they configure (host: host, target, engine; data: generate, extract, nightly; measure: export,
 benchmark, triage; production; schedule), all importable from here. The drafter's own settings are apart, in
-eagleflow.drafter.config, because the trainer reads them without the rest.
+eagleflow.config.train, because the trainer reads them without the rest.
 """
 
 from __future__ import annotations
@@ -25,11 +25,29 @@ from eagleflow.config.host import EngineConfig, HostConfig, TargetConfig, TrainN
 from eagleflow.config.measure import BenchmarkConfig, ExportConfig, TriageConfig, TriageProbe
 from eagleflow.config.production import ProductionConfig
 from eagleflow.config.schedule import ScheduleConfig
-from eagleflow.drafter.config import TrainConfig
+from eagleflow.config.train import TrainConfig
 
-__all__ = ["BenchmarkConfig", "ConfigError", "EngineConfig", "ExportConfig", "ExtractConfig", "GenerateConfig",
-           "HostConfig", "NightlyConfig", "ProductionConfig", "RunConfig", "ScheduleConfig", "TargetConfig", "TrainConfig", "TrainNodesConfig", "TriageConfig",
-           "TriageProbe", "load_config", "parse_config", "parse_overrides"]
+__all__ = [
+    "BenchmarkConfig",
+    "ConfigError",
+    "EngineConfig",
+    "ExportConfig",
+    "ExtractConfig",
+    "GenerateConfig",
+    "HostConfig",
+    "NightlyConfig",
+    "ProductionConfig",
+    "RunConfig",
+    "ScheduleConfig",
+    "TargetConfig",
+    "TrainConfig",
+    "TrainNodesConfig",
+    "TriageConfig",
+    "TriageProbe",
+    "load_config",
+    "parse_config",
+    "parse_overrides",
+]
 
 
 class RunConfig(_Strict):
@@ -50,7 +68,9 @@ class RunConfig(_Strict):
     production: ProductionConfig = Field(default_factory=ProductionConfig)
     nightly: NightlyConfig = Field(default_factory=NightlyConfig)
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig, description="When the nightly deployment runs.")
-    report_dir: str = Field("reports", description="Where the control side writes report.json (relative: to the config file).")
+    report_dir: str = Field(
+        "reports", description="Where the control side writes report.json (relative: to the config file)."
+    )
 
     @field_validator("name")
     @classmethod
@@ -58,11 +78,12 @@ class RunConfig(_Strict):
         return v.strip()
 
     @model_validator(mode="after")
-    def _cross(self) -> "RunConfig":
+    def _cross(self) -> RunConfig:
         if self.benchmark.num_prompts > self.generate.holdout:
             raise ValueError(
                 f"benchmark.num_prompts ({self.benchmark.num_prompts}) exceeds generate.holdout "
-                f"({self.generate.holdout}): the benchmark only uses held-out prompts; raise holdout or lower num_prompts"
+                f"({self.generate.holdout}): the benchmark only uses held-out prompts; raise holdout or lower "
+                f"num_prompts"
             )
         if self.train.max_seq_len > self.extract.max_seq_len:
             raise ValueError(
@@ -74,8 +95,10 @@ class RunConfig(_Strict):
                 "base URL of production's OpenAI-compatible API, e.g. http://127.0.0.1:8000, or its replicas' URLs"
             )
         if self.benchmark.drafter_on == "production" and not (self.production.url and self.engine.kind == "vllm"):
-            raise ValueError("benchmark.drafter_on 'production' needs production.url and engine.kind 'vllm': the drafter "
-                             "is measured through production's endpoint and its /metrics counters")
+            raise ValueError(
+                "benchmark.drafter_on 'production' needs production.url and engine.kind 'vllm': the drafter "
+                "is measured through production's endpoint and its /metrics counters"
+            )
         self._train_nodes()
         if self.extract.backend == "vllm" and self.engine.kind != "vllm":
             raise ValueError(
@@ -84,18 +107,21 @@ class RunConfig(_Strict):
             )
         return self
 
-
     def _train_nodes(self) -> None:
         nodes = self.train_nodes.hosts
         if not nodes:
             return
         if self.host.kind != "ssh" or any(n.kind != "ssh" for n in nodes):
-            raise ValueError("train_nodes: training across hosts runs a detached job on each over SSH: host.kind and "
-                             "every train_nodes.hosts[].kind must be 'ssh'")
+            raise ValueError(
+                "train_nodes: training across hosts runs a detached job on each over SSH: host.kind and "
+                "every train_nodes.hosts[].kind must be 'ssh'"
+            )
         names = [self.host.name] + [n.name for n in nodes]
         if len(set(names)) != len(names):
-            raise ValueError(f"train_nodes.hosts: host names {names} must differ from each other and from host.name "
-                             "(each names a Prefect concurrency limit and a lease)")
+            raise ValueError(
+                f"train_nodes.hosts: host names {names} must differ from each other and from host.name "
+                "(each names a Prefect concurrency limit and a lease)"
+            )
         shared = self.host.work_root.rstrip("/")
         for i, n in enumerate(nodes):
             own = n.work_root.rstrip("/")
@@ -103,7 +129,8 @@ class RunConfig(_Strict):
                 raise ValueError(
                     f"train_nodes.hosts[{i}].work_root {n.work_root!r} lies in host.work_root {self.host.work_root!r}: "
                     "a node keeps its jobs' pids and locks under its own work_root, which must not be on the "
-                    "filesystem it shares with node 0 (a pid there would name a process of another machine)")
+                    "filesystem it shares with node 0 (a pid there would name a process of another machine)"
+                )
 
 
 def _format_errors(err: ValidationError, source: str) -> str:

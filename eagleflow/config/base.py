@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+from eagleflow import EagleflowError
 
-class ConfigError(ValueError):
+
+class ConfigError(EagleflowError, ValueError):
     """A run config that cannot be used; the message names the field or path and the fix."""
 
 

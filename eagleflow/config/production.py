@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from eagleflow.config.base import _Strict
 
@@ -29,7 +29,8 @@ class ProductionConfig(_Strict):
         None, description="URL that answers 200 when production is healthy, e.g. http://127.0.0.1:8000/health."
     )
     url: str | None = Field(
-        None, description="Base URL of production's OpenAI-compatible API, e.g. http://127.0.0.1:8000 "
+        None,
+        description="Base URL of production's OpenAI-compatible API, e.g. http://127.0.0.1:8000 "
         "(generate.server 'production' sends its prompts there).",
     )
     replicas: list[str] = Field(
@@ -41,13 +42,15 @@ class ProductionConfig(_Strict):
         "taken back once its /health answers. Empty: production.url alone.",
     )
     api_key_env: str | None = Field(
-        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
         description="Name of the environment variable holding production's API key, in the environment of the "
         "flow run (the Prefect worker). The key is handed to the generate stage in memory: never written to a "
         "request, manifest, log, report or artifact.",
     )
     api_key_secret: str | None = Field(
-        None, description="Name of a Prefect Secret block holding production's API key (read by the flow run; "
+        None,
+        description="Name of a Prefect Secret block holding production's API key (read by the flow run; "
         "wins over api_key_env).",
     )
     window: Literal["pipeline", "stage"] = Field(
@@ -61,7 +64,8 @@ class ProductionConfig(_Strict):
         1800, gt=0, description="Wait this long for production to answer healthy after starting it again."
     )
     orphan_grace_s: float = Field(
-        20, gt=0,
+        20,
+        gt=0,
         description="Safety net on the host: when the pipeline that stopped production is gone this long (its host "
         "lease is free), the net ends the benchmark and restores production.",
     )
@@ -75,42 +79,55 @@ class ProductionConfig(_Strict):
         "(docs/production.md).",
     )
     sleep_level: Literal[1, 2] | None = Field(
-        None, description="sleep: 1 moves production's weights to host RAM, 2 drops them (read again at the wake). "
+        None,
+        description="sleep: 1 moves production's weights to host RAM, 2 drops them (read again at the wake). "
         "Unset: level 1 when the host's free RAM holds what production has on its GPUs, else 2.",
     )
     swap_drafter: bool = Field(
         False,
-        description="sleep + promote 'deploy': a new drafter of the served one's architecture is swapped into the "
+        description="sleep + promote 'serve': a new drafter of the served one's architecture is swapped into the "
         "woken engine over CUDA IPC (seconds) instead of a restart. Production must be launched with "
-        "--weight-transfer-config '{\"backend\": \"ipc\"}' and VLLM_ALLOW_INSECURE_SERIALIZATION=1, which lets "
+        '--weight-transfer-config \'{"backend": "ipc"}\' and VLLM_ALLOW_INSECURE_SERIALIZATION=1, which lets '
         "whoever reaches its port run code in it: only where the port is the host's alone.",
     )
 
-    promote: Literal["record", "deploy"] = Field(
+    promote: Literal["record", "serve"] = Field(
         "record",
         description="What the nightly's promotion does. 'record': write the promoted record only (production's launch "
-        "is the operator's to change). 'deploy': production's launch reads its drafter from the link "
+        "is the operator's to change). 'serve' (named 'deploy' before 0.2, still read): production's launch reads its "
+        "drafter from the link "
         "<work_root>/production/<name>/drafter; promoting switches the link inside the production window, so "
         "production comes back with the new drafter, then the canary measures production through its endpoint and "
         "rolls back to the last good drafter when it serves below the bar.",
     )
-    canary_prompts: int = Field(16, ge=1, description="deploy: held-out prompts the canary sends to production (one "
-                                "at a time, greedy).")
-    canary_max_tokens: int | None = Field(None, ge=1, description="deploy: tokens per canary request (default: "
-                                          "benchmark.max_tokens).")
+    canary_prompts: int = Field(
+        16, ge=1, description="serve: held-out prompts the canary sends to production (one at a time, greedy)."
+    )
+    canary_max_tokens: int | None = Field(
+        None, ge=1, description="serve: tokens per canary request (default: benchmark.max_tokens)."
+    )
     canary_tolerance: float = Field(
-        0.1, ge=0, lt=1,
-        description="deploy: a new drafter whose acceptance length or output tok/s on production is more than this "
+        0.1,
+        ge=0,
+        lt=1,
+        description="serve: a new drafter whose acceptance length or output tok/s on production is more than this "
         "fraction below the last good drafter's canary is rolled back (as is one below the promotion gate's AL).",
     )
 
+    @field_validator("promote", mode="before")
+    @classmethod
+    def _earlier_name(cls, v: object) -> object:
+        return "serve" if v == "deploy" else v  # 'deploy' was this value's name until 0.2: "deploy" is Prefect's word
+
     @model_validator(mode="after")
-    def _kind(self) -> "ProductionConfig":
-        if self.promote == "deploy" and self.kind == "none":
-            raise ValueError("production.promote 'deploy' needs a production service to restart (production.kind "
-                             "'systemd' or 'command')")
-        if self.promote == "deploy" and not self.url:
-            raise ValueError("production.promote 'deploy' needs production.url: the canary measures production there")
+    def _kind(self) -> ProductionConfig:
+        if self.promote == "serve" and self.kind == "none":
+            raise ValueError(
+                "production.promote 'serve' needs a production service to restart (production.kind "
+                "'systemd' or 'command')"
+            )
+        if self.promote == "serve" and not self.url:
+            raise ValueError("production.promote 'serve' needs production.url: the canary measures production there")
         for i, u in enumerate(self.replicas):
             if not u.startswith(("http://", "https://")):
                 raise ValueError(f"production.replicas[{i}] is {u!r}: a base URL, e.g. http://10.0.0.2:8000")
@@ -130,3 +147,24 @@ class ProductionConfig(_Strict):
         if self.swap_drafter and self.pause != "sleep":
             raise ValueError("production.swap_drafter swaps into a woken engine: it needs production.pause 'sleep'")
         return self
+
+
+LEVEL1_RAM_HEADROOM = 1.1  # host RAM free for production's GPU memory x this, or level 2
+
+
+def choose_sleep_level(configured: int | None, gpu_mib: int | None, host_mib: int | None) -> tuple[int, str]:
+    """The sleep level production is paused at, and why: level 1 when the host's free RAM holds what production has
+    on its GPUs (an upper bound of its weights, which level 1 pins in host RAM) with LEVEL1_RAM_HEADROOM to spare,
+    else level 2; a configured level (production.sleep_level) wins. One rule for the runtime (eagleflow.production.
+    pause: nvidia-smi's and /proc/meminfo's figures) and the plan (eagleflow.capacity.nightly: the host's facts), so
+    the plan never promises a level the night will not take."""
+    if configured:
+        return configured, f"level {configured} (production.sleep_level)"
+    if gpu_mib is None or host_mib is None:
+        return 2, "level 2: production's GPU memory or the host's free RAM is unknown, so level 1 is not risked"
+    if host_mib >= LEVEL1_RAM_HEADROOM * gpu_mib:
+        return 1, f"level 1: {host_mib:,} MiB of host RAM free for production's {gpu_mib:,} MiB on the GPUs"
+    return 2, (
+        f"level 2: {host_mib:,} MiB of host RAM free cannot hold production's {gpu_mib:,} MiB on the GPUs "
+        f"(x{LEVEL1_RAM_HEADROOM})"
+    )

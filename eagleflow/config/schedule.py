@@ -15,16 +15,21 @@ class ScheduleConfig(_Strict):
 
     cron: str = Field("0 2 * * *", description="Cron expression (minute hour day-of-month month day-of-week).")
     timezone: str = Field("UTC", description="IANA time zone the cron is read in, e.g. UTC or Europe/Berlin.")
-    active: bool = Field(False, description="Deploy the schedule active (runs are created) or paused (seen in the UI, "
-                         "resumed there or with `prefect deployment schedule resume`).")
+    active: bool = Field(
+        False,
+        description="Deploy the schedule active (runs are created) or paused (seen in the UI, "
+        "resumed there or with `prefect deployment schedule resume`).",
+    )
 
     @field_validator("cron")
     @classmethod
     def _cron(cls, v: str) -> str:
         fields = v.split()
         if len(fields) != 5:
-            raise ValueError(f"cron {v!r} has {len(fields)} fields; give 5: minute hour day-of-month month day-of-week, "
-                             "e.g. '0 2 * * *' for 02:00 every day")
+            raise ValueError(
+                f"cron {v!r} has {len(fields)} fields; give 5: minute hour day-of-month month day-of-week, "
+                "e.g. '0 2 * * *' for 02:00 every day"
+            )
         return " ".join(fields)
 
     @field_validator("timezone")

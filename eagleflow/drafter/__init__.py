@@ -1,4 +1,4 @@
 """The EAGLE-3 drafter: model, draft vocabulary, data, trainer and engine formats.
 
-Only `eagleflow.drafter.config` is importable without torch; the other modules are host-side.
+Only `eagleflow.config.train` is importable without torch; the other modules are host-side.
 """

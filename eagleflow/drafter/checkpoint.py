@@ -20,10 +20,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eagleflow import __version__
+from eagleflow.drafter.arch import DrafterArch
 from eagleflow.drafter.errors import FormatError
-from eagleflow.drafter.model import DrafterArch, Eagle3Drafter
+from eagleflow.drafter.model import Eagle3Drafter
 from eagleflow.drafter.vocab import DraftVocab
-from eagleflow.files import fresh_temp_dir, replace_dir
+from eagleflow.util.files import fresh_temp_dir, replace_dir
 
 CHECKPOINT_WEIGHTS = "model.safetensors"  # float32 drafter weights + d2t/t2d, names as vLLM's
 CHECKPOINT_META = "drafter.json"  # arch, aux layer ids, vocab size, provenance, metrics
@@ -35,21 +36,31 @@ def provenance() -> dict[str, Any]:
     sha = None
     try:
         root = Path(__file__).resolve().parents[2]
-        sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=5).stdout.strip() or None
+        sha = (
+            subprocess.run(
+                ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         pass
     import safetensors
     import transformers
 
     return {
-        "eagleflow": __version__, "git_sha": sha, "torch": torch.__version__,
-        "transformers": transformers.__version__, "safetensors": safetensors.__version__,
-        "python": sys.version.split()[0], "argv": list(sys.argv), "created": time.time(),
+        "eagleflow": __version__,
+        "git_sha": sha,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "safetensors": safetensors.__version__,
+        "python": sys.version.split()[0],
+        "argv": list(sys.argv),
+        "created": time.time(),
     }
 
 
 # ------------------------------------------------------------------------------- checkpoints
+
 
 def vocab_tensors(vocab: DraftVocab) -> dict[str, torch.Tensor]:
     if vocab.is_full:
@@ -64,14 +75,24 @@ def drafter_tensors(model: Eagle3Drafter, vocab: DraftVocab, dtype: torch.dtype)
     return tensors
 
 
-def save_checkpoint(path: str | Path, model: Eagle3Drafter, vocab: DraftVocab, meta: dict[str, Any],
-                    trainer_state: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(
+    path: str | Path,
+    model: Eagle3Drafter,
+    vocab: DraftVocab,
+    meta: dict[str, Any],
+    trainer_state: dict[str, Any] | None = None,
+) -> Path:
     """`path/` = model.safetensors (float32) + drafter.json (+ trainer_state.pt); written to a temp dir, renamed."""
     final = Path(path)
     tmp = fresh_temp_dir(final)
     save_file(drafter_tensors(model, vocab, torch.float32), str(tmp / CHECKPOINT_WEIGHTS))
-    full_meta = {"arch": model.arch.to_dict(), "target_vocab_size": vocab.target_vocab_size,
-                 "draft_vocab_size": vocab.size, "provenance": provenance(), **meta}
+    full_meta = {
+        "arch": model.arch.to_dict(),
+        "target_vocab_size": vocab.target_vocab_size,
+        "draft_vocab_size": vocab.size,
+        "provenance": provenance(),
+        **meta,
+    }
     (tmp / CHECKPOINT_META).write_text(json.dumps(full_meta, indent=2, sort_keys=True))
     if trainer_state is not None:
         torch.save(trainer_state, tmp / CHECKPOINT_STATE)

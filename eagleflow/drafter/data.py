@@ -64,11 +64,19 @@ def read_index(path: str | Path, stage_dir: str | Path | None = None) -> Extract
     raw = json.loads(path.read_text())
     bases = ([Path(stage_dir)] if stage_dir is not None else []) + [path.parent]
     try:
-        shards = [ShardInfo(_shard_path(s["file"], bases), s["split"], int(s["num_seqs"]), int(s["num_tokens"]),
-                            tuple(int(i) for i in s["select"]) if s.get("select") is not None else None)
-                  for s in raw["shards"]]
-        index = ExtractIndex(shards, [int(i) for i in raw["aux_layer_ids"]], int(raw["final_layer_id"]),
-                             int(raw["hidden_size"]))
+        shards = [
+            ShardInfo(
+                _shard_path(s["file"], bases),
+                s["split"],
+                int(s["num_seqs"]),
+                int(s["num_tokens"]),
+                tuple(int(i) for i in s["select"]) if s.get("select") is not None else None,
+            )
+            for s in raw["shards"]
+        ]
+        index = ExtractIndex(
+            shards, [int(i) for i in raw["aux_layer_ids"]], int(raw["final_layer_id"]), int(raw["hidden_size"])
+        )
     except (KeyError, TypeError, ValueError) as exc:
         raise DataError(f"extract index {path} is malformed ({exc!r}); see docs/architecture.md") from None
     for s, entry in zip(shards, raw["shards"]):
@@ -113,8 +121,10 @@ class SequenceStore:
                 shape = h.get_slice("hidden_states").get_shape()
                 self._scaled.append("hidden_scales" in h.keys())
             if int(lens.sum()) != ids.numel() or mask.numel() != ids.numel() or shape[0] != ids.numel():
-                raise DataError(f"shard {path}: seq_lens sum {int(lens.sum())}, input_ids {ids.numel()}, "
-                                f"loss_mask {mask.numel()}, hidden_states {shape} disagree")
+                raise DataError(
+                    f"shard {path}: seq_lens sum {int(lens.sum())}, input_ids {ids.numel()}, "
+                    f"loss_mask {mask.numel()}, hidden_states {shape} disagree"
+                )
             if len(shape) != 3 or shape[1] != 4:
                 raise DataError(f"shard {path}: hidden_states has shape {shape}, expected [T, 4, H]")
             self.hidden_size = int(shape[2])
@@ -141,16 +151,16 @@ class SequenceStore:
 
     def tokens(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         r = self.refs[i]
-        return self._ids[r.shard][r.start:r.start + r.length], self._mask[r.shard][r.start:r.start + r.length]
+        return self._ids[r.shard][r.start : r.start + r.length], self._mask[r.shard][r.start : r.start + r.length]
 
     def hidden(self, i: int) -> torch.Tensor:
         r = self.refs[i]
         h = self._handles.get(r.shard)
         if h is None:
             h = self._handles[r.shard] = safe_open(str(self.paths[r.shard]), framework="pt")
-        states = h.get_slice("hidden_states")[r.start:r.start + r.length]  # shape: [L, 4, H] bf16 or fp8
+        states = h.get_slice("hidden_states")[r.start : r.start + r.length]  # shape: [L, 4, H] bf16 or fp8
         if self._scaled[r.shard]:
-            return dequantize_fp8(states, h.get_slice("hidden_scales")[r.start:r.start + r.length])  # [L, 4, H] f32
+            return dequantize_fp8(states, h.get_slice("hidden_scales")[r.start : r.start + r.length])  # [L, 4, H] f32
         return states
 
     def all_tokens(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -175,9 +185,13 @@ class Batch:
     def num_tokens(self) -> int:
         return int(self.lengths.sum())
 
-    def to(self, device: torch.device) -> "Batch":
-        return Batch(*(t.to(device, non_blocking=True) for t in
-                       (self.input_ids, self.loss_mask, self.lengths, self.aux, self.final)))
+    def to(self, device: torch.device) -> Batch:
+        return Batch(
+            *(
+                t.to(device, non_blocking=True)
+                for t in (self.input_ids, self.loss_mask, self.lengths, self.aux, self.final)
+            )
+        )
 
 
 def collate(store: SequenceStore, indices: list[int]) -> Batch:
@@ -211,8 +225,7 @@ def make_batches(lengths: list[int], batch_tokens: int, seed: int | None, window
         rng.shuffle(order)
         avg = max(1, sum(lengths) // max(1, len(lengths)))
         chunk = max(1, window * batch_tokens // avg)
-        order = [i for k in range(0, len(order), chunk)
-                 for i in sorted(order[k:k + chunk], key=lambda j: lengths[j])]
+        order = [i for k in range(0, len(order), chunk) for i in sorted(order[k : k + chunk], key=lambda j: lengths[j])]
     batches: list[list[int]] = []
     cur: list[int] = []
     cur_max = 0

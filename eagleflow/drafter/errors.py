@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from eagleflow import EagleflowError
 
-class FormatError(ValueError):
+
+class FormatError(EagleflowError, ValueError):
     """A checkpoint or target directory that cannot be used; the message names the file."""
 
 
-class DataError(ValueError):
+class DataError(EagleflowError, ValueError):
     """Extracted data that cannot be trained on; the message names the file."""
 
 
-class TrainError(RuntimeError):
+class TrainError(EagleflowError):
     """Training cannot proceed; the message says why and what to change."""

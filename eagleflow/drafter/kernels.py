@@ -11,8 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None
-             ) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     out = weight * x32.to(x.dtype)
@@ -44,8 +43,9 @@ class RMSNorm(nn.Module):
         return (_rms_norm_fused if x.is_cuda else rms_norm)(x, self.weight, self.eps, out_dtype)
 
 
-def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, interleaved: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(
+    positions: torch.Tensor, head_dim: int, theta: float, interleaved: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin of the default (unscaled) rotary embedding: neox layout (HF rotate_half == vLLM neox), or
     with `interleaved` the GPT-J layout (frequency i on dims 2i, 2i+1: vLLM `is_neox_style=False`, MLA)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))

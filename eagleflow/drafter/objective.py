@@ -16,12 +16,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from eagleflow.drafter.config import TrainConfig
+from eagleflow.config.train import TrainConfig
+from eagleflow.drafter.attention import FLEX_BLOCK
 from eagleflow.drafter.data import Batch
-from eagleflow.drafter.model import FLEX_BLOCK, Eagle3Drafter, TargetHead
-
+from eagleflow.drafter.losses import TargetDistribution, loss_named
+from eagleflow.drafter.model import Eagle3Drafter, TargetHead
 
 # ----------------------------------------------------------------------------------- objective
+
 
 @dataclass
 class StepStats:
@@ -42,7 +44,7 @@ class StepStats:
             if getattr(self, name) is None:
                 setattr(self, name, torch.zeros(self.steps, dtype=torch.float64))
 
-    def add(self, other: "StepStats") -> None:
+    def add(self, other: StepStats) -> None:
         for name in ("loss_sum", "correct", "count", "chain_accepted", "walk_accepted"):
             getattr(self, name).add_(getattr(other, name))
         self.chain_count += other.chain_count
@@ -54,15 +56,17 @@ class StepStats:
 
     def to_vector(self) -> torch.Tensor:
         """All sums in one float64 vector (for all-reduce and checkpoints), shape [5K + 3]."""
-        return torch.cat([getattr(self, n).double().cpu() for n in self._SUMS]
-                         + [torch.tensor([float(getattr(self, n)) for n in self._COUNTS], dtype=torch.float64)])
+        return torch.cat(
+            [getattr(self, n).double().cpu() for n in self._SUMS]
+            + [torch.tensor([float(getattr(self, n)) for n in self._COUNTS], dtype=torch.float64)]
+        )
 
     @classmethod
-    def from_vector(cls, steps: int, vec: torch.Tensor) -> "StepStats":
+    def from_vector(cls, steps: int, vec: torch.Tensor) -> StepStats:
         vec = vec.double().cpu()
         out = cls(steps)
         for k, n in enumerate(cls._SUMS):
-            setattr(out, n, vec[k * steps:(k + 1) * steps].clone())
+            setattr(out, n, vec[k * steps : (k + 1) * steps].clone())
         for k, n in enumerate(cls._COUNTS):
             setattr(out, n, int(round(float(vec[len(cls._SUMS) * steps + k]))))
         return out
@@ -78,7 +82,7 @@ class StepStats:
         acceptance_length_indep: 1 + sum_k prod_{i<=k} acc[i] (per-step accuracies taken as independent).
         """
         per_step = (self.loss_sum / self.count.clamp(min=1)).tolist()
-        w = [decay ** i for i in range(self.steps)]
+        w = [decay**i for i in range(self.steps)]
         acc = (self.correct / self.count.clamp(min=1)).tolist()
         uniform = (self.chain_accepted / max(self.chain_count, 1)).tolist()
         out = {
@@ -93,8 +97,11 @@ class StepStats:
         }
         if self.walk_drafts:
             walk = (self.walk_accepted / self.walk_drafts).tolist()
-            out.update(accept_pos=[round(x, 5) for x in walk], acceptance_length=round(1.0 + sum(walk), 5),
-                       drafts=self.walk_drafts)
+            out.update(
+                accept_pos=[round(x, 5) for x in walk],
+                acceptance_length=round(1.0 + sum(walk), 5),
+                drafts=self.walk_drafts,
+            )
         return out
 
 
@@ -165,61 +172,38 @@ def shift_left(x: torch.Tensor, n: int, fill=False) -> torch.Tensor:
     return out
 
 
-def _soft_ce_eager(logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
-    """Soft cross-entropy per row in fp32: logsumexp(logits) - sum(probs * logits)."""
-    # logits shape: [N, Vd] (bf16 under autocast); probs shape: [N, Vd] fp32
-    x = logits.float()
-    return torch.logsumexp(x, dim=-1) - (probs * x).sum(-1)  # shape: [N]
-
-
-# One pass over the logits forward and one backward, with no fp32 copy of them (CUDA only: CPU
-# training must not need a C++ compiler).
-_soft_ce_fused = torch.compile(_soft_ce_eager, dynamic=True)
-
-
-def _lk_eager(logits: torch.Tensor, probs: torch.Tensor, entropy: torch.Tensor, eta: float) -> torch.Tensor:
-    """The LK hybrid per row: w * KL(p || q) + (1 - w) * (1 - alpha), alpha = sum_v min(p, q), w = exp(-eta alpha).
-
-    alpha is the probability that a token drafted from q is accepted against p: 1 - alpha is the total
-    variation distance. w is a constant of the step (no gradient through it), so far from the target the
-    loss is KL (whose gradient does not vanish when q misses p's support) and close to it, the acceptance
-    rate itself, which KL only bounds.
-    """
-    # logits shape: [N, Vd]; probs shape: [N, Vd] fp32; entropy shape: [N] fp32 (the target's)
-    x = logits.float()
-    logq = torch.log_softmax(x, dim=-1)
-    kl = -(probs * logq).sum(-1) - entropy  # shape: [N]
-    alpha = torch.minimum(logq.exp(), probs).sum(-1)  # shape: [N]
-    w = torch.exp(-eta * alpha.detach())
-    return w * kl + (1.0 - w) * (1.0 - alpha)
-
-
-_lk_fused = torch.compile(_lk_eager, dynamic=True)
-
-
-def ttt_loss(model: Eagle3Drafter, target: TargetHead, vocab_rows: torch.Tensor, batch: Batch, steps: int,
-             decay: float, full_argmax: bool = False, walk: bool = False, denominators: torch.Tensor | None = None,
-             loss_kind: str = "soft_ce", lk_eta: float = 3.0) -> tuple[torch.Tensor, StepStats]:
+def ttt_loss(
+    model: Eagle3Drafter,
+    target: TargetHead,
+    vocab_rows: torch.Tensor,
+    batch: Batch,
+    steps: int,
+    decay: float,
+    full_argmax: bool = False,
+    walk: bool = False,
+    denominators: torch.Tensor | None = None,
+    loss_kind: str = "soft_ce",
+    lk_eta: float = 3.0,
+) -> tuple[torch.Tensor, StepStats]:
     """The decay-weighted soft cross-entropy (or KL, or LK hybrid) of a TTT unroll, and its statistics.
 
         loss = sum_i decay^i * mean_{labels of step i} ce_i  /  sum_i decay^i
 
     Soft target: the target's distribution restricted to the draft vocabulary and renormalised
     (softmax over lm_head rows of the draft ids). `loss_kind` "kl" subtracts the target's entropy
-    (same gradient); "lk" is the LK hybrid with `lk_eta` (`_lk_eager`). `denominators` [K]: the label count of each step over the whole optimizer step
+    (same gradient); "lk" is the LK hybrid with `lk_eta` (`eagleflow.drafter.losses`). `denominators` [K]: the label
+    count of each step over the whole optimizer step
     (`label_counts`), when this batch is one micro-batch of it; default: this batch's own.
     `full_argmax` compares against the argmax over the whole target vocabulary (what greedy
     verification uses) instead of the draft-vocabulary one; `walk` adds the engine-walk acceptance
     simulation (validation).
     """
     jvalid = label_positions(batch)  # shape: [B, T]
+    loss_fn = loss_named(loss_kind)
     with torch.no_grad():
         final = batch.final[jvalid]  # shape: [N, H]
         tgt_logits = target.logits(final, vocab_rows)  # shape: [N, Vd]
-        tgt_probs = torch.softmax(tgt_logits, dim=-1)
-        if loss_kind in ("kl", "lk"):
-            tgt_logp = torch.log_softmax(tgt_logits.float(), dim=-1)
-            tgt_entropy = -(tgt_logp.exp() * tgt_logp).sum(-1)  # shape: [N]
+        tgt = TargetDistribution(tgt_logits)
         if full_argmax and vocab_rows.numel() != target.vocab_size:
             tgt_argmax = torch.cat([target.logits(c).argmax(-1) for c in final.split(4096)])  # target ids
         else:
@@ -244,17 +228,12 @@ def ttt_loss(model: Eagle3Drafter, target: TargetHead, vocab_rows: torch.Tensor,
         moved = torch.zeros(b, t + query_len + steps, h, device=normed.device, dtype=normed.dtype)
         moved = moved.scatter(1, (qpos + 1 + i)[..., None].expand(-1, -1, h), normed)[:, :t]  # shape: [B, T, H]
         logits = model.logits(moved[jvalid])  # shape: [N, Vd]
-        if loss_kind == "lk":
-            ce = (_lk_fused if logits.is_cuda else _lk_eager)(logits, tgt_probs, tgt_entropy, lk_eta)  # shape: [N]
-        else:
-            ce = (_soft_ce_fused if logits.is_cuda else _soft_ce_eager)(logits, tgt_probs)  # soft CE, shape: [N]
-        if loss_kind == "kl":
-            ce = ce - tgt_entropy  # KL(target || draft): the same gradient
+        ce = loss_fn(logits, tgt, lk_eta)  # shape: [N]
         has_p = j_index >= 1 + i  # shape: [N]
         n_i = int(has_p.sum())
         denom = n_i if denominators is None else float(denominators[i])
         if n_i and denom:
-            total = total + (decay ** i) * (ce * has_p).sum() / denom
+            total = total + (decay**i) * (ce * has_p).sum() / denom
         hit = (vocab_rows[logits.detach().argmax(-1)] == tgt_argmax) & has_p  # shape: [N]
         stats.loss_sum[i] = (ce.detach() * has_p).sum().double()
         stats.correct[i] = hit.sum().double()
@@ -262,7 +241,7 @@ def ttt_loss(model: Eagle3Drafter, target: TargetHead, vocab_rows: torch.Tensor,
         c_j = torch.zeros_like(jvalid)
         c_j[jvalid] = hit
         correct_at.append((shift_left(c_j, 1 + i), shift_left(jvalid, 1 + i)))  # back to context ends p
-    loss = total / sum(decay ** i for i in range(steps))
+    loss = total / sum(decay**i for i in range(steps))
     # Acceptance chain over context ends where all K drafts are scored.
     all_valid = torch.stack([v for _, v in correct_at]).all(0)  # shape: [B, T]
     chain = all_valid.clone()
@@ -284,6 +263,14 @@ class TTTObjective(nn.Module):
         self.drafter, self.target, self.vocab_rows, self.cfg = drafter, target, vocab_rows, cfg
 
     def forward(self, batch: Batch, denominators: torch.Tensor | None = None) -> tuple[torch.Tensor, StepStats]:
-        return ttt_loss(self.drafter, self.target, self.vocab_rows, batch, self.cfg.ttt_steps,
-                        self.cfg.step_loss_decay, denominators=denominators, loss_kind=self.cfg.loss,
-                        lk_eta=self.cfg.lk_eta)
+        return ttt_loss(
+            self.drafter,
+            self.target,
+            self.vocab_rows,
+            batch,
+            self.cfg.ttt_steps,
+            self.cfg.step_loss_decay,
+            denominators=denominators,
+            loss_kind=self.cfg.loss,
+            lk_eta=self.cfg.lk_eta,
+        )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from eagleflow.drafter.config import TrainConfig
+from eagleflow.config.train import TrainConfig
 
 
 def lr_at(cfg: TrainConfig, step: int, total_steps: int, elapsed_s: float) -> float:

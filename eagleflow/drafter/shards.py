@@ -38,12 +38,15 @@ import queue
 import struct
 import sys
 import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
+
+from eagleflow import EagleflowError
 
 STORAGE_DTYPES: dict[str, tuple[torch.dtype, str]] = {
     "bfloat16": (torch.bfloat16, "BF16"),
@@ -55,7 +58,7 @@ SAMPLE_BLOCKS, SAMPLE_BLOCK_BYTES = 16, 64 << 10
 HASH_BLOCK_BYTES = 64 << 20
 
 
-class ShardError(Exception):
+class ShardError(EagleflowError):
     """A shard that is missing, cut short, changed or swapped; the message names the file."""
 
 
@@ -79,8 +82,9 @@ class ShardPlan:
     def tensors(self) -> list[tuple[str, str, list[int], int]]:
         """(name, safetensors dtype, shape, bytes) in file order; 8-byte types before 1-byte ones."""
         t, n, h = self.num_tokens, self.num_seqs, self.hidden_size
-        out = [("hidden_states", STORAGE_DTYPES[self.storage_dtype][1], [t, NUM_STATES, h],
-                t * self.state_bytes_per_token)]
+        out = [
+            ("hidden_states", STORAGE_DTYPES[self.storage_dtype][1], [t, NUM_STATES, h], t * self.state_bytes_per_token)
+        ]
         if self.fp8:
             out.append(("hidden_scales", "F32", [t, NUM_STATES], t * NUM_STATES * 4))
         return out + [("input_ids", "I64", [t], 8 * t), ("seq_lens", "I64", [n], 8 * n), ("loss_mask", "I8", [t], t)]
@@ -146,10 +150,20 @@ class ShardWriter:
     (the writer flushes as it goes, so closing a shard does not wait for gigabytes to reach the disk).
     """
 
-    def __init__(self, path: str | Path, plan: ShardPlan, metadata: dict[str, str], *,
-                 chunk_bytes: int = 64 << 20, pool: int = 8, inflight_bytes: int = 4 << 30,
-                 sync_bytes: int = 512 << 20, hash_threads: int = 4, pinned: bool | None = None,
-                 on_add: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        plan: ShardPlan,
+        metadata: dict[str, str],
+        *,
+        chunk_bytes: int = 64 << 20,
+        pool: int = 8,
+        inflight_bytes: int = 4 << 30,
+        sync_bytes: int = 512 << 20,
+        hash_threads: int = 4,
+        pinned: bool | None = None,
+        on_add: Callable[[int], None] | None = None,
+    ) -> None:
         self.on_add = on_add  # called with each sequence's token count once it is queued (progress)
         self.path, self.plan, self.metadata = Path(path), plan, dict(metadata, storage_dtype=plan.storage_dtype)
         self.tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
@@ -162,7 +176,8 @@ class ShardWriter:
             self._free.put(_Chunk(self._chunk_tokens * plan.state_bytes_per_token, pinned))
         # Parts (<= one chunk each) waiting for the copier: bounded, so a fast forward waits for the disk.
         self._to_copy: queue.Queue[tuple[torch.Tensor, torch.cuda.Event | None] | None] = queue.Queue(
-            maxsize=max(1, inflight_bytes // chunk_bytes))
+            maxsize=max(1, inflight_bytes // chunk_bytes)
+        )
         self._to_write: queue.Queue[_Chunk | None] = queue.Queue()
         self._hashers = ThreadPoolExecutor(hash_threads, thread_name_prefix=f"shard-hash-{self.path.name}")
         self._block_hashes: list[Future[bytes]] = []
@@ -178,24 +193,29 @@ class ShardWriter:
         self._file = open(self.tmp, "wb", buffering=0)  # unbuffered: what write() returns is in the page cache
         self._reader = os.open(self.tmp, os.O_RDONLY)  # the hashers' own descriptor
         self._write_all(plan.header(self.metadata))
-        self._threads = [threading.Thread(target=loop, name=f"shard-{what}-{self.path.name}", daemon=True)
-                         for what, loop in (("copy", self._copy_loop), ("write", self._write_loop))]
+        self._threads = [
+            threading.Thread(target=loop, name=f"shard-{what}-{self.path.name}", daemon=True)
+            for what, loop in (("copy", self._copy_loop), ("write", self._write_loop))
+        ]
         for t in self._threads:
             t.start()
 
     # -- caller side ------------------------------------------------------------------------------
 
-    def add(self, input_ids: Sequence[int] | torch.Tensor, loss_mask: Sequence[int] | torch.Tensor,
-            states: torch.Tensor) -> None:
+    def add(
+        self, input_ids: Sequence[int] | torch.Tensor, loss_mask: Sequence[int] | torch.Tensor, states: torch.Tensor
+    ) -> None:
         """One sequence: ids and mask [n], states [n, 4, H] (any float dtype, CPU or GPU)."""
         self._raise_if_failed()
         n = int(states.shape[0])
         ids = torch.as_tensor(input_ids, dtype=torch.int64).reshape(-1)
         mask = torch.as_tensor(loss_mask).to(torch.int8).reshape(-1)
         if ids.numel() != n or mask.numel() != n or tuple(states.shape[1:]) != (NUM_STATES, self.plan.hidden_size):
-            raise ValueError(f"{self.path.name}: states {tuple(states.shape)} for {ids.numel()} ids and "
-                             f"{mask.numel()} mask values; expected [n, {NUM_STATES}, {self.plan.hidden_size}] "
-                             "for n ids")
+            raise ValueError(
+                f"{self.path.name}: states {tuple(states.shape)} for {ids.numel()} ids and "
+                f"{mask.numel()} mask values; expected [n, {NUM_STATES}, {self.plan.hidden_size}] "
+                "for n ids"
+            )
         if self._tokens + n > self.plan.num_tokens or len(self._lens) == self.plan.num_seqs:
             raise ValueError(f"{self.path.name}: more tokens or sequences than planned ({self.plan})")
         self._ids.append(ids)
@@ -214,7 +234,7 @@ class ShardWriter:
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(states.device))
         for start in range(0, n, self._chunk_tokens):
-            self._put(self._to_copy, (states[start:start + self._chunk_tokens], ready))
+            self._put(self._to_copy, (states[start : start + self._chunk_tokens], ready))
         if self.on_add is not None:
             self.on_add(n)
 
@@ -231,15 +251,20 @@ class ShardWriter:
         """Write the token arrays, fsync, rename into place; the record for the index."""
         try:
             if self._tokens != self.plan.num_tokens or len(self._lens) != self.plan.num_seqs:
-                raise ValueError(f"{self.path.name}: {self._tokens} tokens / {len(self._lens)} sequences written, "
-                                 f"{self.plan.num_tokens} / {self.plan.num_seqs} planned")
+                raise ValueError(
+                    f"{self.path.name}: {self._tokens} tokens / {len(self._lens)} sequences written, "
+                    f"{self.plan.num_tokens} / {self.plan.num_seqs} planned"
+                )
             self._put(self._to_copy, None)
             self._threads[0].join()
             self._to_write.put(None)
             self._threads[1].join()
             self._raise_if_failed()
             tails = ([torch.cat([s.cpu() for s in self._scales]).float()] if self.plan.fp8 else []) + [
-                torch.cat(self._ids), torch.tensor(self._lens, dtype=torch.int64), torch.cat(self._masks)]
+                torch.cat(self._ids),
+                torch.tensor(self._lens, dtype=torch.int64),
+                torch.cat(self._masks),
+            ]
             for t in tails:
                 self._write_all(memoryview(t.contiguous().view(torch.uint8).numpy()))
             self._hash_blocks(final=True)
@@ -348,7 +373,7 @@ class ShardWriter:
         view = memoryview(data).cast("B")
         self._written += len(view)
         while view:
-            view = view[self._file.write(view):]
+            view = view[self._file.write(view) :]
 
     def _hash_blocks(self, final: bool = False) -> None:
         """Queue every 64 MiB block written so far (and the last, partial one when `final`)."""
@@ -371,8 +396,9 @@ def blocks_sha256(path: str | Path, threads: int = 8) -> str:
     fd = os.open(path, os.O_RDONLY)
     try:
         with ThreadPoolExecutor(threads) as pool:
-            digests = pool.map(lambda k: _hash_block(fd, k, min(HASH_BLOCK_BYTES, size - k)),
-                               range(0, size, HASH_BLOCK_BYTES))
+            digests = pool.map(
+                lambda k: _hash_block(fd, k, min(HASH_BLOCK_BYTES, size - k)), range(0, size, HASH_BLOCK_BYTES)
+            )
             return hashlib.sha256(b"".join(digests)).hexdigest()
     finally:
         os.close(fd)
@@ -407,8 +433,10 @@ def check_shard(path: str | Path, record: dict[str, Any]) -> None:
         what = "truncated" if size < int(record["bytes"]) else "longer than written"
         raise ShardError(f"shard {path} is {what}: {size} bytes on disk, {record['bytes']} written; {fix}")
     if record.get("sample_sha256") and sample_sha256(path) != record["sample_sha256"]:
-        raise ShardError(f"shard {path} is not the file extract wrote (sampled sha256 differs: changed or swapped "
-                         f"with another shard); {fix}")
+        raise ShardError(
+            f"shard {path} is not the file extract wrote (sampled sha256 differs: changed or swapped "
+            f"with another shard); {fix}"
+        )
 
 
 def verify_full(index_path: str | Path) -> list[str]:

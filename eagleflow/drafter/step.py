@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from eagleflow.drafter.config import TrainConfig
+from eagleflow.config.train import TrainConfig
 from eagleflow.drafter.data import Batch
 from eagleflow.drafter.objective import StepStats, TTTObjective
 
@@ -24,8 +24,15 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
         rest = [p for n, p in named if not is_matrix[n]]
         parts: list[torch.optim.Optimizer] = []
         if matrices:
-            parts.append(torch.optim.Muon(matrices, lr=cfg.learning_rate, momentum=cfg.muon_momentum,
-                                          weight_decay=cfg.muon_weight_decay, adjust_lr_fn="match_rms_adamw"))
+            parts.append(
+                torch.optim.Muon(
+                    matrices,
+                    lr=cfg.learning_rate,
+                    momentum=cfg.muon_momentum,
+                    weight_decay=cfg.muon_weight_decay,
+                    adjust_lr_fn="match_rms_adamw",
+                )
+            )
         if rest:
             parts.append(_adamw(rest, cfg))
         return parts[0] if len(parts) == 1 else Optimizers(parts)
@@ -37,7 +44,8 @@ def _adamw(params: list[nn.Parameter], cfg: TrainConfig) -> torch.optim.AdamW:
     no_decay = [p for p in params if p.dim() < 2]
     return torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.learning_rate, betas=(0.9, cfg.adam_beta2),
+        lr=cfg.learning_rate,
+        betas=(0.9, cfg.adam_beta2),
     )
 
 
@@ -70,8 +78,10 @@ class Optimizers(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict) -> None:  # type: ignore[override]
         if len(state_dict.get("parts", ())) != len(self.parts):
-            raise ValueError(f"the checkpoint's optimizer state has {len(state_dict.get('parts', ()))} parts, this "
-                             f"optimizer {len(self.parts)}: it was written with another train.optimizer")
+            raise ValueError(
+                f"the checkpoint's optimizer state has {len(state_dict.get('parts', ()))} parts, this "
+                f"optimizer {len(self.parts)}: it was written with another train.optimizer"
+            )
         for part, state in zip(self.parts, state_dict["parts"]):
             part.load_state_dict(state)
 
@@ -82,8 +92,9 @@ def autocast_for(device: torch.device, cfg: TrainConfig) -> torch.autocast:
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
 
 
-def train_step(objective: TTTObjective, optimizer: torch.optim.Optimizer, batch: Batch,
-               cfg: TrainConfig) -> tuple[torch.Tensor, StepStats, torch.Tensor]:
+def train_step(
+    objective: TTTObjective, optimizer: torch.optim.Optimizer, batch: Batch, cfg: TrainConfig
+) -> tuple[torch.Tensor, StepStats, torch.Tensor]:
     """One optimizer step on one batch on one rank: (loss, stats, grad norm). The step `Trainer` takes
     when there is one micro-batch, as a public entry point (benchmarks time exactly this)."""
     optimizer.zero_grad(set_to_none=True)

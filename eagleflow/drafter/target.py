@@ -12,9 +12,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from eagleflow.drafter.config import TrainConfig
+from eagleflow.config.train import TrainConfig
+from eagleflow.drafter.arch import DrafterArch
 from eagleflow.drafter.errors import FormatError
-from eagleflow.drafter.model import DrafterArch, TargetHead
+from eagleflow.drafter.model import TargetHead
 
 
 def target_text_config(model_path: str | Path) -> dict:
@@ -83,8 +84,9 @@ def read_target_head(model_path: str | Path) -> TargetHead:
             f"inconsistent target shapes in {model_path}: embed {tuple(embed.shape)}, norm {tuple(norm.shape)}, "
             f"lm_head {tuple(lm_head.shape)}"
         )
-    return TargetHead(embed_tokens=embed, norm_weight=norm, rms_norm_eps=float(cfg["rms_norm_eps"]),
-                      lm_head=lm_head, config=cfg)
+    return TargetHead(
+        embed_tokens=embed, norm_weight=norm, rms_norm_eps=float(cfg["rms_norm_eps"]), lm_head=lm_head, config=cfg
+    )
 
 
 def _rope_theta(cfg: dict) -> float:
@@ -108,7 +110,8 @@ def resolve_drafter_arch(cfg: dict, choice: str) -> str:
         if missing:
             raise FormatError(
                 f"train.drafter_arch is 'mla' but the target's config.json has no {', '.join(missing)}: the MLA "
-                "drafter takes its attention dims from an MLA target (DeepSeek-V2/V3, Kimi-K2); use 'llama' or 'auto'")
+                "drafter takes its attention dims from an MLA target (DeepSeek-V2/V3, Kimi-K2); use 'llama' or 'auto'"
+            )
     return choice
 
 
@@ -128,13 +131,24 @@ def arch_for_target(target: TargetHead, train: TrainConfig, draft_vocab_size: in
         # vLLM loads MLA drafters only with a q_lora_rank; a target without one (DeepSeek-V2-Lite) gets
         # 3 * kv_lora_rank, DeepSeek-V2/V3's own ratio (1536 / 512).
         q_lora = int(cfg.get("q_lora_rank") or 3 * rank)
-        attn = dict(attention="mla", num_key_value_heads=heads, head_dim=nope + rope,
-                   q_lora_rank=q_lora, kv_lora_rank=rank,
-                   qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=int(cfg["v_head_dim"]),
-                   norm_before_fc=False, fc_norm=train.norm_before_fc)
+        attn = dict(
+            attention="mla",
+            num_key_value_heads=heads,
+            head_dim=nope + rope,
+            q_lora_rank=q_lora,
+            kv_lora_rank=rank,
+            qk_nope_head_dim=nope,
+            qk_rope_head_dim=rope,
+            v_head_dim=int(cfg["v_head_dim"]),
+            norm_before_fc=False,
+            fc_norm=train.norm_before_fc,
+        )
     else:
-        attn = dict(num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
-                   head_dim=int(cfg.get("head_dim") or h // heads), norm_before_fc=train.norm_before_fc)
+        attn = dict(
+            num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or h // heads),
+            norm_before_fc=train.norm_before_fc,
+        )
     return DrafterArch(
         hidden_size=h,
         intermediate_size=int(train.intermediate_size or cfg.get("intermediate_size", 4 * h)),

@@ -59,11 +59,11 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from eagleflow.drafter.arch import DrafterArch
 from eagleflow.drafter.checkpoint import load_checkpoint, vocab_tensors
 from eagleflow.drafter.errors import FormatError
-from eagleflow.drafter.model import DrafterArch
 from eagleflow.drafter.vocab import DraftVocab
-from eagleflow.files import fresh_temp_dir, replace_dir
+from eagleflow.util.files import fresh_temp_dir, replace_dir
 
 VLLM_ARCHITECTURE = "LlamaForCausalLMEagle3"
 VLLM_MLA_ARCHITECTURE = "Eagle3DeepseekV2ForCausalLM"
@@ -97,12 +97,21 @@ def neutral_yarn(arch: DrafterArch) -> dict:
     0.26's MLA EAGLE-3 drafter (models/deepseek_eagle3.py) reads `rope_scaling`, which transformers 5 aliases to
     `rope_parameters` and so is never empty: it takes any rope config for DeepSeek YaRN and failed on the H200
     with "KeyError: 'factor'" at engine start for `{rope_type: default}`."""
-    return {"rope_type": "yarn", "factor": 1.0, "original_max_position_embeddings": arch.max_position_embeddings,
-            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": arch.rope_theta}
+    return {
+        "rope_type": "yarn",
+        "factor": 1.0,
+        "original_max_position_embeddings": arch.max_position_embeddings,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "rope_theta": arch.rope_theta,
+    }
 
 
-def vllm_config(arch: DrafterArch, aux_layer_ids: list[int], dtype: str = "bfloat16",
-                extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def vllm_config(
+    arch: DrafterArch, aux_layer_ids: list[int], dtype: str = "bfloat16", extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """config.json of the drafter as vLLM 0.32 reads it: a LlamaConfig (or, for MLA, a DeepseekV2Config) plus the
     EAGLE-3 keys."""
     if len(aux_layer_ids) != arch.num_aux_hidden_states:
@@ -140,7 +149,8 @@ def vllm_config(arch: DrafterArch, aux_layer_ids: list[int], dtype: str = "bfloa
             "architectures": [VLLM_MLA_ARCHITECTURE],
             "model_type": "deepseek_v2",  # deepseek_v3 would make vLLM treat the draft as MTP
             **common,
-            "rope_parameters": neutral_yarn(arch), "rope_scaling": neutral_yarn(arch),
+            "rope_parameters": neutral_yarn(arch),
+            "rope_scaling": neutral_yarn(arch),
             "moe_intermediate_size": arch.intermediate_size,
             "num_key_value_heads": arch.num_attention_heads,
             "q_lora_rank": arch.q_lora_rank,
@@ -165,8 +175,7 @@ def vllm_config(arch: DrafterArch, aux_layer_ids: list[int], dtype: str = "bfloa
     }
 
 
-def export_vllm(checkpoint: str | Path, out_dir: str | Path, aux_layer_ids: list[int],
-                dtype: str = "bfloat16") -> Path:
+def export_vllm(checkpoint: str | Path, out_dir: str | Path, aux_layer_ids: list[int], dtype: str = "bfloat16") -> Path:
     """Write `out_dir/` (config.json + model.safetensors) from a trainer checkpoint; temp dir, then rename."""
     arch, weights, vocab, meta = load_checkpoint(checkpoint)
     trained_on = meta.get("aux_layer_ids")
@@ -184,8 +193,12 @@ def export_vllm(checkpoint: str | Path, out_dir: str | Path, aux_layer_ids: list
     final = Path(out_dir)
     tmp = fresh_temp_dir(final)
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    extra = {"checkpoint": str(checkpoint), "epoch": meta.get("epoch"), "provenance": meta.get("provenance"),
-             "validation": meta.get("validation")}
+    extra = {
+        "checkpoint": str(checkpoint),
+        "epoch": meta.get("epoch"),
+        "provenance": meta.get("provenance"),
+        "validation": meta.get("validation"),
+    }
     (tmp / "config.json").write_text(json.dumps(vllm_config(arch, aux_layer_ids, dtype, extra), indent=2))
     replace_dir(tmp, final)
     return final

@@ -58,16 +58,16 @@ class DraftVocab:
         return self.draft_to_target.to(draft_ids.device)[draft_ids]
 
     @classmethod
-    def full(cls, target_vocab_size: int) -> "DraftVocab":
+    def full(cls, target_vocab_size: int) -> DraftVocab:
         return cls(torch.arange(target_vocab_size, dtype=torch.int64), target_vocab_size)
 
     @classmethod
-    def from_d2t(cls, d2t: torch.Tensor, target_vocab_size: int) -> "DraftVocab":
+    def from_d2t(cls, d2t: torch.Tensor, target_vocab_size: int) -> DraftVocab:
         d2t = d2t.to(torch.int64).flatten()
         return cls(torch.arange(d2t.numel(), dtype=torch.int64) + d2t, target_vocab_size)
 
     @classmethod
-    def from_counts(cls, counts: torch.Tensor, draft_vocab_size: int) -> "DraftVocab":
+    def from_counts(cls, counts: torch.Tensor, draft_vocab_size: int) -> DraftVocab:
         """The `draft_vocab_size` most frequent ids (ties: lower id first); the full vocabulary if it is smaller.
 
         Ids never seen still fill the vocabulary up to its size (lowest ids first), so the draft

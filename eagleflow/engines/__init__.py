@@ -25,6 +25,7 @@ def server_class(kind: str) -> type[EngineServer]:
         raise ValueError(f"unknown engine.kind {kind!r}; expected one of {sorted(SERVERS)}") from None
 
 
-def make_server(spec: LaunchSpec, log_path: Path, env: dict[str, str] | None = None,
-                name: str | None = None) -> EngineServer:
+def make_server(
+    spec: LaunchSpec, log_path: Path, env: dict[str, str] | None = None, name: str | None = None
+) -> EngineServer:
     return server_class(spec.engine.kind)(spec, log_path, env=env, name=name)

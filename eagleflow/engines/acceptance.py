@@ -1,6 +1,7 @@
 """A served engine's acceptance and answers, measured through its endpoint: the prompts one at a time, greedy,
 `max_tokens` each (`ignore_eos`: equal work per drafter), and the engine's own /metrics counters read around
-them. The production canary's measurement (eagleflow.canary) and the pause's probe (eagleflow.production.pause).
+them. The production canary's measurement (eagleflow.production.canary) and the pause's probe
+(eagleflow.production.pause).
 """
 
 from __future__ import annotations
@@ -9,10 +10,10 @@ import re
 import time
 from typing import Any
 
-from eagleflow import httpget
 from eagleflow.engines.chat import ChatClient
 from eagleflow.engines.metrics import parse_metrics
 from eagleflow.engines.vllm import SPEC_ACCEPTED_PER_POS, acceptance_from_deltas
+from eagleflow.util import http
 
 WARMUP_REQUESTS = 1
 
@@ -24,15 +25,21 @@ def speculative_positions(metrics: dict[str, float]) -> int:
     return max(pos) + 1 if pos else 0
 
 
-def measure(url: str, model: str, prompts: list[list[dict[str, Any]]], max_tokens: int,
-            api_key: str | None = None, keep_answers: bool = False) -> dict[str, Any]:
+def measure(
+    url: str,
+    model: str,
+    prompts: list[list[dict[str, Any]]],
+    max_tokens: int,
+    api_key: str | None = None,
+    keep_answers: bool = False,
+) -> dict[str, Any]:
     """Send the prompts to production (one in flight) and read its counters around them; with keep_answers, the
     answers too (in prompt order)."""
     base = url.rstrip("/")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
 
     def metrics() -> dict[str, float]:
-        return parse_metrics(httpget.get(f"{base}/metrics", headers=headers, timeout=30.0).text)
+        return parse_metrics(http.get(f"{base}/metrics", headers=headers, timeout=30.0).text)
 
     extra = {"ignore_eos": True}
     with ChatClient(base, model, max_concurrency=1, api_key=api_key) as client:
@@ -42,8 +49,11 @@ def measure(url: str, model: str, prompts: list[list[dict[str, Any]]], max_token
         after = metrics()
     k = speculative_positions(after)
     if k == 0:
-        acceptance: dict[str, Any] = {"mean_acceptance_length": 1.0, "per_position_acceptance": [],
-                                      "note": "production exports no speculative-decoding counters: it serves no drafter"}
+        acceptance: dict[str, Any] = {
+            "mean_acceptance_length": 1.0,
+            "per_position_acceptance": [],
+            "note": "production exports no speculative-decoding counters: it serves no drafter",
+        }
     else:
         try:
             acceptance = acceptance_from_deltas(before, after, k)
@@ -51,10 +61,16 @@ def measure(url: str, model: str, prompts: list[list[dict[str, Any]]], max_token
             acceptance = {"mean_acceptance_length": 1.0, "per_position_acceptance": [0.0] * k, "note": str(exc)}
     tokens = sum(r.completion_tokens for r in results)
     errors = [r.error for r in results if r.error]
-    return {"requests": len(results), "errors": len(errors), "first_error": errors[0] if errors else None,
-            "output_tokens": tokens, "wall_s": round(wall_s, 3),
-            "output_tok_s": round(tokens / wall_s, 2) if wall_s > 0 else 0.0,
-            "mean_acceptance_length": round(acceptance["mean_acceptance_length"], 4),
-            "per_position_acceptance": [round(x, 4) for x in acceptance["per_position_acceptance"]],
-            "note": acceptance.get("note"), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            **({"answers": [r.content for r in sorted(results, key=lambda r: r.index)]} if keep_answers else {})}
+    return {
+        "requests": len(results),
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "output_tokens": tokens,
+        "wall_s": round(wall_s, 3),
+        "output_tok_s": round(tokens / wall_s, 2) if wall_s > 0 else 0.0,
+        "mean_acceptance_length": round(acceptance["mean_acceptance_length"], 4),
+        "per_position_acceptance": [round(x, 4) for x in acceptance["per_position_acceptance"]],
+        "note": acceptance.get("note"),
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **({"answers": [r.content for r in sorted(results, key=lambda r: r.index)]} if keep_answers else {}),
+    }

@@ -21,12 +21,12 @@ from typing import Any
 
 import httpx
 
+from eagleflow.contracts.progress import Progress
+from eagleflow.contracts.request import StageError
 from eagleflow.engines.launch import LaunchSpec
 from eagleflow.engines.metrics import latency_from_deltas
 from eagleflow.engines.watchdog import FATAL_SETTLE_S, LaunchWatch, LogFollower, root_cause_excerpt, root_cause_line
-from eagleflow.procs import die_with_parent, end_process_group
-from eagleflow.progress import Progress
-from eagleflow.request import StageError
+from eagleflow.util.procs import die_with_parent, end_process_group
 
 log = logging.getLogger("eagleflow.engine")
 
@@ -102,7 +102,7 @@ class EngineServer(abc.ABC):
         in ms, from the engine's own histograms (server side: no client lag in them)."""
         return latency_from_deltas(before, after, self.metric_prefix)
 
-    def __enter__(self) -> "EngineServer":
+    def __enter__(self) -> EngineServer:
         self.start()
         self.wait_healthy()
         return self
@@ -130,8 +130,15 @@ class EngineServer(abc.ABC):
         # Under eagleflow.engines.guard, the group's leader: a killed stage or a crashed API server takes the
         # engine's children (vLLM's engine core) with it, which the parent-death signal alone does not.
         guarded = [sys.executable, "-m", "eagleflow.engines.guard", str(GUARD_GRACE_S), "--", *argv]
-        self.proc = subprocess.Popen(guarded, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env, start_new_session=True, preexec_fn=die_with_parent)
+        self.proc = subprocess.Popen(
+            guarded,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
         logf.close()
         self.pid_path.write_text(str(self.proc.pid))
 
@@ -153,8 +160,9 @@ class EngineServer(abc.ABC):
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         cause = root_cause_line(text)
         head = f"engine {self.name} {what}" + (f"; root cause: {cause}" if cause else "")
-        return StageError(f"{head}\nroot cause from {self.log_path}:\n{root_cause_excerpt(text)}\n"
-                          f"full engine log: {self.log_path}")
+        return StageError(
+            f"{head}\nroot cause from {self.log_path}:\n{root_cause_excerpt(text)}\nfull engine log: {self.log_path}"
+        )
 
     def _watch(self, timeout_s: float) -> None:
         assert self.proc is not None
@@ -163,8 +171,14 @@ class EngineServer(abc.ABC):
         watch = LaunchWatch(self.spec.engine.fatal_patterns)
         stall = self.spec.engine.stall_timeout_s
         # Kimi-K2.5's 64 checkpoint shards take about half an hour: say how far the load is.
-        progress = Progress("engine", f"load-{self.name}", checkpoint_shards(self.spec.model), "checkpoint shards",
-                            label=f"engine {self.name} load", every_s=10.0)
+        progress = Progress(
+            "engine",
+            f"load-{self.name}",
+            checkpoint_shards(self.spec.model),
+            "checkpoint shards",
+            label=f"engine {self.name} load",
+            every_s=10.0,
+        )
         with httpx.Client(timeout=5.0) as client:
             while True:
                 for line in follower.new_lines():
@@ -178,14 +192,22 @@ class EngineServer(abc.ABC):
                 if rc is not None:
                     for line in follower.new_lines():
                         watch.feed(line, self.name)
-                    raise self._fail(f"exited with code {rc} while starting ({time.monotonic() - start:.0f} s after launch)")
+                    raise self._fail(
+                        f"exited with code {rc} while starting ({time.monotonic() - start:.0f} s after launch)"
+                    )
                 if watch.fatal_at is not None and time.monotonic() - watch.fatal_at >= FATAL_SETTLE_S:
-                    raise self._fail(f"failed while starting: its log says {watch.fatal_line!r} (the process "
-                                     "still lived and was ended)")
+                    raise self._fail(
+                        f"failed while starting: its log says {watch.fatal_line!r} (the process "
+                        "still lived and was ended)"
+                    )
                 try:
                     if client.get(f"{self.base_url}{self.health_path}").status_code == 200:
-                        log.info("engine %s on port %d healthy after %.1f s", self.name, self.spec.port,
-                                 time.monotonic() - start)
+                        log.info(
+                            "engine %s on port %d healthy after %.1f s",
+                            self.name,
+                            self.spec.port,
+                            time.monotonic() - start,
+                        )
                         progress.finish(progress.total, {"seconds": round(time.monotonic() - start)})
                         return
                 except httpx.TransportError:
@@ -194,7 +216,9 @@ class EngineServer(abc.ABC):
                 if now - start > timeout_s:
                     raise self._fail(f"was not healthy after {timeout_s:.0f} s (engine.startup_timeout_s)")
                 if stall is not None and now - follower.last_growth > stall:
-                    raise self._fail(f"wrote nothing to its log for {stall:.0f} s while starting (engine.stall_timeout_s)")
+                    raise self._fail(
+                        f"wrote nothing to its log for {stall:.0f} s while starting (engine.stall_timeout_s)"
+                    )
                 time.sleep(0.25)
 
     def post_mortem(self) -> str:
@@ -205,13 +229,20 @@ class EngineServer(abc.ABC):
             except subprocess.TimeoutExpired:
                 pass
         if self.proc is None or self.proc.poll() is None:
-            return f"engine {self.name} is still running (pid {self.proc.pid if self.proc else '?'}); see {self.log_path}"
+            return (
+                f"engine {self.name} is still running (pid {self.proc.pid if self.proc else '?'}); see {self.log_path}"
+            )
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         cause = root_cause_line(text)
-        return (f"engine {self.name} exited with code {self.proc.returncode}"
-                + (f"; root cause: {cause}" if cause else " (no traceback in its log: killed from outside, or "
-                   "out of memory; see the host's kernel log)")
-                + f"\nlast lines of {self.log_path}:\n{root_cause_excerpt(text)}")
+        return (
+            f"engine {self.name} exited with code {self.proc.returncode}"
+            + (
+                f"; root cause: {cause}"
+                if cause
+                else " (no traceback in its log: killed from outside, or out of memory; see the host's kernel log)"
+            )
+            + f"\nlast lines of {self.log_path}:\n{root_cause_excerpt(text)}"
+        )
 
     def stop(self, grace_s: float = 15.0) -> None:
         """SIGTERM our group, SIGKILL after grace_s; the pid file goes with it."""

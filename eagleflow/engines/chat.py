@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
@@ -75,16 +76,21 @@ def parse_choice(index: int, body: dict[str, Any]) -> ChatResult:
     content = msg.get("content")
     usage = body.get("usage") or {}
     result = ChatResult(
-        index, content=content, reasoning=reasoning, completion_tokens=int(usage.get("completion_tokens") or 0),
-        finish_reason=choice.get("finish_reason"), raw=body,
+        index,
+        content=content,
+        reasoning=reasoning,
+        completion_tokens=int(usage.get("completion_tokens") or 0),
+        finish_reason=choice.get("finish_reason"),
+        raw=body,
     )
     if not content and not reasoning:
         result.error = f"answer with neither reasoning nor content (finish_reason={result.finish_reason!r})"
     return result
 
 
-async def post_chat(client: httpx.AsyncClient, base_url: str, index: int, payload: dict[str, Any],
-                    retries: int = RETRIES) -> ChatResult:
+async def post_chat(
+    client: httpx.AsyncClient, base_url: str, index: int, payload: dict[str, Any], retries: int = RETRIES
+) -> ChatResult:
     """One chat completion; a broken connection is tried again `retries` times. A server that was not
     reached or could not serve it gives a `transient` result: the request may be sent again, there or
     elsewhere."""
@@ -95,15 +101,23 @@ async def post_chat(client: httpx.AsyncClient, base_url: str, index: int, payloa
             break
         except RETRYABLE as exc:
             if attempt > retries:
-                return ChatResult(index, error=f"request to {base_url} failed {attempt} times: "
-                                  f"{type(exc).__name__}: {exc}", attempts=attempt, transient=True)
+                return ChatResult(
+                    index,
+                    error=f"request to {base_url} failed {attempt} times: {type(exc).__name__}: {exc}",
+                    attempts=attempt,
+                    transient=True,
+                )
             await asyncio.sleep(RETRY_DELAY_S)
         except httpx.HTTPError as exc:
             return ChatResult(index, error=f"request to {base_url} failed: {type(exc).__name__}: {exc}")
     latency = time.perf_counter() - start
     if r.status_code != 200:
-        return ChatResult(index, error=f"HTTP {r.status_code} from {base_url}: {r.text[:300]}", attempts=attempt,
-                          transient=r.status_code >= SERVER_ERROR)
+        return ChatResult(
+            index,
+            error=f"HTTP {r.status_code} from {base_url}: {r.text[:300]}",
+            attempts=attempt,
+            transient=r.status_code >= SERVER_ERROR,
+        )
     try:
         body = r.json()
     except ValueError:
@@ -119,21 +133,26 @@ class ChatClient:
     TCP connection (about 6 ms a request on the H200 host, inside the measured window: 3 % of a demo
     request). Close it (or use it as a context manager) when its server goes."""
 
-    def __init__(self, base_url: str, model: str, *, max_concurrency: int, timeout_s: float = 600.0,
-                 api_key: str | None = None) -> None:
+    def __init__(
+        self, base_url: str, model: str, *, max_concurrency: int, timeout_s: float = 600.0, api_key: str | None = None
+    ) -> None:
         self.base_url, self.model = base_url, model
         self._runner = asyncio.Runner()
-        limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency,
-                              keepalive_expiry=KEEPALIVE_EXPIRY_S)
+        limits = httpx.Limits(
+            max_connections=max_concurrency,
+            max_keepalive_connections=max_concurrency,
+            keepalive_expiry=KEEPALIVE_EXPIRY_S,
+        )
         # The key lives in this client's headers only: httpx never puts headers in its exceptions or logs.
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
         self._client = self._runner.run(self._make(limits, headers, timeout_s))
 
     async def _make(self, limits: httpx.Limits, headers: dict[str, str] | None, timeout_s: float) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, limits=limits, headers=headers,
-                                 verify=tls_context())
+        return httpx.AsyncClient(
+            base_url=self.base_url, timeout=timeout_s, limits=limits, headers=headers, verify=tls_context()
+        )
 
-    def __enter__(self) -> "ChatClient":
+    def __enter__(self) -> ChatClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -145,28 +164,56 @@ class ChatClient:
             self._runner.close()
             self._runner = None  # type: ignore[assignment]
 
-    def chat(self, conversations: list[list[dict[str, Any]]], *, max_tokens: int, temperature: float,
-             concurrency: int, extra: dict[str, Any] | None = None,
-             seed: int | None = None,
-             on_result: Callable[[ChatResult], None] | None = None) -> tuple[list[ChatResult], float]:
+    def chat(
+        self,
+        conversations: list[list[dict[str, Any]]],
+        *,
+        max_tokens: int,
+        temperature: float,
+        concurrency: int,
+        extra: dict[str, Any] | None = None,
+        seed: int | None = None,
+        on_result: Callable[[ChatResult], None] | None = None,
+    ) -> tuple[list[ChatResult], float]:
         """Send every conversation, at most `concurrency` in flight; the results in order and the wall
         time in seconds. `seed`: request i gets seed + i. `on_result`: called with each result as it
         comes (progress), in the order they finish."""
         start = time.perf_counter()
-        results = self._runner.run(self._all(conversations, max_tokens=max_tokens, temperature=temperature,
-                                             concurrency=concurrency, extra=extra, seed=seed,
-                                             on_result=on_result))
+        results = self._runner.run(
+            self._all(
+                conversations,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                concurrency=concurrency,
+                extra=extra,
+                seed=seed,
+                on_result=on_result,
+            )
+        )
         return results, time.perf_counter() - start
 
-    async def _all(self, conversations: list[list[dict[str, Any]]], *, max_tokens: int, temperature: float,
-                   concurrency: int, extra: dict[str, Any] | None, seed: int | None,
-                   on_result: Callable[[ChatResult], None] | None = None) -> list[ChatResult]:
+    async def _all(
+        self,
+        conversations: list[list[dict[str, Any]]],
+        *,
+        max_tokens: int,
+        temperature: float,
+        concurrency: int,
+        extra: dict[str, Any] | None,
+        seed: int | None,
+        on_result: Callable[[ChatResult], None] | None = None,
+    ) -> list[ChatResult]:
         sem = asyncio.Semaphore(concurrency)
         client, base_url = self._client, self.base_url
 
         async def one(i: int, messages: list[dict[str, Any]]) -> ChatResult:
-            payload = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
-                       "temperature": temperature, **(extra or {})}
+            payload = {
+                "model": self.model,
+                "messages": messages,
+                "max_tokens": max_tokens,
+                "temperature": temperature,
+                **(extra or {}),
+            }
             if seed is not None:
                 payload["seed"] = seed + i  # sampled runs repeat: the same seed per prompt in every variant
             async with sem:
@@ -181,16 +228,32 @@ class ChatClient:
         return await asyncio.gather(*(reported(i, m) for i, m in enumerate(conversations)))
 
 
-def chat_all(base_url: str, model: str, conversations: list[list[dict[str, Any]]], *, max_tokens: int,
-             temperature: float, concurrency: int, timeout_s: float = 600.0,
-             extra: dict[str, Any] | None = None, seed: int | None = None,
-             api_key: str | None = None,
-             on_result: Callable[[ChatResult], None] | None = None) -> tuple[list[ChatResult], float]:
+def chat_all(
+    base_url: str,
+    model: str,
+    conversations: list[list[dict[str, Any]]],
+    *,
+    max_tokens: int,
+    temperature: float,
+    concurrency: int,
+    timeout_s: float = 600.0,
+    extra: dict[str, Any] | None = None,
+    seed: int | None = None,
+    api_key: str | None = None,
+    on_result: Callable[[ChatResult], None] | None = None,
+) -> tuple[list[ChatResult], float]:
     """Send every conversation through a client of its own; return the results in order and the wall time
     in seconds (the client's set-up included). `seed`: request i gets seed + i. `api_key`: sent as a bearer
     token (production's server). `on_result`: see `ChatClient.chat`."""
     start = time.perf_counter()
     with ChatClient(base_url, model, max_concurrency=concurrency, timeout_s=timeout_s, api_key=api_key) as client:
-        results, _ = client.chat(conversations, max_tokens=max_tokens, temperature=temperature,
-                                 concurrency=concurrency, extra=extra, seed=seed, on_result=on_result)
+        results, _ = client.chat(
+            conversations,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            concurrency=concurrency,
+            extra=extra,
+            seed=seed,
+            on_result=on_result,
+        )
     return results, time.perf_counter() - start

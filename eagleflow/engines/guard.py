@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from eagleflow.procs import group_members, terminate
+from eagleflow.util.procs import group_members, terminate
 
 POLL_S = 0.1
 

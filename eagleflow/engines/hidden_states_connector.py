@@ -64,9 +64,7 @@ class EagleflowHiddenStatesConnector(_upstream.ExampleHiddenStatesConnector):
         # (and so the indexing) differs between vLLM releases (0.26 indexes
         # shape[1], 0.32 shape[2]); each release's helper matches its own cache.
         extract = _upstream.extract_from_kv_cache
-        hidden_states = extract(
-            self._kv_cache, slot_mapping, pending.token_ids.shape[0]
-        )
+        hidden_states = extract(self._kv_cache, slot_mapping, pending.token_ids.shape[0])
         # Own the data: the blocks are freed (and reused) once get_finished
         # reports this request, possibly before the writer thread runs.
         tensors = {
@@ -74,23 +72,17 @@ class EagleflowHiddenStatesConnector(_upstream.ExampleHiddenStatesConnector):
             "token_ids": pending.token_ids.clone(),
         }
 
-        assert pending.req_id not in self._req_futures, (
-            "Found another KV transfer request with same req_id!"
-        )
+        assert pending.req_id not in self._req_futures, "Found another KV transfer request with same req_id!"
         os.makedirs(os.path.dirname(pending.filename), exist_ok=True)
         # Lock fd pre-created (LOCK_EX held) by wait_for_save; the fallback
         # mirrors upstream for the case where none was created.
         lock_fd = self._lock_fds.pop(pending.req_id, None)
         if lock_fd is None and self.use_lock:
-            lock_fd = os.open(
-                pending.filename + ".lock", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644
-            )
+            lock_fd = os.open(pending.filename + ".lock", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
 
         done = _DoneEvent()
-        future = self._executor.submit(
-            self._write_tensors, tensors, done, pending.filename, lock_fd
-        )
+        future = self._executor.submit(self._write_tensors, tensors, done, pending.filename, lock_fd)
         self._req_copy_events[pending.req_id] = done
         self._req_futures[pending.req_id] = future
         future.add_done_callback(partial(self._on_write_done, pending.req_id))

@@ -97,10 +97,13 @@ def launch_engine(config: RunConfig) -> EngineConfig:
     on_cpu = cpu_build(e.kind)
     eager = resolve_enforce_eager(e.enforce_eager, on_cpu)
     if eager and not on_cpu:
-        log.warning("engine.enforce_eager is %s on a GPU build of %s: the engine runs without CUDA graphs, and a "
-                    "small model's decode is then bound by kernel launches (throughput and TPOT are not what a "
-                    "graph-captured production engine sees; 'auto' is eager on CPU builds only)",
-                    e.enforce_eager, e.kind)
+        log.warning(
+            "engine.enforce_eager is %s on a GPU build of %s: the engine runs without CUDA graphs, and a "
+            "small model's decode is then bound by kernel launches (throughput and TPOT are not what a "
+            "graph-captured production engine sees; 'auto' is eager on CPU builds only)",
+            e.enforce_eager,
+            e.kind,
+        )
     return e if eager is e.enforce_eager else e.model_copy(update={"enforce_eager": eager})
 
 
@@ -109,13 +112,21 @@ def target_launch(config: RunConfig, speculative: dict[str, Any] | None = None, 
     engine = launch_engine(config)
     # An eager engine compiles nothing: a cache root of its own would only hide vLLM's shared caches from it (its
     # model-class inspection, a subprocess that imports the model's module: 13 s a start on a busy CPU host).
-    if (config.engine.kind == "vllm" and config.engine.compile_cache and not engine.enforce_eager
-            and "VLLM_CACHE_ROOT" not in engine.env):
+    if (
+        config.engine.kind == "vllm"
+        and config.engine.compile_cache
+        and not engine.enforce_eager
+        and "VLLM_CACHE_ROOT" not in engine.env
+    ):
         cache = compile_cache_dir(config.host.work_root, speculative)
         engine = engine.model_copy(update={"env": {**engine.env, "VLLM_CACHE_ROOT": cache}})
     return LaunchSpec(
-        python=sys.executable, model=config.target.model_path, served_model_name=served_name(config),
-        dtype=config.target.dtype, engine=engine, port=config.engine.port + port_offset,
+        python=sys.executable,
+        model=config.target.model_path,
+        served_model_name=served_name(config),
+        dtype=config.target.dtype,
+        engine=engine,
+        port=config.engine.port + port_offset,
         speculative=speculative,
     )
 

@@ -2,7 +2,7 @@
 
 The generate stage sends its prompts there (`generate.server: production`) while production keeps
 serving its users. The API key comes from this process's environment only: the flow run hands it over
-in memory (`API_KEY_ENV`), or the operator exports `production.api_key_env` on the host; it is never
+in memory (`PRODUCTION_API_KEY_ENV`), or the operator exports `production.api_key_env` on the host; it is never
 read from or written to a file, and no message here ever carries it.
 """
 
@@ -12,12 +12,11 @@ import logging
 import os
 import time
 
-from eagleflow import httpget
 from eagleflow.config import RunConfig
+from eagleflow.contracts.request import PRODUCTION_API_KEY_ENV, StageError
 from eagleflow.engines.metrics import latency_from_deltas, parse_metrics
 from eagleflow.engines.vllm import VllmServer, acceptance_from_deltas
-from eagleflow.request import PRODUCTION_API_KEY_ENV as API_KEY_ENV
-from eagleflow.request import StageError
+from eagleflow.util import http
 
 log = logging.getLogger("eagleflow.engine")
 HEALTH_POLL_S = 2.0
@@ -34,7 +33,7 @@ class RemoteServer:
         self.api_key = production_api_key(config)
 
     def answering(self) -> bool:
-        return httpget.answers(self.health_url, 5.0)
+        return http.answers(self.health_url, 5.0)
 
     def wait_answering(self, timeout_s: float) -> float:
         """Block until the health URL answers 200 (a restart, a dropped link); return the seconds waited."""
@@ -53,7 +52,7 @@ class RemoteServer:
 def production_api_key(config: RunConfig) -> str | None:
     """The key from this process's environment: the flow run's hand-over first, then production.api_key_env."""
     p = config.production
-    key = os.environ.get(API_KEY_ENV)
+    key = os.environ.get(PRODUCTION_API_KEY_ENV)
     if key:
         return key
     if p.api_key_env:
@@ -67,7 +66,8 @@ def production_api_key(config: RunConfig) -> str | None:
     if p.api_key_secret:
         raise StageError(
             f"production.api_key_secret names the Prefect Secret block {p.api_key_secret!r}, but no key reached this "
-            f"stage ({API_KEY_ENV} is unset): run it through the flow, which reads the block and hands the key over"
+            f"stage ({PRODUCTION_API_KEY_ENV} is unset): run it through the flow, which reads the block and hands the "
+            f"key over"
         )
     return None
 
@@ -94,7 +94,7 @@ class ProductionEndpoint:
 
     def snapshot(self) -> dict[str, float]:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
-        return parse_metrics(httpget.get(f"{self.base_url}/metrics", headers=headers, timeout=30.0).text)
+        return parse_metrics(http.get(f"{self.base_url}/metrics", headers=headers, timeout=30.0).text)
 
     def acceptance(self, before: dict[str, float], after: dict[str, float], k: int) -> dict:
         return acceptance_from_deltas(before, after, k)
@@ -103,5 +103,7 @@ class ProductionEndpoint:
         return latency_from_deltas(before, after, VllmServer.metric_prefix)
 
     def post_mortem(self) -> str:
-        return (f"production at {self.base_url} (its own log is the operator's: the unit's journal or "
-                "production.start_command's output)")
+        return (
+            f"production at {self.base_url} (its own log is the operator's: the unit's journal or "
+            "production.start_command's output)"
+        )

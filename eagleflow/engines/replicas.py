@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
@@ -60,14 +61,32 @@ class Replicas:
     def counts(self) -> dict[str, ReplicaCounts]:
         return {url: st.counts for url, st in self.state.items()}
 
-    def chat(self, model: str, conversations: list[list[dict[str, Any]]], *, max_tokens: int, temperature: float,
-             per_replica: int, timeout_s: float, wait_s: float,
-             on_result: Callable[[ChatResult], None] | None = None) -> tuple[list[ChatResult], float]:
+    def chat(
+        self,
+        model: str,
+        conversations: list[list[dict[str, Any]]],
+        *,
+        max_tokens: int,
+        temperature: float,
+        per_replica: int,
+        timeout_s: float,
+        wait_s: float,
+        on_result: Callable[[ChatResult], None] | None = None,
+    ) -> tuple[list[ChatResult], float]:
         """Every conversation answered once by some replica: the results in order and the wall seconds."""
         start = time.perf_counter()
-        results = asyncio.run(self._spread(model, conversations, max_tokens=max_tokens, temperature=temperature,
-                                           per_replica=per_replica, timeout_s=timeout_s, wait_s=wait_s,
-                                           on_result=on_result))
+        results = asyncio.run(
+            self._spread(
+                model,
+                conversations,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                per_replica=per_replica,
+                timeout_s=timeout_s,
+                wait_s=wait_s,
+                on_result=on_result,
+            )
+        )
         return results, time.perf_counter() - start
 
     def _went_up(self, url: str) -> None:
@@ -89,9 +108,18 @@ class Replicas:
         log.warning("replica %s left (%s); its requests go to the others until its /health answers", url, why)
         st.up, st.down_since = False, time.monotonic()
 
-    async def _spread(self, model: str, conversations: list[list[dict[str, Any]]], *, max_tokens: int,
-                      temperature: float, per_replica: int, timeout_s: float, wait_s: float,
-                      on_result: Callable[[ChatResult], None] | None) -> list[ChatResult]:
+    async def _spread(
+        self,
+        model: str,
+        conversations: list[list[dict[str, Any]]],
+        *,
+        max_tokens: int,
+        temperature: float,
+        per_replica: int,
+        timeout_s: float,
+        wait_s: float,
+        on_result: Callable[[ChatResult], None] | None,
+    ) -> list[ChatResult]:
         n = len(conversations)
         results: list[ChatResult | None] = [None] * n
         waiting: asyncio.Queue[int] = asyncio.Queue()
@@ -100,10 +128,15 @@ class Replicas:
         finished = asyncio.Event()
         left = {"n": n}
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
-        limits = httpx.Limits(max_connections=per_replica, max_keepalive_connections=per_replica,
-                              keepalive_expiry=KEEPALIVE_EXPIRY_S)
-        clients = {url: httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits, headers=headers,
-                                          verify=tls_context()) for url in self.state}
+        limits = httpx.Limits(
+            max_connections=per_replica, max_keepalive_connections=per_replica, keepalive_expiry=KEEPALIVE_EXPIRY_S
+        )
+        clients = {
+            url: httpx.AsyncClient(
+                base_url=url, timeout=timeout_s, limits=limits, headers=headers, verify=tls_context()
+            )
+            for url in self.state
+        }
         up = {url: asyncio.Event() for url in self.state}  # a slot takes work only while its replica's is set
         if not n:
             finished.set()
@@ -135,8 +168,12 @@ class Replicas:
                 if not up[url].is_set():  # left while this slot waited for work
                     waiting.put_nowait(i)
                     continue
-                payload = {"model": model, "messages": conversations[i], "max_tokens": max_tokens,
-                           "temperature": temperature}
+                payload = {
+                    "model": model,
+                    "messages": conversations[i],
+                    "max_tokens": max_tokens,
+                    "temperature": temperature,
+                }
                 counts.sent += 1
                 # No retry on the same replica: another one can take the request at once.
                 result = await post_chat(clients[url], url, i, payload, retries=0)
@@ -161,8 +198,10 @@ class Replicas:
                 if any(e.is_set() for e in up.values()):
                     none_since = time.monotonic()
                 elif time.monotonic() - none_since > wait_s:
-                    why = (f"no replica of production answered for {wait_s:.0f} s (generate.server_wait_s): "
-                           + ", ".join(self.state))
+                    why = (
+                        f"no replica of production answered for {wait_s:.0f} s (generate.server_wait_s): "
+                        + ", ".join(self.state)
+                    )
                     for i in range(n):
                         if results[i] is None:
                             results[i] = ChatResult(i, error=why, transient=True)

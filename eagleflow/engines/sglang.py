@@ -20,11 +20,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from eagleflow import httpget
+from eagleflow.contracts.request import StageError
 from eagleflow.engines.base import EngineServer
 from eagleflow.engines.launch import LaunchSpec
 from eagleflow.engines.metrics import parse_metrics
-from eagleflow.request import StageError
+from eagleflow.util import http
 
 _ACCEPT_LEN = re.compile(r"accept len: ([\d.]+)")
 
@@ -38,13 +38,23 @@ class SglangServer(EngineServer):
             raise ValueError("SGLang has no hidden-states capture here; use extract.backend 'hf' or serve with vLLM")
         e = spec.engine
         argv = [
-            spec.python, "-m", "sglang.launch_server",
-            "--model-path", spec.model,
-            "--served-model-name", spec.served_model_name,
-            "--host", e.host, "--port", str(spec.port),
-            "--dtype", spec.dtype,
-            "--context-length", str(e.max_model_len),
-            "--tp-size", str(e.tensor_parallel_size),
+            spec.python,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            spec.model,
+            "--served-model-name",
+            spec.served_model_name,
+            "--host",
+            e.host,
+            "--port",
+            str(spec.port),
+            "--dtype",
+            spec.dtype,
+            "--context-length",
+            str(e.max_model_len),
+            "--tp-size",
+            str(e.tensor_parallel_size),
             "--enable-metrics",
         ]
         if e.enforce_eager:
@@ -62,14 +72,23 @@ class SglangServer(EngineServer):
             if s.get("method") != "eagle3":
                 raise ValueError(f"SGLang adapter: only method 'eagle3' is supported, got {s.get('method')!r}")
             k = int(s["num_speculative_tokens"])
-            argv += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(s["model"]),
-                     "--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
-                     "--speculative-num-draft-tokens", str(k + 1)]
+            argv += [
+                "--speculative-algorithm",
+                "EAGLE3",
+                "--speculative-draft-model-path",
+                str(s["model"]),
+                "--speculative-num-steps",
+                str(k),
+                "--speculative-eagle-topk",
+                "1",
+                "--speculative-num-draft-tokens",
+                str(k + 1),
+            ]
         return argv + list(e.extra_args)
 
     def server_info(self) -> dict[str, Any]:
         for path in ("/get_server_info", "/server_info"):
-            r = httpget.get(f"{self.base_url}{path}", timeout=10.0)
+            r = http.get(f"{self.base_url}{path}", timeout=10.0)
             if r.status_code == 200:
                 return r.json()
         raise StageError(f"SGLang at {self.base_url} answers neither /get_server_info nor /server_info")
@@ -79,9 +98,11 @@ class SglangServer(EngineServer):
         info = self.server_info()
         states = info.get("internal_states") or [{}]
         avg = states[0].get("avg_spec_accept_length")
-        return {**parse_metrics(httpget.get(f"{self.base_url}/metrics", timeout=10.0).text),
-                "log_offset": float(self.log_path.stat().st_size),
-                "avg_spec_accept_length": float(avg) if avg is not None else float("nan")}
+        return {
+            **parse_metrics(http.get(f"{self.base_url}/metrics", timeout=10.0).text),
+            "log_offset": float(self.log_path.stat().st_size),
+            "avg_spec_accept_length": float(avg) if avg is not None else float("nan"),
+        }
 
     def acceptance(self, before: dict[str, float], after: dict[str, float], k: int) -> dict[str, Any]:
         with open(self.log_path, "rb") as f:
@@ -103,5 +124,9 @@ def acceptance_from_log(window_text: str, fallback_avg: float | None, k: int) ->
             "SGLang reported no acceptance during the benchmark (no 'accept len' decode line, no "
             "avg_spec_accept_length): the drafter was not used; check the engine log for the EAGLE3 flags"
         )
-    return {"mean_acceptance_length": al, "acceptance_rate": (al - 1.0) / k, "per_position_acceptance": None,
-            "source": source}
+    return {
+        "mean_acceptance_length": al,
+        "acceptance_rate": (al - 1.0) / k,
+        "per_position_acceptance": None,
+        "source": source,
+    }

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from eagleflow import httpget
+from eagleflow.contracts.request import StageError
 from eagleflow.engines.base import EngineServer
 from eagleflow.engines.launch import LaunchSpec, StateCapture
 from eagleflow.engines.metrics import parse_metrics
-from eagleflow.request import StageError
+from eagleflow.util import http
 
 # Counters whose deltas give acceptance (vLLM v1 spec-decode metrics).
 SPEC_DRAFTS = "vllm:spec_decode_num_drafts"
@@ -28,12 +28,24 @@ def capture_args(capture: StateCapture) -> list[str]:
     states of `layer_ids` (id L = the last layer's output before the final norm) in a KV group of its
     own, and a connector that writes each finished request's states, [T, n_layers, H], to a file.
     Prefix caching is off: a cached prefix would not be computed again, so its states would be missing."""
-    spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
-            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(capture.layer_ids)}}}
-    kv = {"kv_connector": CONNECTOR_CLASS, "kv_connector_module_path": CONNECTOR_MODULE, "kv_role": "kv_producer",
-          "kv_connector_extra_config": {"shared_storage_path": capture.spool_dir}}
-    return ["--speculative-config", json.dumps(spec, sort_keys=True), "--kv-transfer-config",
-            json.dumps(kv, sort_keys=True), "--no-enable-prefix-caching"]
+    spec = {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(capture.layer_ids)}},
+    }
+    kv = {
+        "kv_connector": CONNECTOR_CLASS,
+        "kv_connector_module_path": CONNECTOR_MODULE,
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": capture.spool_dir},
+    }
+    return [
+        "--speculative-config",
+        json.dumps(spec, sort_keys=True),
+        "--kv-transfer-config",
+        json.dumps(kv, sort_keys=True),
+        "--no-enable-prefix-caching",
+    ]
 
 
 class VllmServer(EngineServer):
@@ -46,13 +58,23 @@ class VllmServer(EngineServer):
     def argv_for(cls, spec: LaunchSpec) -> list[str]:
         e = spec.engine
         argv = [
-            spec.python, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", spec.model,
-            "--served-model-name", spec.served_model_name,
-            "--host", e.host, "--port", str(spec.port),
-            "--dtype", spec.dtype,
-            "--max-model-len", str(e.max_model_len),
-            "--tensor-parallel-size", str(e.tensor_parallel_size),
+            spec.python,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            spec.model,
+            "--served-model-name",
+            spec.served_model_name,
+            "--host",
+            e.host,
+            "--port",
+            str(spec.port),
+            "--dtype",
+            spec.dtype,
+            "--max-model-len",
+            str(e.max_model_len),
+            "--tensor-parallel-size",
+            str(e.tensor_parallel_size),
             "--disable-uvicorn-access-log",
         ]
         if e.enforce_eager:
@@ -80,7 +102,7 @@ class VllmServer(EngineServer):
 
     def metrics(self) -> dict[str, float]:
         """Counters and histogram sums/counts of /metrics (see `parse_metrics`)."""
-        return parse_metrics(httpget.get(f"{self.base_url}/metrics", timeout=10.0).text)
+        return parse_metrics(http.get(f"{self.base_url}/metrics", timeout=10.0).text)
 
     def acceptance(self, before: dict[str, float], after: dict[str, float], k: int) -> dict[str, Any]:
         return acceptance_from_deltas(before, after, k)
@@ -97,7 +119,8 @@ def acceptance_from_deltas(before: dict[str, float], after: dict[str, float], k:
     drafts, draft_tokens, accepted = d(SPEC_DRAFTS), d(SPEC_DRAFT_TOKENS), d(SPEC_ACCEPTED)
     if drafts <= 0:
         raise StageError(
-            "the engine reported no speculative drafts during the benchmark (vllm:spec_decode_num_drafts did not move): "
+            "the engine reported no speculative drafts during the benchmark (vllm:spec_decode_num_drafts did not "
+            "move): "
             "the drafter was not used; check the engine log for the speculative config"
         )
     return {

@@ -45,6 +45,7 @@ def expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from=0, replace
 def register() -> None:
     try:
         from vllm.platforms import current_platform
+
         if not current_platform.is_cpu():
             return
         from vllm.v1.sample import rejection_sampler as rs
@@ -59,5 +60,7 @@ def register() -> None:
         return
     expand_batch_to_tokens.eagleflow_fix = True  # type: ignore[attr-defined]
     rs.expand_batch_to_tokens = expand_batch_to_tokens
-    log.info("eagleflow_fixes: vLLM's CPU expand kernel leaves float outputs unwritten; expand_batch_to_tokens "
-             "replaced by a torch version (temperature > 0 verification was dividing by uninitialised memory)")
+    log.info(
+        "eagleflow_fixes: vLLM's CPU expand kernel leaves float outputs unwritten; expand_batch_to_tokens "
+        "replaced by a torch version (temperature > 0 verification was dividing by uninitialised memory)"
+    )

@@ -65,9 +65,9 @@ def root_cause_excerpt(log_text: str, max_lines: int = 25, max_chars: int = 400)
     if not starts:
         return "\n".join(lines[-max_lines:])
     end = starts[1] if len(starts) > 1 else len(lines)
-    block = lines[starts[0]:end]
+    block = lines[starts[0] : end]
     if len(block) > max_lines:
-        block = [block[0], "  ..."] + block[-(max_lines - 2):]
+        block = [block[0], "  ..."] + block[-(max_lines - 2) :]
     return "\n".join(block)
 
 
@@ -79,7 +79,7 @@ def root_cause_line(log_text: str) -> str | None:
     if not starts:
         return None
     end = starts[1] if len(starts) > 1 else len(lines)
-    block = lines[starts[0] + 1:end]
+    block = lines[starts[0] + 1 : end]
     for i, line in enumerate(block):
         bare = _PREFIX.sub("", line).strip()
         if _EXC_LINE.match(bare):

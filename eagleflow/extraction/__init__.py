@@ -1,3 +1,46 @@
-"""The target's hidden states for the drafter to learn from: shard plans, the transformers forward
-(`hf`), the serving engine's own capture (`vllm`). The extract stage wires them to the shard writer
-(`eagleflow.drafter.shards`)."""
+"""The target's hidden states for the drafter to learn from: shard plans (`plan`), the backends' registry
+(`backends`), the transformers forward (`hf`), the serving engine's own capture (`vllm`). The extract stage
+opens the backend its config names (`open_capture`) and wires it to the shard writer (`eagleflow.drafter.shards`).
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from eagleflow.config import RunConfig
+from eagleflow.extraction.backends import backend_of
+
+if TYPE_CHECKING:
+    from eagleflow.drafter.shards import ShardWriter
+    from eagleflow.extraction.plan import PlannedShard
+
+
+class Capture(Protocol):
+    """An opened backend: the states of one planned shard into its writer."""
+
+    where: str  # what computes, as the manifest records it: 'cpu', 'cuda:0', 'engine'
+
+    def extract(self, shard: PlannedShard, writer: ShardWriter) -> None: ...
+
+
+def _open_hf(cfg: RunConfig, stage_dir: Path, stack: ExitStack, hidden_size: int) -> Capture:
+    from eagleflow.extraction.hf import open_hf
+
+    return open_hf(cfg)
+
+
+def _open_vllm(cfg: RunConfig, stage_dir: Path, stack: ExitStack, hidden_size: int) -> Capture:
+    from eagleflow.extraction.vllm import open_vllm
+
+    return open_vllm(cfg, stage_dir, stack, hidden_size)
+
+
+OPENERS = {"hf": _open_hf, "vllm": _open_vllm}  # one per entry of backends.BACKENDS
+
+
+def open_capture(cfg: RunConfig, stage_dir: Path, stack: ExitStack, hidden_size: int) -> Capture:
+    """The backend `extract.backend` names, opened for the stage (its heavy imports happen here, on the host);
+    `stack` closes it."""
+    return OPENERS[backend_of(cfg).name](cfg, stage_dir, stack, hidden_size)

@@ -20,9 +20,10 @@ from typing import Any
 import torch
 
 from eagleflow.config import RunConfig
+from eagleflow.contracts.request import StageError
+from eagleflow.drafter.devices import pick_device
 from eagleflow.drafter.shards import ShardWriter
 from eagleflow.extraction.plan import PlannedShard
-from eagleflow.request import StageError
 
 log = logging.getLogger("eagleflow.extract")
 
@@ -50,8 +51,7 @@ def _to(x: Any, device: torch.device) -> Any:
 def _follow(module: torch.nn.Module, device: torch.device) -> None:
     """Move `module` to `device` and its inputs with it on every call."""
     module.to(device)
-    module.register_forward_pre_hook(lambda m, args, kwargs: (_to(args, device), _to(kwargs, device)),
-                                     with_kwargs=True)
+    module.register_forward_pre_hook(lambda m, args, kwargs: (_to(args, device), _to(kwargs, device)), with_kwargs=True)
 
 
 def spread_layers(decoder: torch.nn.Module, devices: list[torch.device]) -> list[torch.device]:
@@ -66,7 +66,7 @@ def spread_layers(decoder: torch.nn.Module, devices: list[torch.device]) -> list
         _follow(layer, device)
         placed.append(device)
         seen += size
-    for name, child in decoder.named_children():  # what is left: embeddings, rotary tables
+    for child in decoder.children():  # what is left: embeddings, rotary tables
         if child is not decoder.layers and child is not decoder.norm:
             child.to(devices[0])
     _follow(decoder.norm, devices[-1])
@@ -83,16 +83,22 @@ class HfCapture:
         hf_config = AutoConfig.from_pretrained(path)
         layers = hf_config.get_text_config().num_hidden_layers
         if cfg.target.final_layer_id != layers:
-            raise StageError(f"target.final_layer_id is {cfg.target.final_layer_id} but {path} has {layers} "
-                             f"decoder layers; set final_layer_id to {layers}")
+            raise StageError(
+                f"target.final_layer_id is {cfg.target.final_layer_id} but {path} has {layers} "
+                f"decoder layers; set final_layer_id to {layers}"
+            )
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[cfg.target.dtype]).eval()
         self.decoder = self.model.get_decoder()
         norm = getattr(self.decoder, "norm", None)
         if norm is None or not hasattr(self.decoder, "layers"):
-            raise StageError(f"cannot find the decoder layers and final norm of {type(self.model).__name__} "
-                             "(get_decoder().layers / .norm); this architecture needs an adapter in "
-                             "eagleflow/extraction/hf.py, or extract.backend 'vllm'")
+            raise StageError(
+                f"cannot find the decoder layers and final norm of {type(self.model).__name__} "
+                "(get_decoder().layers / .norm); this architecture needs an adapter in "
+                "eagleflow/extraction/hf.py, or extract.backend 'vllm'"
+            )
         self.device = self._place(cfg, device)
+        self.where = str(self.device)
+        self.batch_tokens = cfg.extract.batch_tokens
         self.aux_ids = cfg.target.aux_layer_ids
         self._final: torch.Tensor | None = None
         norm.register_forward_pre_hook(self._grab_final)
@@ -109,8 +115,11 @@ class HfCapture:
             return device
         devices = [torch.device("cuda", i) for i in range(n_gpus)]
         placed = spread_layers(self.decoder, devices)
-        log.info("target spread over %d GPUs: layers per GPU %s", n_gpus,
-                 [sum(1 for d in placed if d == dev) for dev in devices])
+        log.info(
+            "target spread over %d GPUs: layers per GPU %s",
+            n_gpus,
+            [sum(1 for d in placed if d == dev) for dev in devices],
+        )
         return devices[0]
 
     def _grab_final(self, module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> None:
@@ -120,14 +129,29 @@ class HfCapture:
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         # input_ids, attention_mask: [B, T]
         # The decoder alone: the lm_head over a 160k vocabulary would be wasted work here.
-        out = self.decoder(input_ids=input_ids.to(self.device, non_blocking=True),
-                           attention_mask=attention_mask.to(self.device, non_blocking=True),
-                           output_hidden_states=True, use_cache=False)
+        out = self.decoder(
+            input_ids=input_ids.to(self.device, non_blocking=True),
+            attention_mask=attention_mask.to(self.device, non_blocking=True),
+            output_hidden_states=True,
+            use_cache=False,
+        )
         hs = out.hidden_states  # L+1 tensors of [B, T, H], each on its layer's device
         assert self._final is not None, "the final-norm hook did not fire"
         states = [hs[k].to(self.device) for k in self.aux_ids] + [self._final.to(self.device)]
         self._final = None
         return torch.stack(states, dim=2)  # [B, T, 4, H]
+
+    def extract(self, shard: PlannedShard, writer: ShardWriter) -> None:
+        extract_hf(self, shard, writer, self.batch_tokens)
+
+
+def open_hf(cfg: RunConfig) -> HfCapture:
+    """The `hf` backend opened (eagleflow.extraction.backends): the target on `extract.device`."""
+    try:
+        device = pick_device(cfg.extract.device, "extract.device")
+    except ValueError as exc:
+        raise StageError(str(exc)) from None
+    return HfCapture(cfg, device)
 
 
 def batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:

@@ -9,9 +9,9 @@ worth), never states.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -35,8 +35,9 @@ def target_hidden_size(model_path: str) -> int:
     """hidden_size from the target's config.json (or its text_config: multimodal targets such as Kimi-K2.5)."""
     cfg_path = Path(model_path) / "config.json"
     if not cfg_path.is_file():
-        raise FileNotFoundError(f"target.model_path {model_path} has no config.json; point it at an HF checkpoint "
-                                "directory")
+        raise FileNotFoundError(
+            f"target.model_path {model_path} has no config.json; point it at an HF checkpoint directory"
+        )
     raw = json.loads(cfg_path.read_text())
     for section in (raw, raw.get("text_config") or {}):
         if isinstance(section.get("hidden_size"), int):
@@ -50,12 +51,16 @@ def _rows(path: str, max_seq_len: int) -> Iterator[tuple[str, np.ndarray, np.nda
         splits = batch.column("split").to_pylist()
         ids, masks = batch.column("input_ids"), batch.column("loss_mask")
         for r, split in enumerate(splits):
-            yield (split, ids[r].values.to_numpy().astype(np.int64)[:max_seq_len],
-                   masks[r].values.to_numpy().astype(np.int8)[:max_seq_len])
+            yield (
+                split,
+                ids[r].values.to_numpy().astype(np.int64)[:max_seq_len],
+                masks[r].values.to_numpy().astype(np.int8)[:max_seq_len],
+            )
 
 
-def plan_shards(generate_shards: list[str], max_seq_len: int, bytes_per_token: int,
-                shard_bytes: int) -> Iterator[PlannedShard]:
+def plan_shards(
+    generate_shards: list[str], max_seq_len: int, bytes_per_token: int, shard_bytes: int
+) -> Iterator[PlannedShard]:
     """Shards in a fixed order, each generate shard read once, a record batch at a time: what is held
     is the token ids of at most one open shard per split."""
     for g, path in enumerate(generate_shards):

@@ -20,22 +20,22 @@ import logging
 import os
 import shutil
 from collections import deque
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import httpx
 import torch
 from safetensors.torch import load_file
 
 from eagleflow.config import RunConfig
+from eagleflow.contracts.request import StageError
 from eagleflow.drafter.shards import ShardWriter
 from eagleflow.engines import make_server
 from eagleflow.engines.chat import RETRYABLE
 from eagleflow.engines.launch import StateCapture, target_launch
 from eagleflow.extraction.plan import PlannedShard
-from eagleflow.request import StageError
 
 log = logging.getLogger("eagleflow.extract")
 
@@ -53,14 +53,18 @@ def spool_root(cfg: RunConfig, stage_dir: Path, hidden_size: int) -> Path:
     shm = Path("/dev/shm")
     if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > 2 * spool_bytes(cfg, hidden_size):
         return shm
-    log.info("/dev/shm is missing or too small for %.1f GB of spooled states: spooling under %s",
-             spool_bytes(cfg, hidden_size) / 1e9, stage_dir)
+    log.info(
+        "/dev/shm is missing or too small for %.1f GB of spooled states: spooling under %s",
+        spool_bytes(cfg, hidden_size) / 1e9,
+        stage_dir,
+    )
     return stage_dir
 
 
 @contextmanager
-def serving_for_capture(cfg: RunConfig, stage_dir: Path, hidden_size: int, env: dict[str, str] | None = None,
-                        name: str = "target-capture") -> Iterator["EngineStates"]:
+def serving_for_capture(
+    cfg: RunConfig, stage_dir: Path, hidden_size: int, env: dict[str, str] | None = None, name: str = "target-capture"
+) -> Iterator[EngineStates]:
     """The target served with capture on; its spool directory is removed on the way out, and at the
     start when an earlier attempt was killed before it could (in /dev/shm that is memory). `env`: more
     environment for the engine (the production guardian's token, when the caller stopped production)."""
@@ -71,12 +75,14 @@ def serving_for_capture(cfg: RunConfig, stage_dir: Path, hidden_size: int, env: 
     spec = target_launch(cfg)
     # A conversation of max_seq_len tokens plus the one token the request generates must fit.
     spec.engine = spec.engine.model_copy(
-        update={"max_model_len": max(spec.engine.max_model_len, cfg.extract.max_seq_len + 1)})
+        update={"max_model_len": max(spec.engine.max_model_len, cfg.extract.max_seq_len + 1)}
+    )
     spec.capture = StateCapture(layer_ids=layer_ids, spool_dir=str(spool))
     try:
         with make_server(spec, stage_dir / "engine.log", env=env, name=name) as server:
-            yield EngineStates(server.base_url, spec.served_model_name, cfg.engine.request_timeout_s,
-                               cfg.extract.concurrency)
+            yield EngineStates(
+                server.base_url, spec.served_model_name, cfg.engine.request_timeout_s, cfg.extract.concurrency
+            )
     finally:
         shutil.rmtree(spool, ignore_errors=True)
 
@@ -84,11 +90,14 @@ def serving_for_capture(cfg: RunConfig, stage_dir: Path, hidden_size: int, env: 
 class EngineStates:
     """Requests to a capturing engine, and the files it writes back."""
 
+    where = "engine"
+
     def __init__(self, base_url: str, model: str, timeout_s: float, concurrency: int) -> None:
         self.model = model
         self.concurrency = concurrency
-        self.client = httpx.Client(base_url=base_url, timeout=timeout_s,
-                                   limits=httpx.Limits(max_connections=concurrency, keepalive_expiry=2.0))
+        self.client = httpx.Client(
+            base_url=base_url, timeout=timeout_s, limits=httpx.Limits(max_connections=concurrency, keepalive_expiry=2.0)
+        )
 
     def request(self, ids: Sequence[int]) -> str:
         """Send one conversation; the path of the file its states go to."""
@@ -101,14 +110,17 @@ class EngineStates:
                 if attempt == 2:
                     raise
         if r.status_code != 200:
-            raise StageError(f"the capturing engine refused a {len(ids)}-token request: HTTP {r.status_code} "
-                             f"{r.text[:300]}")
+            raise StageError(
+                f"the capturing engine refused a {len(ids)}-token request: HTTP {r.status_code} {r.text[:300]}"
+            )
         payload = r.json()
         params = payload.get("kv_transfer_params") or {}
         path = params.get("hidden_states_path")
         if not path:
-            raise StageError("the engine answered without kv_transfer_params.hidden_states_path: is the "
-                             "extract_hidden_states method and its connector active? (see the engine log)")
+            raise StageError(
+                "the engine answered without kv_transfer_params.hidden_states_path: is the "
+                "extract_hidden_states method and its connector active? (see the engine log)"
+            )
         return str(path)
 
     @staticmethod
@@ -125,12 +137,25 @@ class EngineStates:
                 Path(p).unlink(missing_ok=True)
         states, saved = data["hidden_states"], data["token_ids"]
         if saved.tolist() != [int(t) for t in ids]:
-            raise StageError(f"{path}: the engine saved states for {saved.numel()} tokens that are not the "
-                             f"{len(ids)} sent (prefix caching on? a request mixed up?)")
+            raise StageError(
+                f"{path}: the engine saved states for {saved.numel()} tokens that are not the "
+                f"{len(ids)} sent (prefix caching on? a request mixed up?)"
+            )
         return states
+
+    def extract(self, shard: PlannedShard, writer: ShardWriter) -> None:
+        extract_vllm(self, shard, writer)
 
     def close(self) -> None:
         self.client.close()
+
+
+def open_vllm(cfg: RunConfig, stage_dir: Path, stack: ExitStack, hidden_size: int) -> EngineStates:
+    """The `vllm` backend opened (eagleflow.extraction.backends): the target served with capture on, until
+    `stack` closes."""
+    engine = stack.enter_context(serving_for_capture(cfg, stage_dir, hidden_size))
+    stack.callback(engine.close)
+    return engine
 
 
 def extract_vllm(engine: EngineStates, shard: PlannedShard, writer: ShardWriter) -> None:
@@ -147,8 +172,10 @@ def extract_vllm(engine: EngineStates, shard: PlannedShard, writer: ShardWriter)
                 i, fut = pending.popleft()
                 states = engine.collect(fut.result(), shard.ids[i])  # [T, 4, H]
                 if states.shape[1] != 4:
-                    raise StageError(f"the engine saved {states.shape[1]} layers per token, expected 4 "
-                                     "(three aux layers and the final one)")
+                    raise StageError(
+                        f"the engine saved {states.shape[1]} layers per token, expected 4 "
+                        "(three aux layers and the final one)"
+                    )
                 writer.add(shard.ids[i], shard.masks[i], states)
         finally:
             for _, fut in pending:  # a failed shard leaves no spooled file behind

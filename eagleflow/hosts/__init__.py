@@ -1,17 +1,44 @@
-"""Hosts that run stages: `make_host(config.host)` picks the implementation."""
+"""Hosts that run stages: `make_host(config.host)` picks the implementation.
+
+`jobs` (detached jobs and the host lease) and `facts` (what a host has) run on the host itself as
+`python -m eagleflow.hosts.jobs` and `python -m eagleflow.hosts.facts`: this package's face imports only the
+standard library and `eagleflow.util`/`contracts.failure`, so they start in a fraction of a second there.
+"""
 
 from __future__ import annotations
 
-from eagleflow.config import HostConfig
+from typing import TYPE_CHECKING
+
 from eagleflow.hosts.base import (
-    ConnectionLost, Host, HostAuthError, HostBusy, HostError, HostKeyError, HostSetupError, HostUnreachable,
+    ConnectionLost,
+    Host,
+    HostAuthError,
+    HostBusy,
+    HostError,
+    HostKeyError,
+    HostSetupError,
+    HostUnreachable,
     StageFailed,
 )
 from eagleflow.hosts.local import LocalHost
 
-__all__ = ["ConnectionLost", "Host", "HostAuthError", "HostBusy", "HostError", "HostKeyError", "HostSetupError",
-           "HostUnreachable",
-           "LocalHost", "StageFailed", "make_host", "is_transient"]
+if TYPE_CHECKING:
+    from eagleflow.config import HostConfig
+
+__all__ = [
+    "ConnectionLost",
+    "Host",
+    "HostAuthError",
+    "HostBusy",
+    "HostError",
+    "HostKeyError",
+    "HostSetupError",
+    "HostUnreachable",
+    "LocalHost",
+    "StageFailed",
+    "make_host",
+    "is_transient",
+]
 
 
 def make_host(config: HostConfig) -> Host:

@@ -5,14 +5,15 @@ from __future__ import annotations
 import abc
 import contextlib
 from collections import deque
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
-from eagleflow.failure import read_ending, split_message, three_lines
+from eagleflow import EagleflowError
+from eagleflow.contracts.failure import read_ending, split_message, three_lines
 
 LogFn = Callable[[str], None]
 
 
-class HostError(RuntimeError):
+class HostError(EagleflowError):
     """The host cannot be used (unreachable, missing path); the message names the host and the fix."""
 
 
@@ -27,12 +28,14 @@ class HostAuthError(HostError):
 class HostSetupError(HostError):
     """The host is reachable but set up so that no retry can help (a login shell that prints, no permission on
     host.work_root, a full disk, host.python missing). Never retried. Its message is three lines
-    (eagleflow.failure): which host, the cause, the fix (`message`'s ". Fix: ..." part)."""
+    (eagleflow.contracts.failure): which host, the cause, the fix (`message`'s ". Fix: ..." part)."""
 
     def __init__(self, host: str, message: str):
         self.host, self.message = host, message
         cause, fix, _ = split_message(message)
-        super().__init__(three_lines(f"host {host} cannot be used as it is set up (no retry can mend it)", cause, fix, []))
+        super().__init__(
+            three_lines(f"host {host} cannot be used as it is set up (no retry can mend it)", cause, fix, [])
+        )
 
     def __reduce__(self):
         return (HostSetupError, (self.host, self.message))
@@ -50,8 +53,8 @@ class HostBusy(HostError):
     """Another run holds the host lease or still has a job running there."""
 
 
-class StageFailed(RuntimeError):
-    """A stage process exited non-zero. Its message is three lines (eagleflow.failure): what failed, the
+class StageFailed(EagleflowError):
+    """A stage process exited non-zero. Its message is three lines (eagleflow.contracts.failure): what failed, the
     cause the stage printed last, the fix when it named one and where the logs are. `tail` keeps the log's
     last lines for the failure artifact, never for the message."""
 
@@ -59,13 +62,16 @@ class StageFailed(RuntimeError):
         self.host, self.argv, self.returncode, self.tail, self.log_path = host, argv, returncode, tail, log_path
         self.stage = stage_of(argv)
         cause, self.fix = read_ending(tail)
-        self.cause = cause or (f"the process ended with exit status {returncode} without saying why; "
-                               "its last lines are in the log")
+        self.cause = cause or (
+            f"the process ended with exit status {returncode} without saying why; its last lines are in the log"
+        )
         self.logs = [f"{host}:{log_path}"] if log_path else []
         super().__init__(str(self))
 
     def __str__(self) -> str:
-        return three_lines(f"{self.stage} failed on {self.host} (exit {self.returncode})", self.cause, self.fix, self.logs)
+        return three_lines(
+            f"{self.stage} failed on {self.host} (exit {self.returncode})", self.cause, self.fix, self.logs
+        )
 
     def __reduce__(self):  # pickled by Prefect with its fields, not its message
         state = {"logs": self.logs}
@@ -102,16 +108,26 @@ class Host(abc.ABC):
     name: str
 
     @abc.abstractmethod
-    def run(self, argv: list[str], *, log: LogFn, env: dict[str, str] | None = None,
-            log_path: str | None = None) -> None:
+    def run(
+        self, argv: list[str], *, log: LogFn, env: dict[str, str] | None = None, log_path: str | None = None
+    ) -> None:
         """Run argv to completion, streaming each output line to `log` (and to `log_path` on the host).
 
         Raises StageFailed with the last lines when it exits non-zero. If the caller is interrupted
         (cancellation, KeyboardInterrupt), the process group it started is ended before re-raising.
         """
 
-    def run_job(self, job_dir: str, argv: list[str], *, log: LogFn, env: dict[str, str] | None = None,
-                owner: str = "", attempt: str = "", secret_env: dict[str, str] | None = None) -> None:
+    def run_job(
+        self,
+        job_dir: str,
+        argv: list[str],
+        *,
+        log: LogFn,
+        env: dict[str, str] | None = None,
+        owner: str = "",
+        attempt: str = "",
+        secret_env: dict[str, str] | None = None,
+    ) -> None:
         """Run a stage as the job of `job_dir` (log in `<job_dir>/stage.log`); see `run`.
 
         `owner` (the flow run) and `attempt` (the task run) let a host with detached jobs re-attach a
@@ -133,10 +149,10 @@ class Host(abc.ABC):
         """Hold the host for one pipeline: a second run, in Prefect or not, fails with HostBusy."""
         yield
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a no-op where there is no connection to drop (a local host)
         """Drop connections; the host's jobs go on."""
 
-    def __enter__(self) -> "Host":
+    def __enter__(self) -> Host:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
-from eagleflow import jobs
-from eagleflow.files import copy_file_atomic, write_text_atomic
+from eagleflow.hosts import jobs
 from eagleflow.hosts.base import Host, HostBusy, HostError, LogFn, StageFailed, TailBuffer
-from eagleflow.procs import end_process_group
+from eagleflow.util.files import copy_file_atomic, write_text_atomic
+from eagleflow.util.procs import end_process_group
 
 
 class LocalHost(Host):
@@ -27,15 +27,16 @@ class LocalHost(Host):
             return
         try:
             held = jobs.Lease(self.work_root, owner, what)
-        except jobs.HostBusyError as exc:
+        except jobs.LeaseHeld as exc:
             raise HostBusy(f"{self.name} is busy: {exc}; wait for that run to end, or cancel it") from None
         try:
             yield
         finally:
             held.release()
 
-    def run(self, argv: list[str], *, log: LogFn, env: dict[str, str] | None = None,
-            log_path: str | None = None) -> None:
+    def run(
+        self, argv: list[str], *, log: LogFn, env: dict[str, str] | None = None, log_path: str | None = None
+    ) -> None:
         if not argv:
             raise ValueError("empty argv")
         exe = argv[0]
@@ -52,8 +53,15 @@ class LocalHost(Host):
             logfile = open(log_path, "a", buffering=1)
         # A new session: the stage and everything it starts (an engine) form one group we can end.
         proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=full_env, text=True, errors="replace", bufsize=1, start_new_session=True,
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=full_env,
+            text=True,
+            errors="replace",
+            bufsize=1,
+            start_new_session=True,
         )
         try:
             assert proc.stdout is not None
@@ -81,8 +89,15 @@ class LocalHost(Host):
         # From the home directory, as an SSH login starts: never a checkout, whose eagleflow would
         # shadow the one installed in the host environment.
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=os.path.expanduser("~"),
-                                  env={**os.environ, **self.env}, stdin=subprocess.DEVNULL)
+            proc = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                cwd=os.path.expanduser("~"),
+                env={**os.environ, **self.env},
+                stdin=subprocess.DEVNULL,
+            )
         except (FileNotFoundError, PermissionError) as exc:
             return 127, "", str(exc)
         except subprocess.TimeoutExpired:

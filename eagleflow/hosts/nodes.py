@@ -19,11 +19,11 @@ import json
 import posixpath
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
+from eagleflow.contracts.request import NODE_ENV
 from eagleflow.hosts.base import ConnectionLost, Host, HostSetupError, LogFn
-from eagleflow.request import NODE_ENV
 
 STOP_AGAIN_S = 2.0  # after a failure, the jobs still followed are stopped again this often until they end
 
@@ -38,8 +38,9 @@ class NodeJob:
     env: dict[str, str] = field(default_factory=dict)
 
 
-def node_jobs(host: Host, nodes: list[Host], stage_dir: str, master: str, python: str,
-              env: dict[str, str] | None = None) -> list[NodeJob]:
+def node_jobs(
+    host: Host, nodes: list[Host], stage_dir: str, master: str, python: str, env: dict[str, str] | None = None
+) -> list[NodeJob]:
     """The jobs of one stage over `host` (node 0, in stage_dir, run by `python`) and `nodes` (1, 2, ..., each by its
     own host.python), each told its node rank, the node count and the rendezvous address `master` ("addr:port" on
     node 0). `env`: node 0's more (a production window's token: that window is node 0's)."""
@@ -67,11 +68,19 @@ def check_shared(host: Host, nodes: list[Host], paths: list[str]) -> None:
                     f"{path}, which {host.name} has, does not exist on {node.name}: training across hosts reads the "
                     f"extract stage's states and writes checkpoints at the same paths on every node. Fix: mount "
                     f"{host.name}'s host.work_root and target.model_path at the same paths on {node.name} (a shared "
-                    "filesystem), or train on one host (remove train_nodes)")
+                    "filesystem), or train on one host (remove train_nodes)",
+                )
 
 
-def run_together(jobs: list[NodeJob], args: list[str], *, log: LogFn, owner: str = "", attempt: str = "",
-                 stop: Callable[[NodeJob], object] | None = None) -> None:
+def run_together(
+    jobs: list[NodeJob],
+    args: list[str],
+    *,
+    log: LogFn,
+    owner: str = "",
+    attempt: str = "",
+    stop: Callable[[NodeJob], object] | None = None,
+) -> None:
     """Run `<its python> args` as one job on each node at once and wait for all. Node 0's lines go to `log` as they
     are, the others' prefixed with their host's name. The first job to fail ends the others (`stop`, by default the
     host's `stop_job`) and its error is raised: the cause, not the stop it caused. A ConnectionLost is raised

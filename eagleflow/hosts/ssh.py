@@ -1,7 +1,8 @@
 """The SSH host: stages run as detached jobs on a GPU host, followed over SSH, files moved by SFTP (or plain
-commands where the sshd has none: eagleflow.hosts.ssh_files).
+commands where the sshd has none: eagleflow.hosts.ssh_files), over one verified connection
+(eagleflow.hosts.ssh_link).
 
-The host side is `eagleflow.jobs` (installed there with the project wheel): a job outlives the
+The host side is `eagleflow.hosts.jobs` (installed there with the project wheel): a job outlives the
 connection that started it, and a retry of the same stage re-attaches to it instead of starting a
 second copy. Only what the controller needs crosses the wire: requests, manifests, log lines.
 
@@ -15,54 +16,37 @@ no permission on host.work_root, a full disk) fails at first contact with its fi
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import getpass
-import hashlib
 import json
 import os
 import posixpath
 import shlex
-import socket
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import paramiko
 
 from eagleflow.config import HostConfig
-from eagleflow.hosts.ssh_files import TRANSPORT_ERRORS as _TRANSPORT_ERRORS, SshFiles
 from eagleflow.hosts.base import (
-    ConnectionLost, Host, HostAuthError, HostBusy, HostError, HostKeyError, HostSetupError, HostUnreachable, LogFn,
+    ConnectionLost,
+    Host,
+    HostBusy,
+    HostError,
+    HostSetupError,
+    LogFn,
     StageFailed,
 )
+from eagleflow.hosts.ssh_files import TRANSPORT_ERRORS as _TRANSPORT_ERRORS
+from eagleflow.hosts.ssh_files import SshFiles
+from eagleflow.hosts.ssh_link import SshLink
 
 CANCEL_GRACE_S = 5.0  # SIGTERM to SIGKILL when a cancelled run ends its job: gone well within 10 s
 
 
-def fingerprint(key: paramiko.PKey) -> str:
-    """OpenSSH's form: SHA256:<base64 without padding>, as `ssh-keygen -lf` prints it."""
-    digest = hashlib.sha256(key.asbytes()).digest()
-    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
-
-
-class _RefuseUnknown(paramiko.MissingHostKeyPolicy):
-    """Never add a key on first sight: say which key it was and how to trust it deliberately."""
-
-    def __init__(self, label: str, address: str, port: int, known_hosts: str):
-        self.label, self.address, self.port, self.known_hosts = label, address, port, known_hosts
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        scan = f"ssh-keyscan -p {self.port} {shlex.quote(self.address)}" if self.port != 22 else f"ssh-keyscan {shlex.quote(self.address)}"
-        raise HostKeyError(
-            f"host {self.label} ({hostname}) offered an unknown {key.get_name()} host key {fingerprint(key)}, "
-            f"which is not in {self.known_hosts} (host.known_hosts). Compare it with the host's own "
-            f"(`ssh-keygen -lf /etc/ssh/ssh_host_{key.get_name().replace('ssh-', '').split('-')[0]}_key.pub` there), "
-            f"then add it: {scan} >> {self.known_hosts}. Unknown keys are never accepted automatically."
-        )
-
-
-class SshHost(SshFiles, Host):
+class SshHost(SshLink, SshFiles, Host):
     def __init__(self, config: HostConfig):
         assert config.kind == "ssh" and config.address
         self.config = config
@@ -78,145 +62,6 @@ class SshHost(SshFiles, Host):
         self._sftp: paramiko.SFTPClient | None = None
         self.no_sftp = False  # the sshd refused the sftp subsystem: files over commands (cat, mv, test)
 
-    @property
-    def label(self) -> str:
-        return f"{self.name} ({self.user}@{self.address}:{self.port})"
-
-    # -- connections ------------------------------------------------------------------------------
-
-    def connect(self) -> paramiko.SSHClient:
-        """A new authenticated connection; unreachable hosts are retried with backoff, nothing else is."""
-        if self.key_path and not os.access(self.key_path, os.R_OK):
-            raise HostAuthError(
-                f"host.key_path {self.key_path} does not exist or is not readable on this machine; "
-                f"point it at the private key whose public half is in {self.user}'s authorized_keys on {self.name}"
-            )
-        if not os.path.isfile(self.known_hosts):
-            raise HostKeyError(
-                f"host.known_hosts {self.known_hosts} does not exist; create it with the key of {self.label} "
-                f"after verifying its fingerprint (ssh-keyscan -p {self.port} {self.address} >> {self.known_hosts})"
-            )
-        timeout = self.config.connect_timeout_s
-        last: BaseException | None = None
-        for attempt in range(self.config.connect_attempts):
-            if attempt:
-                time.sleep(min(2 ** (attempt - 1), 30))
-            client = paramiko.SSHClient()
-            client.load_host_keys(self.known_hosts)
-            client.set_missing_host_key_policy(_RefuseUnknown(self.label, self.address, self.port, self.known_hosts))
-            try:
-                client.connect(
-                    self.address, port=self.port, username=self.user, key_filename=self.key_path,
-                    allow_agent=self.key_path is None, look_for_keys=False,
-                    timeout=timeout, banner_timeout=timeout, auth_timeout=timeout,
-                )
-            except HostKeyError:
-                client.close()
-                raise
-            except paramiko.BadHostKeyException as exc:
-                client.close()
-                raise HostKeyError(
-                    f"the host key of {self.label} has CHANGED: it offered {exc.key.get_name()} "
-                    f"{fingerprint(exc.key)} but {self.known_hosts} expects {fingerprint(exc.expected_key)}. "
-                    "Either the host was reinstalled or this is not the host. Verify with its admin before "
-                    f"replacing the entry (ssh-keygen -R '[{self.address}]:{self.port}' -f {self.known_hosts})."
-                ) from None
-            except paramiko.AuthenticationException as exc:
-                client.close()
-                how = f"key {self.key_path} (host.key_path)" if self.key_path else "the SSH agent's keys (no host.key_path)"
-                raise HostAuthError(
-                    f"{self.label} refused authentication with {how}: {exc}. Add the public key to "
-                    f"~{self.user}/.ssh/authorized_keys on the host, or fix host.user / host.key_path."
-                ) from None
-            except (OSError, EOFError, paramiko.SSHException) as exc:
-                client.close()
-                last = exc
-                continue
-            transport = client.get_transport()
-            assert transport is not None
-            transport.set_keepalive(15)  # a silently dead link is noticed while following a job
-            try:
-                self._check_login(client)
-            except BaseException:
-                client.close()
-                raise
-            return client
-        raise HostUnreachable(
-            f"cannot reach {self.label} after {self.config.connect_attempts} attempts: {last}. "
-            "Check that the host is up and sshd listens there (host.address, host.port)."
-        )
-
-    def _check_login(self, client: paramiko.SSHClient) -> None:
-        """First contact: a command that prints nothing must print nothing. A login shell whose startup files
-        print (a banner in ~/.bashrc) corrupts SFTP and every answer eagleflow reads, and a shell that cannot run
-        commands (nologin) never will: both are the host's setup, named now and never retried."""
-        try:
-            chan = client.get_transport().open_session()
-            chan.settimeout(self.config.connect_timeout_s)
-            chan.exec_command("true")
-            out, err = chan.makefile("rb").read(), chan.makefile_stderr("rb").read()
-            rc = chan.recv_exit_status()
-        except _TRANSPORT_ERRORS as exc:
-            raise ConnectionLost(f"connection to {self.label} lost at first contact: {exc}") from None
-        if out.strip():
-            said = out.decode(errors="replace").strip().splitlines()[0][:200]
-            raise HostSetupError(
-                self.label,
-                f"the login shell of {self.user} on {self.label} prints to standard output before every command "
-                f"({said!r}): SFTP and every answer eagleflow reads would be corrupted. Fix: make the shell's startup "
-                "files quiet when not interactive (at the top of ~/.bashrc: `[[ $- == *i* ]] || return`), or move "
-                "the message to /etc/motd, which only interactive logins show"
-            )
-        if rc != 0:
-            said = err.decode(errors="replace").strip()[-300:] or f"exit status {rc}"
-            raise HostSetupError(
-                self.label,
-                f"the login shell of {self.user} on {self.label} cannot run commands (`true` failed: {said!r}). "
-                "Fix: give that user a shell (chsh), or set host.user to the account that runs eagleflow there"
-            )
-
-    def _conn(self) -> paramiko.SSHClient:
-        if self._client is None or not (self._client.get_transport() and self._client.get_transport().is_active()):
-            self.close()
-            self._client = self.connect()
-        return self._client
-
-    def _sftp_client(self) -> paramiko.SFTPClient | None:
-        """The SFTP session, or None where the sshd refuses the sftp subsystem (hardened hosts remove
-        `Subsystem sftp`): files then go over plain commands (eagleflow.hosts.ssh_files), which any sshd runs."""
-        if self.no_sftp:
-            return None
-        if self._sftp is None or self._client is None or not self._client.get_transport().is_active():
-            client = self._conn()
-            try:
-                self._sftp = client.open_sftp()
-            except _TRANSPORT_ERRORS as exc:
-                transport = client.get_transport()
-                if not isinstance(exc, paramiko.SSHException) or transport is None or not transport.is_active():
-                    raise self._lost("opening SFTP", exc) from None
-                # The link is up and the request was refused: no sftp subsystem. Not a lost link, not retried.
-                self.no_sftp = True
-                return None
-        return self._sftp
-
-    def close(self) -> None:
-        for thing in (self._sftp, self._client):
-            if thing is not None:
-                with contextlib.suppress(Exception):
-                    thing.close()
-        self._sftp = self._client = None
-
-    def _fail(self, what: str, exc: BaseException) -> HostError:
-        """A remote file error (the link still up: permission, missing dir) or a lost connection."""
-        transport = self._client.get_transport() if self._client is not None else None
-        if transport is not None and transport.is_active() and isinstance(exc, OSError) and not isinstance(exc, socket.timeout):
-            return HostError(f"{what} on {self.label} failed: {exc}")
-        return self._lost(what, exc)
-
-    def _lost(self, what: str, exc: BaseException) -> ConnectionLost:
-        self.close()
-        return ConnectionLost(f"connection to {self.label} lost while {what}: {exc or type(exc).__name__}")
-
     # -- commands ---------------------------------------------------------------------------------
 
     def exec(self, argv: list[str], *, timeout: float = 120) -> tuple[int, str, str]:
@@ -227,7 +72,7 @@ class SshHost(SshFiles, Host):
             _, out, err = self._conn().exec_command(command, timeout=timeout)
             stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
             rc = out.channel.recv_exit_status()
-        except socket.timeout:
+        except TimeoutError:
             transport = self._client.get_transport() if self._client else None
             if transport is not None and transport.is_active():  # slow command, healthy link: not retryable
                 raise HostError(f"{argv[:4]} on {self.label} sent nothing for {timeout:.0f} s; gave up") from None
@@ -238,20 +83,42 @@ class SshHost(SshFiles, Host):
             raise self._lost(f"running {argv[:4]}", EOFError("no exit status"))
         return rc, stdout, stderr
 
-    def run(self, argv: list[str], *, log: LogFn, env: dict[str, str] | None = None,
-            log_path: str | None = None) -> None:
-        job_dir = posixpath.dirname(log_path) if log_path else posixpath.join(self.work_root, "jobs", str(time.time_ns()))
+    def run(
+        self, argv: list[str], *, log: LogFn, env: dict[str, str] | None = None, log_path: str | None = None
+    ) -> None:
+        job_dir = (
+            posixpath.dirname(log_path) if log_path else posixpath.join(self.work_root, "jobs", str(time.time_ns()))
+        )
         self.run_job(job_dir, argv, log=log, env=env)
 
-    def run_job(self, job_dir: str, argv: list[str], *, log: LogFn, env: dict[str, str] | None = None,
-                owner: str = "", attempt: str = "", secret_env: dict[str, str] | None = None) -> None:
-        spec = {"argv": argv, "env": {**self.config.env, **(env or {}), "PYTHONUNBUFFERED": "1"},
-                "owner": owner, "attempt": attempt, "root": self.work_root,
-                "secret_env": sorted(secret_env or {})}  # names only: the values go over the channel's stdin
+    def run_job(
+        self,
+        job_dir: str,
+        argv: list[str],
+        *,
+        log: LogFn,
+        env: dict[str, str] | None = None,
+        owner: str = "",
+        attempt: str = "",
+        secret_env: dict[str, str] | None = None,
+    ) -> None:
+        spec = {
+            "argv": argv,
+            "env": {**self.config.env, **(env or {}), "PYTHONUNBUFFERED": "1"},
+            "owner": owner,
+            "attempt": attempt,
+            "root": self.work_root,
+            "secret_env": sorted(secret_env or {}),
+        }  # names only: the values go over the channel's stdin
         control: dict[str, Any] = {}
         try:
-            rc, err = self._stream([self.python, "-m", "eagleflow.jobs", "run", job_dir, json.dumps(spec)],
-                                   log, control, job_dir, stdin=json.dumps(secret_env) + "\n" if secret_env else None)
+            rc, err = self._stream(
+                [self.python, "-m", "eagleflow.hosts.jobs", "run", job_dir, json.dumps(spec)],
+                log,
+                control,
+                job_dir,
+                stdin=json.dumps(secret_env) + "\n" if secret_env else None,
+            )
         except ConnectionLost:
             raise  # the job goes on; Prefect's retry re-attaches
         except BaseException:
@@ -263,18 +130,23 @@ class SshHost(SshFiles, Host):
         if "start" not in control:
             self._raise_setup_error(rc, err)
         if control["start"]["state"] == "busy":
-            raise HostBusy(f"{self.label} is busy: {control['start']['message']}; wait for that run to end, or cancel it")
+            raise HostBusy(
+                f"{self.label} is busy: {control['start']['message']}; wait for that run to end, or cancel it"
+            )
         end = control.get("end", {})
         if end.get("state") == "exited" and end.get("returncode") == 0:
             return
         tail = self.tail(f"{job_dir}/stage.log")
         if end.get("state") != "exited":
-            tail.append(f"error: the job's supervisor is gone without an exit status ({end.get('state')}): "
-                        "killed on the host (SIGKILL, OOM killer, reboot)?")
+            tail.append(
+                f"error: the job's supervisor is gone without an exit status ({end.get('state')}): "
+                "killed on the host (SIGKILL, OOM killer, reboot)?"
+            )
         raise StageFailed(self.name, argv, int(end.get("returncode", -9)), tail, f"{job_dir}/stage.log")
 
-    def _stream(self, argv: list[str], log: LogFn, control: dict[str, Any], job_dir: str,
-                stdin: str | None = None) -> tuple[int, str]:
+    def _stream(
+        self, argv: list[str], log: LogFn, control: dict[str, Any], job_dir: str, stdin: str | None = None
+    ) -> tuple[int, str]:
         """Run `jobs run` on one channel: log lines from stdout as they come, control JSON from stderr;
         `stdin` (the secrets' line) is written to the command and the channel's input closed."""
         try:
@@ -290,7 +162,7 @@ class SshHost(SshFiles, Host):
             while True:
                 try:
                     data = chan.recv(65536)
-                except socket.timeout:
+                except TimeoutError:
                     if not transport.is_active():
                         raise EOFError("transport closed") from None
                     data = None
@@ -338,26 +210,38 @@ class SshHost(SshFiles, Host):
             return
         state = started["state"]
         if state == "running":
-            log(f"re-attached to the job already running on {self.name} (pid {started['pid']}, "
-                f"attempt {started.get('attempt')}); its last lines follow")
+            log(
+                f"re-attached to the job already running on {self.name} (pid {started['pid']}, "
+                f"attempt {started.get('attempt')}); its last lines follow"
+            )
         elif state == "exited":
             log(f"the job on {self.name} had already ended (exit {started.get('returncode')}); its last lines follow")
         elif state == "started":
             log(f"started job on {self.name}: pid {started['pid']} (its process group), log {job_dir}/stage.log")
 
     def _raise_setup_error(self, rc: int, err: str) -> None:
-        """Job control (`python -m eagleflow.jobs`) could not run or refused: the host's setup, named with its fix."""
+        """Job control (`python -m eagleflow.hosts.jobs`) could not run or refused: the host's setup, named with its
+        fix."""
         if rc == 127 or ("No such file" in err and self.python in err):
             raise HostSetupError(
                 self.label,
                 f"host.python {self.python} does not exist on {self.label}. Fix: bootstrap the host first "
-                "(eagleflow bootstrap CONFIG) or set host.python to the python of its eagleflow environment"
+                "(eagleflow bootstrap CONFIG) or set host.python to the python of its eagleflow environment",
+            )
+        if "No module named 'eagleflow." in err:
+            raise HostSetupError(
+                self.label,
+                f"the eagleflow installed for {self.python} on {self.label} is older than this control side "
+                f"({err.strip().splitlines()[-1]}; job control is eagleflow.hosts.jobs since 0.2). "
+                "Fix: bootstrap the host again (eagleflow bootstrap CONFIG), which installs this version",
             )
         if "No module named" in err:
             raise HostSetupError(
                 self.label,
-                f"{self.python} on {self.label} is not an environment with eagleflow installed ({err.strip().splitlines()[-1]}). "
-                "Fix: bootstrap the host (eagleflow bootstrap CONFIG), or set host.python to the python of that environment"
+                f"{self.python} on {self.label} is not an environment with eagleflow installed "
+                f"({err.strip().splitlines()[-1]}). "
+                "Fix: bootstrap the host (eagleflow bootstrap CONFIG), or set host.python to the python of that "
+                "environment",
             )
         if "No space left on device" in err:
             free = self._free_bytes(self.work_root)
@@ -365,7 +249,7 @@ class SshHost(SshFiles, Host):
                 self.label,
                 f"the disk holding host.work_root {self.work_root} on {self.label} is full"
                 + (f" ({free:,} bytes free)" if free is not None else "")
-                + ". Fix: free space there, or point host.work_root at a larger disk"
+                + ". Fix: free space there, or point host.work_root at a larger disk",
             )
         if "PermissionError" in err or "Permission denied" in err:
             said = next((x for x in reversed(err.strip().splitlines()) if "ermission" in x), err.strip()[-300:])
@@ -373,15 +257,17 @@ class SshHost(SshFiles, Host):
                 self.label,
                 f"{self.user} may not write under host.work_root {self.work_root} on {self.label} ({said.strip()}). "
                 f"Fix: give {self.user} that directory (chown -R {self.user} {self.work_root}), or set host.work_root "
-                "to a directory the user owns"
+                "to a directory the user owns",
             )
-        # One line, as every failure a person reads (eagleflow.failure): its traceback's last line says why.
+        # One line, as every failure a person reads (eagleflow.contracts.failure): its traceback's last line says why.
         said = next((x.strip() for x in reversed(err.splitlines()) if x.strip()), "no output")[:400]
-        raise HostError(f"job control on {self.label} failed (exit {rc}): {said}. Fix: run "
-                        f"`{self.python} -m eagleflow.jobs --help` on the host to see it fail whole, or bootstrap it again")
+        raise HostError(
+            f"job control on {self.label} failed (exit {rc}): {said}. Fix: run "
+            f"`{self.python} -m eagleflow.hosts.jobs --help` on the host to see it fail whole, or bootstrap it again"
+        )
 
     def _job(self, *args: str) -> dict[str, Any]:
-        argv = [self.python, "-m", "eagleflow.jobs", *args]
+        argv = [self.python, "-m", "eagleflow.hosts.jobs", *args]
         rc, out, err = self.exec(argv)
         lines = [line for line in out.splitlines() if line.startswith("{")]
         if rc not in (0, 3) or not lines:
@@ -401,8 +287,9 @@ class SshHost(SshFiles, Host):
         try:
             chan = client.get_transport().open_session()
             chan.settimeout(120)
-            chan.exec_command(shlex.join([self.python, "-m", "eagleflow.jobs", "lease", self.work_root, owner,
-                                          "--what", what]))
+            chan.exec_command(
+                shlex.join([self.python, "-m", "eagleflow.hosts.jobs", "lease", self.work_root, owner, "--what", what])
+            )
             line = chan.makefile("rb").readline().decode(errors="replace").strip()
         except _TRANSPORT_ERRORS as exc:
             client.close()

@@ -14,7 +14,7 @@ import os
 import posixpath
 import shlex
 import stat
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import paramiko
 
@@ -84,11 +84,22 @@ class SshFiles:
                 while block := f.read(1 << 20):
                     yield block
 
-        self._upload(remote, lambda sftp, tmp: sftp.put(local, tmp), chunks, f"copying {local} to {remote}",
-                     os.path.getsize(local))
+        self._upload(
+            remote,
+            lambda sftp, tmp: sftp.put(local, tmp),
+            chunks,
+            f"copying {local} to {remote}",
+            os.path.getsize(local),
+        )
 
-    def _upload(self, path: str, write: Callable[[paramiko.SFTPClient, str], object],
-                chunks: Callable[[], Iterator[bytes]], what: str, size: int) -> None:
+    def _upload(
+        self,
+        path: str,
+        write: Callable[[paramiko.SFTPClient, str], object],
+        chunks: Callable[[], Iterator[bytes]],
+        what: str,
+        size: int,
+    ) -> None:
         """`write(sftp, tmp)` (or `chunks()` piped into `cat`, without SFTP) fills a temporary name beside `path`;
         then it is renamed over `path`. A refusal (permission, a full disk) is named with its fix."""
         directory = posixpath.dirname(path)
@@ -122,14 +133,14 @@ class SshFiles:
                 self.label,
                 f"{what} on {self.label} failed: the disk holding {directory} is full ({free:,} bytes free; "
                 f"the host said {said!r}). Fix: free space there, or point host.work_root (now {self.work_root}) "
-                "at a larger disk"
+                "at a larger disk",
             )
         if "ermission denied" in said or "Errno 13" in said or "Operation not permitted" in said:
             return HostSetupError(
                 self.label,
                 f"{what} on {self.label} failed: {self.user} may not write in {directory} ({said}). Fix: give "
                 f"{self.user} that directory (chown -R {self.user} {self.work_root}), or set host.work_root to a "
-                "directory the user owns"
+                "directory the user owns",
             )
         return HostError(f"{what} on {self.label} failed: {said}")
 
@@ -142,7 +153,9 @@ class SshFiles:
         except (HostError, ValueError, IndexError):
             return None
 
-    def _command(self, argv: list[str], stdin: Iterator[bytes] | None = None, timeout: float = 300) -> tuple[int, bytes, str]:
+    def _command(
+        self, argv: list[str], stdin: Iterator[bytes] | None = None, timeout: float = 300
+    ) -> tuple[int, bytes, str]:
         """A command for the file operations: bytes out, `stdin` streamed in (no host.env: plain tools)."""
         try:
             chan = self._conn().get_transport().open_session()

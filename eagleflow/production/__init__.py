@@ -34,8 +34,9 @@ production through the operator's means), `state` (the files above), `downtime` 
 `production_stopped`), `guardian` (the restorer), `window` (one stop for several stages: the
 pipeline's GPU stages, `python -m eagleflow.production.window`), `deployed` (the drafter production
 serves: a link eagleflow switches inside a window, its copies and history, `python -m
-eagleflow.production.deployed`; the guardian rolls a switch back when production cannot start with it,
-and restores what a reboot left open: `python -m eagleflow.production.guardian --boot WORK_ROOT`). Imports only the standard library, httpx and
+eagleflow.production.served`; the guardian rolls a switch back when production cannot start with it,
+and restores what a reboot left open: `python -m eagleflow.production.guardian --boot WORK_ROOT`). Imports only the
+standard library, httpx and
 eagleflow's standard-library helpers, so the guardian starts in a blink; the pydantic
 ProductionConfig is only a type here (the guardian rebuilds it from production.json).
 """
@@ -43,8 +44,27 @@ ProductionConfig is only a type here (the guardian rebuilds it from production.j
 from __future__ import annotations
 
 from eagleflow.production.downtime import Downtime, production_stopped
-from eagleflow.production.ownership import STOP_ENV, TOKEN_ENV, WINDOW_ENV, end_owned, end_owned_group, owned, owned_pids
+from eagleflow.production.ownership import (
+    STOP_ENV,
+    TOKEN_ENV,
+    WINDOW_ENV,
+    end_owned,
+    end_owned_group,
+    owned,
+    owned_pids,
+)
 from eagleflow.production.service import ProductionError, ProductionService
 
-__all__ = ["Downtime", "ProductionError", "ProductionService", "STOP_ENV", "TOKEN_ENV", "end_owned", "end_owned_group",
-           "owned", "owned_pids", "production_stopped", "WINDOW_ENV"]
+__all__ = [
+    "Downtime",
+    "ProductionError",
+    "ProductionService",
+    "STOP_ENV",
+    "TOKEN_ENV",
+    "end_owned",
+    "end_owned_group",
+    "owned",
+    "owned_pids",
+    "production_stopped",
+    "WINDOW_ENV",
+]

@@ -17,19 +17,29 @@ import secrets
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
-from eagleflow.files import read_json, write_json_atomic
-from eagleflow.locks import try_lock
-from eagleflow.procs import wait_until
 from eagleflow.production import pause
 from eagleflow.production.ownership import STOP_ENV, TOKEN_ENV
 from eagleflow.production.service import ProductionError, ProductionService, ServiceSettings, settings_dict
-from eagleflow.production.state import COMMANDS_LOG, GUARDIAN_LOG, HOLD, POLL_S, RECORD, RESULT, WATCHING, \
-    guardian_alive, tail
+from eagleflow.production.state import (
+    COMMANDS_LOG,
+    GUARDIAN_LOG,
+    HOLD,
+    POLL_S,
+    RECORD,
+    RESULT,
+    WATCHING,
+    guardian_alive,
+    tail,
+)
+from eagleflow.util.files import read_json, write_json_atomic
+from eagleflow.util.locks import try_lock
+from eagleflow.util.procs import wait_until
 
 if TYPE_CHECKING:
     from eagleflow.config import ProductionConfig
@@ -74,19 +84,24 @@ class Downtime:
             return "production was not running before the benchmark; it was left stopped"
         if r.get("resumed"):
             res = r["resumed"]
-            swapped = f", drafter {res['swapped_in']} swapped in ({res['swap_s']:.1f} s)" if res.get("swapped_in") else ""
+            swapped = (
+                f", drafter {res['swapped_in']} swapped in ({res['swap_s']:.1f} s)" if res.get("swapped_in") else ""
+            )
             probe = f", its drafter drafts (probe AL {res['probe_al']:.2f})" if res.get("probe_al") else ""
-            return f"production woken from sleep level {res['level']}, healthy after {r['healthy_after_s']:.1f} s{swapped}{probe}"
+            healthy = f"healthy after {r['healthy_after_s']:.1f} s"
+            return f"production woken from sleep level {res['level']}, {healthy}{swapped}{probe}"
         if not r.get("started"):
             return "production was never stopped; it answers healthy"
         if r.get("rolled_back"):
-            return (f"production restored with the last good drafter, healthy after {r['healthy_after_s']:.1f} s: "
-                    f"{r['rolled_back']}")
+            return (
+                f"production restored with the last good drafter, healthy after {r['healthy_after_s']:.1f} s: "
+                f"{r['rolled_back']}"
+            )
         fallback = f" (stopped and started: {r['pause_fallback']})" if r.get("pause_fallback") else ""
         return f"production restored, healthy after {r['healthy_after_s']:.1f} s{fallback}"
 
 
-def _pause(cfg: "ProductionConfig | ServiceSettings", log: LogFn) -> tuple[dict[str, Any] | None, str | None]:
+def _pause(cfg: ProductionConfig | ServiceSettings, log: LogFn) -> tuple[dict[str, Any] | None, str | None]:
     """Put production to sleep (eagleflow.production.pause); (what was done, None), or (None, why it was not)."""
     plan = pause.preflight(cfg.pause, cfg.sleep_level, cfg.url, cfg.health_url)
     if not plan.ok:
@@ -103,8 +118,9 @@ def _pause(cfg: "ProductionConfig | ServiceSettings", log: LogFn) -> tuple[dict[
         info = pause.sleep(plan.base_url, plan.level, gpu_before_mib=plan.gpu_used_mib)
         before, asleep = info["gpu_used_mib_before"], info["gpu_used_mib_asleep"]
         if before and asleep is not None and before - asleep < pause.MIN_FREED_FRACTION * before:
-            raise pause.PauseError(f"asleep, production still holds {asleep:,} of {before:,} MiB on the GPUs: the "
-                                   "stages would not fit")
+            raise pause.PauseError(
+                f"asleep, production still holds {asleep:,} of {before:,} MiB on the GPUs: the stages would not fit"
+            )
     except Exception as exc:  # noqa: BLE001 - a pause that went wrong in any way is a stop
         log(f"the sleep did not free the GPUs: {exc}; waking production to stop it instead")
         try:
@@ -112,8 +128,10 @@ def _pause(cfg: "ProductionConfig | ServiceSettings", log: LogFn) -> tuple[dict[
         except Exception as wake_exc:  # noqa: BLE001
             log(f"the wake before the stop failed too ({wake_exc}); the stop ends it either way")
         return None, f"the sleep failed: {exc}"
-    log(f"production is asleep ({plan.why}) in {info['sleep_s']:.2f} s; GPU memory "
-        f"{info['gpu_used_mib_before']} -> {info['gpu_used_mib_asleep']} MiB")
+    log(
+        f"production is asleep ({plan.why}) in {info['sleep_s']:.2f} s; GPU memory "
+        f"{info['gpu_used_mib_before']} -> {info['gpu_used_mib_asleep']} MiB"
+    )
     return {**plan.as_dict(), **info, "drafter": os.path.realpath(link) if link else None, "probe_before": probed}, None
 
 
@@ -154,9 +172,16 @@ def _start_guardian(state_dir: Path, token: str) -> subprocess.Popen:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
     with open(state_dir / GUARDIAN_LOG, "ab") as logf:
         # Its own session: a cancellation ends the stage's process group, never the guardian.
-        proc = subprocess.Popen([sys.executable, "-m", "eagleflow.production.guardian", str(state_dir)],
-                                stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                env=env, cwd="/", start_new_session=True, close_fds=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "eagleflow.production.guardian", str(state_dir)],
+            stdin=subprocess.DEVNULL,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd="/",
+            start_new_session=True,
+            close_fds=True,
+        )
 
     def watching() -> bool:
         mark = read_json(state_dir / WATCHING)
@@ -183,17 +208,25 @@ def _await_result(state_dir: Path, token: str, timeout_s: float) -> dict[str, An
             res = read_json(state_dir / RESULT)  # it may have written and exited between our two looks
             if res and res.get("token") == token:
                 return res
-            return {"ok": False, "token": token, "error": "the guardian exited without a result; "
-                    f"its log:\n{tail(state_dir / GUARDIAN_LOG)}"}
+            return {
+                "ok": False,
+                "token": token,
+                "error": f"the guardian exited without a result; its log:\n{tail(state_dir / GUARDIAN_LOG)}",
+            }
         if time.monotonic() > deadline:
-            return {"ok": False, "token": token, "error": f"no result from the guardian after {timeout_s:.0f} s; "
-                    f"it may still be restoring production. Its log:\n{tail(state_dir / GUARDIAN_LOG)}"}
+            return {
+                "ok": False,
+                "token": token,
+                "error": f"no result from the guardian after {timeout_s:.0f} s; "
+                f"it may still be restoring production. Its log:\n{tail(state_dir / GUARDIAN_LOG)}",
+            }
         time.sleep(POLL_S)
 
 
 @contextmanager
-def production_stopped(cfg: "ProductionConfig | ServiceSettings", state_dir: str | Path, *, work_root: str | Path,
-                       log: LogFn | None = None) -> Iterator[Downtime]:
+def production_stopped(
+    cfg: ProductionConfig | ServiceSettings, state_dir: str | Path, *, work_root: str | Path, log: LogFn | None = None
+) -> Iterator[Downtime]:
     """Production stopped for the block, restored afterwards by the guardian whatever happens.
 
     On a normal exit or an exception, waits for the guardian's result and raises ProductionError when
@@ -207,8 +240,7 @@ def production_stopped(cfg: "ProductionConfig | ServiceSettings", state_dir: str
     if cfg.kind == "none":
         hold = Downtime(state_dir, token, was_running=False)
         yield hold
-        hold.result = {"ok": True, "kind": "none", "was_running": False, "started": False,
-                       "summary": hold.summary()}
+        hold.result = {"ok": True, "kind": "none", "was_running": False, "started": False, "summary": hold.summary()}
         return
 
     svc = ProductionService(cfg, log, state_dir / COMMANDS_LOG)
@@ -222,10 +254,18 @@ def production_stopped(cfg: "ProductionConfig | ServiceSettings", state_dir: str
 
     hold_fd = try_lock(state_dir / HOLD)  # close-on-exec: engines never inherit it
     if hold_fd is None:
-        raise ProductionError(f"{state_dir / HOLD} is held by another process: a second benchmark in the "
-                              "same directory; only one may run")
-    record = {"config": settings_dict(cfg), "was_running": was_running, "pid": os.getpid(), "pgid": os.getpgid(0),
-              "token": token, "work_root": str(Path(work_root).resolve()), "since": time.time()}
+        raise ProductionError(
+            f"{state_dir / HOLD} is held by another process: a second benchmark in the same directory; only one may run"
+        )
+    record = {
+        "config": settings_dict(cfg),
+        "was_running": was_running,
+        "pid": os.getpid(),
+        "pgid": os.getpgid(0),
+        "token": token,
+        "work_root": str(Path(work_root).resolve()),
+        "since": time.time(),
+    }
     guardian: subprocess.Popen | None = None
     released = False
 

@@ -1,7 +1,8 @@
 """The guardian: a small detached process that gives production back, once, however the stage ends.
 
     python -m eagleflow.production.guardian STATE_DIR      (started by `production_stopped`)
-    python -m eagleflow.production.guardian --boot WORK_ROOT   (at the host's boot: infra/systemd/eagleflow-restore.service)
+    python -m eagleflow.production.guardian --boot WORK_ROOT   (at the host's boot:
+    infra/systemd/eagleflow-restore.service)
 
 It flocks `production.watching`, then waits until the stage's hold is free (the stage left, failed,
 was cancelled or killed) or until the controller's host lease has been gone for `orphan_grace_s`
@@ -21,17 +22,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eagleflow.files import read_json, write_json_atomic
-from eagleflow.jobs import lease_holder
-from eagleflow.locks import is_held, try_lock
-from eagleflow.procs import terminate, wait_until
-from eagleflow.production import deployed, pause, swap
+from eagleflow.hosts.jobs import lease_holder
+from eagleflow.production import pause, served, swap
 from eagleflow.production.ownership import STOP_ENV, end_owned, end_owned_group, owned_pids
+from eagleflow.production.served import WINDOW_MARK
 from eagleflow.production.service import ProductionError, ProductionService, SettingsRecord
-from eagleflow.production.deployed import WINDOW_MARK
 from eagleflow.production.state import COMMANDS_LOG, HOLD, POLL_S, RECORD, RESULT, WATCHING
+from eagleflow.util.files import read_json, write_json_atomic
+from eagleflow.util.locks import is_held, try_lock
+from eagleflow.util.procs import terminate, wait_until
 
-STAGE_GRACE_S = 20.0  # guardian -> orphaned stage: SIGTERM, then SIGKILL after this (the stage ends its engines with 15 s)
+STAGE_GRACE_S = (
+    20.0  # guardian -> orphaned stage: SIGTERM, then SIGKILL after this (the stage ends its engines with 15 s)
+)
 
 
 def _write_record(path: Path, data: dict[str, Any]) -> None:
@@ -131,8 +134,9 @@ def _resume(svc: ProductionService, rec: dict[str, Any]) -> dict[str, Any]:
         between = None
         if now and now != served:
             if why := swap.why_not(cfg.swap_drafter, base, Path(served) if served else None, Path(now)):
-                raise pause.PauseError(f"drafter {now} was switched in while production slept and cannot be swapped "
-                                       f"in: {why}")
+                raise pause.PauseError(
+                    f"drafter {now} was switched in while production slept and cannot be swapped in: {why}"
+                )
             between = lambda: swap.swap_drafter(base, Path(now))  # noqa: E731
         _glog(f"waking production (level {level})" + (f", swapping in {now}" if between else ""))
         woke = pause.wake(base, level, between=between)
@@ -151,8 +155,13 @@ def _resume(svc: ProductionService, rec: dict[str, Any]) -> dict[str, Any]:
         return {**_restore(svc, True), "pause_fallback": str(exc)}
     took = time.monotonic() - t0
     _glog(f"production woken, healthy after {took:.1f} s: {json.dumps(woke)}")
-    return {"ok": True, "was_running": True, "started": False, "healthy_after_s": round(took, 2),
-            "resumed": {"level": level, **woke}}
+    return {
+        "ok": True,
+        "was_running": True,
+        "started": False,
+        "healthy_after_s": round(took, 2),
+        "resumed": {"level": level, **woke},
+    }
 
 
 def _roll_back(svc: ProductionService, d: Path, failed: dict[str, Any]) -> dict[str, Any]:
@@ -161,8 +170,8 @@ def _roll_back(svc: ProductionService, d: Path, failed: dict[str, Any]) -> dict[
     mark = read_json(d / WINDOW_MARK) or {}
     why = f"production did not come back with drafter {mark.get('seq')}: {failed.get('error')}"
     try:
-        deployed.rollback(Path(mark["dir"]), why, window=d)
-    except (deployed.DeployError, OSError, KeyError) as exc:
+        served.rollback(Path(mark["dir"]), why, window=d)
+    except (served.ServedDrafterError, OSError, KeyError) as exc:
         _glog(f"cannot roll the drafter back: {exc}")
         return {**failed, "rollback_error": str(exc)}
     _glog(f"rolled the drafter back ({why}); starting production again")
@@ -203,8 +212,10 @@ def _guard(d: Path, rec: dict[str, Any]) -> int:
     token = rec["token"]
     svc = ProductionService(SettingsRecord(**rec["config"]), _glog, d / COMMANDS_LOG)
     watch = ControllerWatch(rec["work_root"], svc.cfg.orphan_grace_s)
-    _glog(f"watching stage pid {rec['pid']} (pgid {rec['pgid']}); was_running={rec['was_running']}; "
-          f"controller: {watch.holder or 'none (no host lease held)'}")
+    _glog(
+        f"watching stage pid {rec['pid']} (pgid {rec['pgid']}); was_running={rec['was_running']}; "
+        f"controller: {watch.holder or 'none (no host lease held)'}"
+    )
     hold, orphaned = d / HOLD, False
     shared = _controller_in_group(watch.holder, int(rec["pgid"]))
     while is_held(hold):
@@ -244,8 +255,18 @@ def _guard(d: Path, rec: dict[str, Any]) -> int:
             result["pause_fallback"] = rec["pause_fallback"]
     if not result["ok"] and (d / WINDOW_MARK).exists():
         result = _roll_back(svc, d, result)
-    _write_record(d / RESULT, {**result, "token": token, "by": "guardian", "guardian_pid": os.getpid(), "orphaned": orphaned,
-                               "ended_engines": ended + stragglers, "at": time.time()})
+    _write_record(
+        d / RESULT,
+        {
+            **result,
+            "token": token,
+            "by": "guardian",
+            "guardian_pid": os.getpid(),
+            "orphaned": orphaned,
+            "ended_engines": ended + stragglers,
+            "at": time.time(),
+        },
+    )
     return 0 if result["ok"] else 1
 
 
@@ -272,10 +293,16 @@ def at_boot(work_root: str | Path) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eagleflow.production.guardian", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("state_dir", help="the benchmark's stage dir, holding production.json (with --boot: the "
-                        "work root, whose every state dir is looked at)")
+    parser = argparse.ArgumentParser(
+        prog="python -m eagleflow.production.guardian",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "state_dir",
+        help="the benchmark's stage dir, holding production.json (with --boot: the "
+        "work root, whose every state dir is looked at)",
+    )
     parser.add_argument("--boot", action="store_true", help="at the host's boot: restore what a reboot left open")
     args = parser.parse_args(argv)
     if args.boot:

@@ -11,7 +11,7 @@ import os
 import signal
 from pathlib import Path
 
-from eagleflow.procs import terminate
+from eagleflow.util.procs import terminate
 
 TOKEN_ENV = "EAGLEFLOW_TOKEN"  # on every engine of one benchmark: the proof that a process is ours to end
 # On every stage of a production window (the window's dir): production is down already, the flow gives it back.

@@ -1,7 +1,7 @@
 """Production paused instead of stopped: vLLM's sleep mode, through production's own endpoint.
 
-A stopped production costs a whole engine load to come back (minutes at Kimi-K2.5's size, the seeds saw
-22-40). Asleep, it gives the GPUs up in a fraction of a second and takes them back as fast (measured on an
+A stopped production costs a whole engine load to come back (minutes at Kimi-K2.5's size, the reference run
+saw 22-40). Asleep, it gives the GPUs up in a fraction of a second and takes them back as fast (measured on an
 H200 with vLLM 0.26: docs/benchmarks.md, "Sleep, wake and a drafter swapped in"):
 
     level 1   the weights to host RAM (pinned), the KV cache dropped: needs host RAM for production's weights
@@ -21,18 +21,20 @@ import math
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
-from eagleflow import httpget
+from eagleflow import EagleflowError
+from eagleflow.config.production import choose_sleep_level
+from eagleflow.util import http
 
 SLEEP_ROUTES = ("/sleep", "/wake_up", "/is_sleeping")
 SLEEP_MODE = "wait"  # in-flight requests finish first; new ones queue until the wake (vLLM's PauseMode)
 MIN_FREED_FRACTION = 0.5  # asleep, production must have given up at least this much of its GPU memory
-LEVEL1_RAM_HEADROOM = 1.1  # host RAM free for production's GPU memory x this, or level 2
 CALL_TIMEOUT_S = 600.0  # one /sleep or /wake_up: a level-2 wake reads the weights from disk
 PROBE_MAX_TOKENS = 64
 PROBE_MIN_ACCEPTANCE = 0.01  # accepted per draft token below this: a drafter whose weights are not in use
@@ -46,7 +48,7 @@ PROBE_PROMPTS = [
 ]
 
 
-class PauseError(RuntimeError):
+class PauseError(EagleflowError):
     """A sleep, wake or probe that did not do what it said; the caller falls back to stop and start."""
 
 
@@ -100,25 +102,12 @@ def host_available_mib() -> int | None:
     return None
 
 
-def choose_level(configured: int | None, gpu_mib: int | None, host_mib: int | None) -> tuple[int, str]:
-    """Level 1 when host RAM holds what production has on its GPUs (an upper bound of its weights, which level
-    1 pins in host RAM), else level 2; a configured level wins."""
-    if configured:
-        return configured, f"level {configured} (production.sleep_level)"
-    if gpu_mib is None or host_mib is None:
-        return 2, "level 2: production's GPU memory or the host's free RAM is unknown, so level 1 is not risked"
-    if host_mib >= LEVEL1_RAM_HEADROOM * gpu_mib:
-        return 1, f"level 1: {host_mib:,} MiB of host RAM free for production's {gpu_mib:,} MiB on the GPUs"
-    return 2, (f"level 2: {host_mib:,} MiB of host RAM free cannot hold production's {gpu_mib:,} MiB on the GPUs "
-               f"(x{LEVEL1_RAM_HEADROOM})")
-
-
 def _headers(api_key: str | None) -> dict[str, str] | None:
     return {"Authorization": f"Bearer {api_key}"} if api_key else None
 
 
 def is_sleeping(base: str, api_key: str | None = None) -> bool:
-    r = httpget.get(f"{base}/is_sleeping", headers=_headers(api_key), timeout=30.0)
+    r = http.get(f"{base}/is_sleeping", headers=_headers(api_key), timeout=30.0)
     if r.status_code != 200:
         raise PauseError(f"GET {base}/is_sleeping answered {r.status_code}: {r.text[:300]}")
     return bool(r.json().get("is_sleeping"))
@@ -126,12 +115,13 @@ def is_sleeping(base: str, api_key: str | None = None) -> bool:
 
 def served_routes(base: str, api_key: str | None = None) -> set[str]:
     """The routes production serves, from its /openapi.json (empty when it has none); httpx errors propagate."""
-    r = httpget.get(f"{base}/openapi.json", headers=_headers(api_key), timeout=30.0)
+    r = http.get(f"{base}/openapi.json", headers=_headers(api_key), timeout=30.0)
     return set(r.json().get("paths", {})) if r.status_code == 200 else set()
 
 
-def preflight(mode: str, configured_level: int | None, url: str | None, health_url: str | None,
-              api_key: str | None = None) -> PausePlan:
+def preflight(
+    mode: str, configured_level: int | None, url: str | None, health_url: str | None, api_key: str | None = None
+) -> PausePlan:
     """Can production be paused? Asks production itself which routes it serves and whether it is awake."""
     if mode != "sleep":
         return PausePlan(False, "production.pause is 'stop'")
@@ -142,23 +132,30 @@ def preflight(mode: str, configured_level: int | None, url: str | None, health_u
         routes = served_routes(base, api_key)
         missing = [p for p in SLEEP_ROUTES if p not in routes]
         if missing:
-            return PausePlan(False, f"production at {base} serves no {', '.join(missing)}: launch it with "
-                             "--enable-sleep-mode and VLLM_SERVER_DEV_MODE=1, or set production.pause 'stop'",
-                             base_url=base)
+            return PausePlan(
+                False,
+                f"production at {base} serves no {', '.join(missing)}: launch it with "
+                "--enable-sleep-mode and VLLM_SERVER_DEV_MODE=1, or set production.pause 'stop'",
+                base_url=base,
+            )
         if is_sleeping(base, api_key):
-            return PausePlan(False, f"production at {base} is already asleep: someone else paused it; "
-                             "eagleflow does not take over a sleep it did not start", base_url=base)
+            return PausePlan(
+                False,
+                f"production at {base} is already asleep: someone else paused it; "
+                "eagleflow does not take over a sleep it did not start",
+                base_url=base,
+            )
     except (httpx.HTTPError, ValueError, PauseError) as exc:
         return PausePlan(False, f"production at {base} did not answer the sleep preflight: {exc}", base_url=base)
     gpu, host = gpu_used_mib(), host_available_mib()
-    level, why = choose_level(configured_level, gpu, host)
+    level, why = choose_sleep_level(configured_level, gpu, host)
     return PausePlan(True, why, level, base, gpu, host)
 
 
 def _post(base: str, path: str, api_key: str | None, **kw: Any) -> float:
     t0 = time.monotonic()
     try:
-        r = httpget.client().post(f"{base}{path}", headers=_headers(api_key), timeout=CALL_TIMEOUT_S, **kw)
+        r = http.client().post(f"{base}{path}", headers=_headers(api_key), timeout=CALL_TIMEOUT_S, **kw)
     except httpx.HTTPError as exc:
         raise PauseError(f"POST {base}{path}: {type(exc).__name__}: {exc}") from exc
     if r.status_code != 200:
@@ -173,12 +170,17 @@ def sleep(base: str, level: int, api_key: str | None = None, gpu_before_mib: int
     took = _post(base, f"/sleep?level={level}&mode={SLEEP_MODE}", api_key)
     if not is_sleeping(base, api_key):
         raise PauseError(f"POST {base}/sleep?level={level} answered 200 but /is_sleeping says awake")
-    return {"level": level, "sleep_s": round(took, 3), "gpu_used_mib_before": before,
-            "gpu_used_mib_asleep": gpu_used_mib()}
+    return {
+        "level": level,
+        "sleep_s": round(took, 3),
+        "gpu_used_mib_before": before,
+        "gpu_used_mib_asleep": gpu_used_mib(),
+    }
 
 
-def wake(base: str, level: int, api_key: str | None = None, between: Callable[[], dict[str, Any]] | None = None
-         ) -> dict[str, Any]:
+def wake(
+    base: str, level: int, api_key: str | None = None, between: Callable[[], dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """Wake production: the weights first, then `between` (a drafter swap: the GPUs still have the KV cache's
     room for the sender's copy), then the KV cache. Level 2 reloads the weights from disk after their wake."""
     out: dict[str, Any] = {"wake_weights_s": round(_post(base, "/wake_up", api_key, params={"tags": "weights"}), 3)}
@@ -198,7 +200,7 @@ class NeedsKey(PauseError):
 
 
 def served_model(base: str, api_key: str | None = None) -> str:
-    r = httpget.get(f"{base}/v1/models", headers=_headers(api_key), timeout=30.0)
+    r = http.get(f"{base}/v1/models", headers=_headers(api_key), timeout=30.0)
     if r.status_code == 401:
         raise NeedsKey(f"{base}/v1 wants an API key")
     if r.status_code != 200 or not r.json().get("data"):
@@ -209,7 +211,9 @@ def served_model(base: str, api_key: str | None = None) -> str:
 def probe(base: str, api_key: str | None = None) -> dict[str, Any]:
     """Production's answers and its drafter's acceptance on a few generic greedy requests (its /metrics counters
     around them), taken before the sleep and after the wake and compared by `judge`."""
-    from eagleflow.engines.acceptance import measure  # the canary's measurement; imported here, the guardian's start stays light
+    from eagleflow.engines.acceptance import (
+        measure,  # the canary's measurement; imported here, the guardian's start stays light
+    )
 
     try:
         model = served_model(base, api_key)
@@ -243,11 +247,18 @@ def judge(after: dict[str, Any], before: dict[str, Any] | None, swapped: bool = 
     if before.get("probe_answers") and after.get("probe_answers"):
         same = sum(a == b for a, b in zip(after["probe_answers"], before["probe_answers"]))
         if same < math.ceil(len(before["probe_answers"]) / 2):
-            return (f"production answers otherwise after the wake: {same} of {len(before['probe_answers'])} greedy "
-                    "answers as before the sleep (its weights did not come back whole)")
+            return (
+                f"production answers otherwise after the wake: {same} of {len(before['probe_answers'])} greedy "
+                "answers as before the sleep (its weights did not come back whole)"
+            )
     if "probe_per_position" in after and not drafts(after) and (swapped or drafts(before)):
-        return (f"production's drafter accepts nothing after the wake (AL {after['probe_al']:.3f}, per position "
-                f"{after['probe_per_position']}): " + ("the drafter swapped in does not draft for this target, or "
-                "its weights did not arrive" if swapped else "its weights are not in use (vllm#52479 after a "
-                "level-2 wake)"))
+        return (
+            f"production's drafter accepts nothing after the wake (AL {after['probe_al']:.3f}, per position "
+            f"{after['probe_per_position']}): "
+            + (
+                "the drafter swapped in does not draft for this target, or its weights did not arrive"
+                if swapped
+                else "its weights are not in use (vllm#52479 after a level-2 wake)"
+            )
+        )
     return None

@@ -14,14 +14,16 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Callable, Iterator, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
-from eagleflow import httpget
-from eagleflow.procs import wait_until
+from eagleflow import EagleflowError
 from eagleflow.production.ownership import STOP_ENV, TOKEN_ENV
+from eagleflow.util import http
+from eagleflow.util.procs import wait_until
 
 if TYPE_CHECKING:
     from eagleflow.config import ProductionConfig
@@ -36,11 +38,15 @@ _default_logger = logging.getLogger("eagleflow.production")
 # src/systemctl): the unit is unknown, polkit refused the user, or there is no systemd to talk to.
 _NO_UNIT = re.compile(r"Unit \S+ (not found|not loaded|could not be found)")
 _NO_SYSTEMD = re.compile(r"System has not been booted with systemd|Failed to connect to (bus|user scope bus)")
-_SYSTEMD_REFUSALS = re.compile(_NO_UNIT.pattern + "|" + _NO_SYSTEMD.pattern
-                               + r"|Interactive authentication required|Access denied|Permission denied")
+_SYSTEMD_REFUSALS = re.compile(
+    _NO_UNIT.pattern
+    + "|"
+    + _NO_SYSTEMD.pattern
+    + r"|Interactive authentication required|Access denied|Permission denied"
+)
 
 
-class ProductionError(RuntimeError):
+class ProductionError(EagleflowError):
     """Production could not be stopped or is not healthy again; the message says why and what to do."""
 
 
@@ -78,7 +84,7 @@ class SettingsRecord:
     pause: str = "stop"
     sleep_level: int | None = None
     swap_drafter: bool = False
-    drafter_link: str | None = None  # promote 'deploy': the link production's launch reads its drafter from
+    drafter_link: str | None = None  # promote 'serve': the link production's launch reads its drafter from
 
 
 def settings_dict(cfg: ServiceSettings) -> dict[str, Any]:
@@ -90,8 +96,9 @@ def settings_dict(cfg: ServiceSettings) -> dict[str, Any]:
 class ProductionService:
     """Stop, start and probe production only through the operator's means; commands are argv lists."""
 
-    def __init__(self, cfg: "ProductionConfig | ServiceSettings", log: LogFn | None = None,
-                 output_log: Path | None = None):
+    def __init__(
+        self, cfg: ProductionConfig | ServiceSettings, log: LogFn | None = None, output_log: Path | None = None
+    ):
         self.cfg = cfg
         self.log = log or _default_logger.info
         self.output_log = output_log
@@ -116,7 +123,7 @@ class ProductionService:
     def healthy(self) -> bool:
         if not self.cfg.health_url:
             return False
-        return httpget.answers(self.cfg.health_url, HEALTH_TIMEOUT_S)
+        return http.answers(self.cfg.health_url, HEALTH_TIMEOUT_S)
 
     def unit_state(self) -> str | None:
         """systemd's ActiveState of the unit (active, activating, deactivating, inactive, failed)."""
@@ -145,8 +152,15 @@ class ProductionService:
             out.flush()
             start = out.tell()
             try:
-                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                        env=env, cwd="/", start_new_session=True)
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd="/",
+                    start_new_session=True,
+                )
             except OSError as exc:
                 return 127, f"cannot run {argv[0]}: {exc}"
             try:
@@ -175,8 +189,10 @@ class ProductionService:
     def _fix(self, action: str) -> str:
         if self.cfg.kind == "systemd":
             user = " --user" if self.cfg.user_unit else ""
-            return (f"check `systemctl{user} status {self.cfg.unit}` and `journalctl{user} -u {self.cfg.unit}`; "
-                    f"the host user must be allowed to {action} the unit (a polkit rule, or production.user_unit)")
+            return (
+                f"check `systemctl{user} status {self.cfg.unit}` and `journalctl{user} -u {self.cfg.unit}`; "
+                f"the host user must be allowed to {action} the unit (a polkit rule, or production.user_unit)"
+            )
         return f"run production.{action}_command by hand on the host to see why it fails, and fix it"
 
     def _refused(self, action: str, argv: list[str], rc: int, out: str, state: str = "") -> str:
@@ -197,16 +213,25 @@ class ProductionService:
             return None
         user = " --user" if self.cfg.user_unit else ""
         if _NO_UNIT.search(said):
-            return (f"production.unit {self.cfg.unit!r} is not a unit systemd{user} knows here", said,
-                    f"set production.unit to the unit that runs production on this host (`systemctl{user} list-units "
-                    "--type=service` lists them), or install it (infra/systemd/eagleflow-production-example.service)")
+            return (
+                f"production.unit {self.cfg.unit!r} is not a unit systemd{user} knows here",
+                said,
+                f"set production.unit to the unit that runs production on this host (`systemctl{user} list-units "
+                "--type=service` lists them), or install it (infra/systemd/eagleflow-production-example.service)",
+            )
         if _NO_SYSTEMD.search(said):
-            return (f"there is no systemd{user} to ask on this host", said,
-                    "production.kind systemd needs a running systemd (a user manager for production.user_unit: "
-                    "`loginctl enable-linger USER`); else production.kind command with its start and stop commands")
-        return (f"the host user may not {action} {self.cfg.unit}: polkit refused it", said,
-                f"allow the host user to stop and start {self.cfg.unit} without a password: a polkit rule for "
-                "org.freedesktop.systemd1.manage-units on that unit (docs/production.md), or production.user_unit")
+            return (
+                f"there is no systemd{user} to ask on this host",
+                said,
+                "production.kind systemd needs a running systemd (a user manager for production.user_unit: "
+                "`loginctl enable-linger USER`); else production.kind command with its start and stop commands",
+            )
+        return (
+            f"the host user may not {action} {self.cfg.unit}: polkit refused it",
+            said,
+            f"allow the host user to stop and start {self.cfg.unit} without a password: a polkit rule for "
+            "org.freedesktop.systemd1.manage-units on that unit (docs/production.md), or production.user_unit",
+        )
 
     def unit_problem(self) -> str | None:
         """Why production.unit cannot be stopped and started here, found without touching it (the check stage):
@@ -239,8 +264,11 @@ class ProductionService:
         self.log(f"stopping {self.what()}: {' '.join(argv)}")
         rc, out = self._run(argv, self.cfg.stop_timeout_s, "stop", {STOP_ENV: token} if token else None)
         if rc != 0:
-            state = "it still answers healthy: nothing was stopped" if self.healthy() else \
-                "it no longer answers healthy: it will be started again"
+            state = (
+                "it still answers healthy: nothing was stopped"
+                if self.healthy()
+                else "it no longer answers healthy: it will be started again"
+            )
             raise ProductionError(self._refused("stop", argv, rc, out, state))
 
         def down() -> bool:

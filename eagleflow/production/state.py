@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eagleflow.locks import is_held
+from eagleflow.util.locks import is_held
 
 HOLD = "production.hold"  # flock held by the stage for the block (transient)
 RECORD = "production.json"  # the stage's record: config, was_running, stage pid/pgid, token, times (kept)

@@ -28,16 +28,16 @@ from typing import Any
 
 import httpx
 
-from eagleflow import httpget
+from eagleflow import EagleflowError
 from eagleflow.production.pause import served_routes
+from eagleflow.util import http
 
-SWAP_ROUTES = ("/init_weight_transfer_engine", "/start_draft_weight_update", "/update_weights",
-               "/finish_weight_update")
+SWAP_ROUTES = ("/init_weight_transfer_engine", "/start_draft_weight_update", "/update_weights", "/finish_weight_update")
 WEIGHTS = "model.safetensors"
 SEND_TIMEOUT_S = 600.0
 
 
-class SwapError(RuntimeError):
+class SwapError(EagleflowError):
     """The swap did not happen; production is restarted with the drafter instead."""
 
 
@@ -123,18 +123,31 @@ def send(url: str, drafter: Path) -> dict[str, Any]:
     for i in devices:
         torch.cuda.synchronize(i)
     t1 = time.perf_counter()
-    payload = {"update_info": {"names": names, "dtype_names": dtypes, "shapes": shapes, "packed": False,
-                               "ipc_handles_pickled": base64.b64encode(pickle.dumps(handles)).decode()}}
+    payload = {
+        "update_info": {
+            "names": names,
+            "dtype_names": dtypes,
+            "shapes": shapes,
+            "packed": False,
+            "ipc_handles_pickled": base64.b64encode(pickle.dumps(handles)).decode(),
+        }
+    }
     r = httpx.post(f"{url}/update_weights", json=payload, timeout=SEND_TIMEOUT_S)
     t2 = time.perf_counter()
-    return {"status": r.status_code, "body": r.text[:1000], "tensors": len(names), "gpus": len(uuids),
-            "bytes": sum(t.numel() * t.element_size() for t in host_tensors.values()),
-            "load_s": round(t1 - t0, 3), "update_weights_s": round(t2 - t1, 3)}
+    return {
+        "status": r.status_code,
+        "body": r.text[:1000],
+        "tensors": len(names),
+        "gpus": len(uuids),
+        "bytes": sum(t.numel() * t.element_size() for t in host_tensors.values()),
+        "load_s": round(t1 - t0, 3),
+        "update_weights_s": round(t2 - t1, 3),
+    }
 
 
 def _post(base: str, path: str, **kw: Any) -> None:
     try:
-        r = httpget.client().post(f"{base}{path}", timeout=SEND_TIMEOUT_S, **kw)
+        r = http.client().post(f"{base}{path}", timeout=SEND_TIMEOUT_S, **kw)
     except httpx.HTTPError as exc:
         raise SwapError(f"POST {base}{path}: {type(exc).__name__}: {exc}") from exc
     if r.status_code != 200:
@@ -148,22 +161,31 @@ def swap_drafter(base: str, drafter: Path, python: str = sys.executable) -> dict
     _post(base, "/init_weight_transfer_engine", json={"init_info": {}})
     _post(base, "/start_draft_weight_update")
     try:
-        p = subprocess.run([python, "-m", "eagleflow.production.swap", "send", base, str(drafter)],
-                           capture_output=True, text=True, timeout=SEND_TIMEOUT_S + 60, stdin=subprocess.DEVNULL)
+        p = subprocess.run(
+            [python, "-m", "eagleflow.production.swap", "send", base, str(drafter)],
+            capture_output=True,
+            text=True,
+            timeout=SEND_TIMEOUT_S + 60,
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired as exc:
         raise SwapError(f"the drafter's sender did not finish within {SEND_TIMEOUT_S + 60:.0f} s") from exc
     line = next((ln for ln in reversed(p.stdout.splitlines()) if ln.startswith("{")), None)
     sent = json.loads(line) if line else {}
     if p.returncode != 0 or sent.get("status") != 200:
-        raise SwapError(f"sending {drafter} to {base} failed (exit {p.returncode}): "
-                        f"{sent.get('body') or p.stderr[-1500:]}")
+        raise SwapError(
+            f"sending {drafter} to {base} failed (exit {p.returncode}): {sent.get('body') or p.stderr[-1500:]}"
+        )
     _post(base, "/finish_weight_update")
     return {"swap_s": round(time.monotonic() - t0, 3), "swapped_in": str(drafter), "sender": sent}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eagleflow.production.swap", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m eagleflow.production.swap",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("send")
     p.add_argument("url")

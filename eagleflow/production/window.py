@@ -35,11 +35,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eagleflow.files import read_json, write_json_atomic
 from eagleflow.production.downtime import production_stopped
 from eagleflow.production.ownership import STOP_ENV, TOKEN_ENV, WINDOW_ENV
 from eagleflow.production.service import ProductionError, SettingsRecord
 from eagleflow.production.state import POLL_S, RESULT, tail
+from eagleflow.util.files import read_json, write_json_atomic
 
 OPEN, RELEASE, CLOSED, LOG = "window.open.json", "window.release", "window.closed.json", "window.log"
 OPEN_MARGIN_S = 60.0  # beyond stop_timeout_s: the guardian's start and the health probe
@@ -65,11 +65,22 @@ def hold(d: Path, cfg: SettingsRecord, work_root: str, owner: str, stages: list[
         with production_stopped(cfg, d, work_root=work_root, log=_say) as downtime:
             held = downtime
             env = {**downtime.engine_env(), WINDOW_ENV: str(d)}
-            write_json_atomic(d / OPEN, {"token": downtime.token, "env": env, "owner": owner, "stages": stages,
-                                         "was_running": downtime.was_running, "stopped_s": downtime.stopped_s,
-                                         "paused": downtime.paused,
-                                         "stop_issued_at": issued, "down_at": time.time(), "pid": os.getpid()},
-                              indent=1)
+            write_json_atomic(
+                d / OPEN,
+                {
+                    "token": downtime.token,
+                    "env": env,
+                    "owner": owner,
+                    "stages": stages,
+                    "was_running": downtime.was_running,
+                    "stopped_s": downtime.stopped_s,
+                    "paused": downtime.paused,
+                    "stop_issued_at": issued,
+                    "down_at": time.time(),
+                    "pid": os.getpid(),
+                },
+                indent=1,
+            )
             _say(f"production is down for {', '.join(stages)}; waiting for {d / RELEASE}")
             while not (d / RELEASE).exists():
                 time.sleep(POLL_S)
@@ -81,12 +92,22 @@ def hold(d: Path, cfg: SettingsRecord, work_root: str, owner: str, stages: list[
         result = {**((held.result or {}) if held else {}), "ok": False, "summary": str(exc)}
     back = time.time()
     was_running = bool(result.get("was_running"))
-    write_json_atomic(d / CLOSED, {**closed, "ok": bool(result.get("ok")), "was_running": was_running,
-                                   "summary": result.get("summary") or result.get("error", ""),
-                                   "healthy_after_s": result.get("healthy_after_s"), "back_at": back,
-                                   "rolled_back": result.get("rolled_back"), "resumed": result.get("resumed"),
-                                   "pause_fallback": result.get("pause_fallback"),
-                                   "down_s": round(back - issued, 2) if was_running else None}, indent=1)
+    write_json_atomic(
+        d / CLOSED,
+        {
+            **closed,
+            "ok": bool(result.get("ok")),
+            "was_running": was_running,
+            "summary": result.get("summary") or result.get("error", ""),
+            "healthy_after_s": result.get("healthy_after_s"),
+            "back_at": back,
+            "rolled_back": result.get("rolled_back"),
+            "resumed": result.get("resumed"),
+            "pause_fallback": result.get("pause_fallback"),
+            "down_s": round(back - issued, 2) if was_running else None,
+        },
+        indent=1,
+    )
     return 0 if result.get("ok") else 1
 
 
@@ -97,11 +118,32 @@ def open_window(d: Path, config_json: str, work_root: str, owner: str, stages: l
         raise ProductionError(f"{d} already holds a production window; every window needs a directory of its own")
     cfg = settings(config_json)
     env = {k: v for k, v in os.environ.items() if k not in (TOKEN_ENV, STOP_ENV, WINDOW_ENV)}
-    argv = [sys.executable, "-m", "eagleflow.production.window", "hold", str(d), "--config", config_json,
-            "--work-root", work_root, "--owner", owner, "--stages", ",".join(stages)]
+    argv = [
+        sys.executable,
+        "-m",
+        "eagleflow.production.window",
+        "hold",
+        str(d),
+        "--config",
+        config_json,
+        "--work-root",
+        work_root,
+        "--owner",
+        owner,
+        "--stages",
+        ",".join(stages),
+    ]
     with open(d / LOG, "ab") as logf:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=env,
-                                cwd="/", start_new_session=True, close_fds=True)
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd="/",
+            start_new_session=True,
+            close_fds=True,
+        )
     deadline = time.monotonic() + cfg.stop_timeout_s + OPEN_MARGIN_S
     while True:
         rec = read_json(d / OPEN)
@@ -109,9 +151,11 @@ def open_window(d: Path, config_json: str, work_root: str, owner: str, stages: l
             return rec
         if proc.poll() is not None or time.monotonic() > deadline:
             closed = read_json(d / CLOSED) or {}
-            raise ProductionError(f"production was not stopped for {', '.join(stages)}: "
-                                  f"{closed.get('summary') or 'the window holder exited'}. Its log {d / LOG}:\n"
-                                  f"{tail(d / LOG)}")
+            raise ProductionError(
+                f"production was not stopped for {', '.join(stages)}: "
+                f"{closed.get('summary') or 'the window holder exited'}. Its log {d / LOG}:\n"
+                f"{tail(d / LOG)}"
+            )
         time.sleep(0.1)
 
 
@@ -135,12 +179,19 @@ def status(d: Path) -> dict[str, Any]:
         if read_json(d / CLOSED):  # it wrote its record and exited between our looks
             return {"state": "closed", "result": read_json(d / CLOSED)}
         # The holder was killed; its guardian gave production back without it.
-        return {"state": "closed", "result": {"ok": bool(result.get("ok")), "was_running": result.get("was_running"),
-                                              "summary": "the window's holder was gone; its guardian: "
-                                              + (result.get("error") or "production restored"),
-                                              "stages": opened.get("stages"), "down_s": None,
-                                              "healthy_after_s": result.get("healthy_after_s"),
-                                              "rolled_back": result.get("rolled_back")}}
+        return {
+            "state": "closed",
+            "result": {
+                "ok": bool(result.get("ok")),
+                "was_running": result.get("was_running"),
+                "summary": "the window's holder was gone; its guardian: "
+                + (result.get("error") or "production restored"),
+                "stages": opened.get("stages"),
+                "down_s": None,
+                "healthy_after_s": result.get("healthy_after_s"),
+                "rolled_back": result.get("rolled_back"),
+            },
+        }
     return {"state": "open" if opened else "opening"}
 
 
@@ -156,8 +207,11 @@ def release_owner(work_root: str, owner: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eagleflow.production.window", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m eagleflow.production.window",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     for name in ("open", "hold"):
         p = sub.add_parser(name)

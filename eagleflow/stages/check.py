@@ -2,11 +2,12 @@
 
 Catches what would otherwise fail an hour in: a missing target, a layer count that does not match
 the config, an empty or malformed prompt set, thinking markers the tokenizer splits, a missing engine,
-an engine kernel that would serve an MLA target wrongly, a production.unit systemd does not know, and a run whose extracted states will not fit
+an engine kernel that would serve an MLA target wrongly, a production.unit systemd does not know, and a run whose
+extracted states will not fit
 the free disk. It prints the capacity plan
 (`eagleflow.capacity`: each stage's disk, GPU memory and time) and records it in its manifest; the
 prompts are counted with the target's tokenizer and chat template (up to 2,000 of them, evenly spaced),
-the rest of the facts are `eagleflow.planfacts`' (the same `python -m flows.plan` reads).
+the rest of the facts are `eagleflow.capacity.facts`' (the same `python -m cli.plan` reads).
 """
 
 from __future__ import annotations
@@ -16,16 +17,18 @@ import logging
 import sys
 from pathlib import Path
 
-from eagleflow.capacity import CapacityPlan, HostFacts, Progress, plan, render_plan
+from eagleflow.capacity.facts import gather
+from eagleflow.capacity.planner import plan
+from eagleflow.capacity.render import render_plan
 from eagleflow.config import RunConfig
+from eagleflow.contracts.manifest import Manifest
+from eagleflow.contracts.plan import CapacityPlan, FinishedStages, HostFacts
+from eagleflow.contracts.prompts import PromptError, load_prompts, split_indices
+from eagleflow.contracts.request import StageError, StageRequest
+from eagleflow.contracts.stage_records import CheckMetrics
 from eagleflow.engines.preflight.mla import check_rotary_kernel, is_mla
-from eagleflow.hostfacts import ENGINE_DISTRIBUTIONS, version_of
-from eagleflow.manifest import Manifest
-from eagleflow.outputs import CheckMetrics
-from eagleflow.planfacts import gather
+from eagleflow.hosts.facts import ENGINE_DISTRIBUTIONS, version_of
 from eagleflow.production import ProductionService
-from eagleflow.prompts import PromptError, load_prompts, split_indices
-from eagleflow.request import StageError, StageRequest
 from eagleflow.stages.common import stage_main
 
 log = logging.getLogger("eagleflow.check")
@@ -46,8 +49,10 @@ def run(request: StageRequest) -> Manifest:
         layers = hf.get("num_hidden_layers")
         facts.update(architectures=hf.get("architectures"), num_hidden_layers=layers, hidden_size=hf.get("hidden_size"))
         if layers != cfg.target.final_layer_id:
-            problems.append(f"target.final_layer_id is {cfg.target.final_layer_id} but {model} has {layers} layers; "
-                            f"set it to {layers}")
+            problems.append(
+                f"target.final_layer_id is {cfg.target.final_layer_id} but {model} has {layers} layers; "
+                f"set it to {layers}"
+            )
         if layers is not None and max(cfg.target.aux_layer_ids) >= layers:
             problems.append(f"target.aux_layer_ids {cfg.target.aux_layer_ids} must be below the layer count {layers}")
         try:
@@ -57,8 +62,10 @@ def run(request: StageRequest) -> Manifest:
             for field in ("thinking_start", "thinking_end"):
                 marker = getattr(cfg.target, field)
                 if len(tok(marker, add_special_tokens=False)["input_ids"]) != 1:
-                    problems.append(f"target.{field} {marker!r} is not a single token of the target's tokenizer; "
-                                    "the engine's reasoning parser will not find it")
+                    problems.append(
+                        f"target.{field} {marker!r} is not a single token of the target's tokenizer; "
+                        "the engine's reasoning parser will not find it"
+                    )
             if not getattr(tok, "chat_template", None):
                 problems.append(f"target.model_path: the tokenizer in {model} has no chat_template")
         except Exception as exc:  # noqa: BLE001 - any load failure is a finding
@@ -72,8 +79,10 @@ def run(request: StageRequest) -> Manifest:
     kind = cfg.engine.kind
     version = version_of(*ENGINE_DISTRIBUTIONS[kind])
     if version is None:
-        problems.append(f"engine.kind is {kind!r} but none of {list(ENGINE_DISTRIBUTIONS[kind])} is installed in "
-                        f"{sys.executable}; create the host environment (make hostenv, or python -m infra.bootstrap)")
+        problems.append(
+            f"engine.kind is {kind!r} but none of {list(ENGINE_DISTRIBUTIONS[kind])} is installed in "
+            f"{sys.executable}; create the host environment (make hostenv, or python -m infra.bootstrap)"
+        )
     else:
         facts["engine"] = f"{kind} {version}"
         if kind == "vllm" and hf and is_mla(hf):
@@ -97,8 +106,9 @@ def _mla_engine_problems(cfg: RunConfig, text_cfg: dict) -> list[str]:
     """An MLA target meets the engine in generate already (an own server, or extraction through it): the
     engine faults that would make it serve garbage are checked here, before hours of work, not only in the
     benchmark's preflight."""
-    finding = check_rotary_kernel(text_cfg, cfg.engine, str(text_cfg.get("dtype") or text_cfg.get("torch_dtype")
-                                                            or "bfloat16"))
+    finding = check_rotary_kernel(
+        text_cfg, cfg.engine, str(text_cfg.get("dtype") or text_cfg.get("torch_dtype") or "bfloat16")
+    )
     log.info("engine: %s %s: %s", finding.level.upper(), finding.check, finding.message)
     return [f"engine {finding.check}: {finding.message}"] if finding.level == "error" else []
 
@@ -117,7 +127,7 @@ def _plan(cfg: RunConfig, tok: object | None) -> CapacityPlan | None:
     facts = gather(cfg, count_tokens if tok is not None and getattr(tok, "chat_template", None) else None)
     if facts.get("target") is None:
         return None
-    return plan(cfg, HostFacts.model_validate(facts), Progress.model_validate(facts["progress"]))
+    return plan(cfg, HostFacts.model_validate(facts), FinishedStages.model_validate(facts["progress"]))
 
 
 if __name__ == "__main__":

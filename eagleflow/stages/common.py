@@ -1,9 +1,10 @@
 """What every host-side stage shares: reading its request, logging, writing its manifest last.
 
 A stage runs as `python -m eagleflow.stages.<stage> <stage_dir>/request.json`. The request
-(`eagleflow.request.StageRequest`) holds the validated run config, the stage key and the upstream
-manifests; the stage writes its outputs under its directory and `manifest.json` last. A stage that fails exits non-zero with its cause and fix on its last
-lines (eagleflow.failure) and leaves no manifest, so nothing half-written is ever taken as complete.
+(`eagleflow.contracts.request.StageRequest`) holds the validated run config, the stage key and the upstream
+manifests; the stage writes its outputs under its directory and `manifest.json` last. A stage that fails exits non-zero
+with its cause and fix on its last
+lines (eagleflow.contracts.failure) and leaves no manifest, so nothing half-written is ever taken as complete.
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
-from eagleflow.capacity import size_text
-from eagleflow.failure import stage_ending
-from eagleflow.manifest import Manifest, write_manifest
+from eagleflow.contracts.failure import stage_ending
+from eagleflow.contracts.manifest import Manifest, write_manifest
+from eagleflow.contracts.request import StageError, StageRequest
 from eagleflow.production import ProductionError
-from eagleflow.request import StageError, StageRequest
+from eagleflow.util.text import size_text
 
 log = logging.getLogger("eagleflow")
 
@@ -33,7 +34,9 @@ StageFn = Callable[[StageRequest], Manifest]
 
 def setup_logging() -> None:
     logging.basicConfig(
-        level=logging.INFO, stream=sys.stdout, force=True,
+        level=logging.INFO,
+        stream=sys.stdout,
+        force=True,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     # One line per HTTP request would drown the stage's own log in Prefect.
@@ -88,15 +91,18 @@ def disk_full(exc: BaseException, request: StageRequest | None) -> str | None:
             break
         texts.append(str(seen))
         seen = seen.__cause__ or seen.__context__
-    if seen is None and not any(m in t for t in texts for m in ("No space left on device", "StorageFull",
-                                                                  "os error 28")):
+    if seen is None and not any(
+        m in t for t in texts for m in ("No space left on device", "StorageFull", "os error 28")
+    ):
         return None
     where = Path(getattr(seen, "filename", None) or (request.dir if request else "."))
     while not where.exists() and where != where.parent:
         where = where.parent
     usage = shutil.disk_usage(where)
     work_root = request.config.host.work_root if request else "host.work_root"
-    return (f"the disk holding {where} is full ({size_text(usage.free)} free of {size_text(usage.total)}) while "
-            f"the stage wrote there. Nothing partial is taken as complete: finished shards stay, and a rerun resumes "
-            f"after the last of them. Free space there (or point host.work_root, now {work_root}, at a larger disk) "
-            "and run again")
+    return (
+        f"the disk holding {where} is full ({size_text(usage.free)} free of {size_text(usage.total)}) while "
+        f"the stage wrote there. Nothing partial is taken as complete: finished shards stay, and a rerun resumes "
+        f"after the last of them. Free space there (or point host.work_root, now {work_root}, at a larger disk) "
+        "and run again"
+    )

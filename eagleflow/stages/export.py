@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import sys
 
-from eagleflow.manifest import Manifest, sha256_file
-from eagleflow.outputs import ExportMetrics, ExportOutputs, TrainMetrics, TrainOutputs
-from eagleflow.request import StageError, StageRequest
+from eagleflow.contracts.manifest import Manifest, sha256_file
+from eagleflow.contracts.request import StageError, StageRequest
+from eagleflow.contracts.stage_records import ExportMetrics, ExportOutputs, TrainMetrics, TrainOutputs
 from eagleflow.stages.common import stage_main
 
 
@@ -31,15 +31,19 @@ def run(request: StageRequest) -> Manifest:
     try:
         for fmt in config.export.formats:
             if fmt == "vllm":
-                export_vllm(checkpoint, request.path / "vllm", list(config.target.aux_layer_ids),
-                            dtype=config.target.dtype)
+                export_vllm(
+                    checkpoint, request.path / "vllm", list(config.target.aux_layer_ids), dtype=config.target.dtype
+                )
                 outputs.vllm = "vllm"
                 for name in ("config.json", "model.safetensors"):
                     hashes[f"vllm/{name}"] = sha256_file(request.path / "vllm" / name)
     except FormatError as exc:
         raise StageError(str(exc)) from None
-    metrics = ExportMetrics(source_checkpoint=trained.best, best_epoch=trained.best_epoch,
-                            acceptance_length_sim=train_metrics.best.acceptance_length)
+    metrics = ExportMetrics(
+        source_checkpoint=trained.best,
+        best_epoch=trained.best_epoch,
+        acceptance_length_sim=train_metrics.best.acceptance_length,
+    )
     return request.manifest(outputs=outputs, metrics=metrics, hashes=hashes)
 
 

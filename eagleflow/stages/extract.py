@@ -23,58 +23,20 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
-from eagleflow.capacity import states_refusal
+from eagleflow.capacity.planner import states_refusal
 from eagleflow.config import RunConfig
-from eagleflow.devices import pick_device
+from eagleflow.contracts.manifest import Manifest, sha256_file
+from eagleflow.contracts.progress import Progress
+from eagleflow.contracts.request import StageError, StageRequest
+from eagleflow.contracts.stage_records import ExtractMetrics, ExtractOutputs, GenerateOutputs
 from eagleflow.drafter.shards import ShardError, ShardPlan, ShardWriter, check_shard
+from eagleflow.extraction import Capture, open_capture
 from eagleflow.extraction.plan import PlannedShard, plan_shards, target_hidden_size
-from eagleflow.files import read_json, write_json_atomic
-from eagleflow.manifest import Manifest, sha256_file
-from eagleflow.outputs import ExtractMetrics, ExtractOutputs, GenerateOutputs
-from eagleflow.progress import Progress, size
-from eagleflow.request import StageError, StageRequest
 from eagleflow.stages.common import stage_main
+from eagleflow.util.files import read_json, write_json_atomic
+from eagleflow.util.text import size_text
 
 log = logging.getLogger("eagleflow.extract")
-
-
-class _Backend:
-    """The model that computes the states: a transformers forward or a capturing engine, started once."""
-
-    def __init__(self, cfg: RunConfig, stage_dir: Path, stack: ExitStack, hidden_size: int) -> None:
-        self.cfg, self.stage_dir, self.stack, self.hidden_size = cfg, stage_dir, stack, hidden_size
-        self.hf = None
-        self.engine = None
-        self.device = "none"
-
-    def start(self) -> None:
-        if self.cfg.extract.backend == "vllm":
-            from eagleflow.extraction.vllm import serving_for_capture
-
-            if self.engine is None:
-                self.engine = self.stack.enter_context(serving_for_capture(self.cfg, self.stage_dir, self.hidden_size))
-                self.stack.callback(self.engine.close)
-                self.device = "engine"
-            return
-        from eagleflow.extraction.hf import HfCapture
-
-        if self.hf is None:
-            try:
-                device = pick_device(self.cfg.extract.device, "extract.device")
-            except ValueError as exc:
-                raise StageError(str(exc)) from None
-            self.hf = HfCapture(self.cfg, device)
-            self.device = str(self.hf.device)
-
-    def extract(self, shard: PlannedShard, writer: ShardWriter) -> None:
-        if self.engine is not None:
-            from eagleflow.extraction.vllm import extract_vllm
-
-            extract_vllm(self.engine, shard, writer)
-        else:
-            from eagleflow.extraction.hf import extract_hf
-
-            extract_hf(self.hf, shard, writer, self.cfg.extract.batch_tokens)
 
 
 def _finished(data_dir: Path, name: str) -> dict | None:
@@ -95,8 +57,9 @@ def _close(writer: ShardWriter, data_dir: Path, shard: PlannedShard, entry: dict
     record = writer.close().__dict__
     write_json_atomic(data_dir / "records" / f"{shard.name}.json", record)
     entry.update(record)
-    log.info("%s: %d sequences, %d tokens, %.2f GB", shard.name, len(shard.ids), shard.num_tokens,
-             record["bytes"] / 1e9)
+    log.info(
+        "%s: %d sequences, %d tokens, %.2f GB", shard.name, len(shard.ids), shard.num_tokens, record["bytes"] / 1e9
+    )
 
 
 def _refuse_if_disk_short(cfg: RunConfig, gen_shards: list[str], hidden: int, data_dir: Path) -> None:
@@ -111,8 +74,16 @@ def _refuse_if_disk_short(cfg: RunConfig, gen_shards: list[str], hidden: int, da
         tokens += int(pc.sum(pc.min_element_wise(lengths, cfg.extract.max_seq_len)).as_py() or 0)
         sequences += len(lengths)
     written = sum((read_json(p) or {}).get("bytes", 0) for p in (data_dir / "records").glob("*.json"))
-    refusal = states_refusal(tokens, sequences, hidden, cfg.extract.storage_dtype, written,
-                             shutil.disk_usage(data_dir).free, str(data_dir), int(cfg.engine.min_free_disk_gib * 2**30))
+    refusal = states_refusal(
+        tokens,
+        sequences,
+        hidden,
+        cfg.extract.storage_dtype,
+        written,
+        shutil.disk_usage(data_dir).free,
+        str(data_dir),
+        int(cfg.engine.min_free_disk_gib * 2**30),
+    )
     if refusal:
         raise StageError(refusal)
     log.info("disk: %d tokens of states fit the free disk at %s", tokens, data_dir)
@@ -150,34 +121,47 @@ def run(request: StageRequest) -> Manifest:
     with ExitStack() as stack:
         finisher = ThreadPoolExecutor(1, thread_name_prefix="shard-close")
         stack.callback(finisher.shutdown)
-        backend = _Backend(cfg, request.path, stack, hidden)
+        capture: Capture | None = None  # opened at the first shard with work to do: a finished stage loads nothing
         planned = list(plan_shards(gen_shards, cfg.extract.max_seq_len, bytes_per_token, cfg.extract.shard_bytes))
         finished = {shard.name: _finished(data_dir, shard.name) for shard in planned}
-        progress = Progress("extract", "tokens", sum(s.num_tokens for s in planned), "tokens",
-                            start=sum(s.num_tokens for s in planned if finished[s.name] is not None))
+        progress = Progress(
+            "extract",
+            "tokens",
+            sum(s.num_tokens for s in planned),
+            "tokens",
+            start=sum(s.num_tokens for s in planned if finished[s.name] is not None),
+        )
 
         def on_add(n: int) -> None:
             progress.done += n
             if progress.due():
-                progress.update(figures={"tok/s": round(progress.event().rate or 0),
-                                         "written": size((progress.done - progress.start) * bytes_per_token)})
+                progress.update(
+                    figures={
+                        "tok/s": round(progress.event().rate or 0),
+                        "written": size_text((progress.done - progress.start) * bytes_per_token),
+                    }
+                )
 
         for shard in planned:
-            entry = {"file": f"data/{shard.name}", "split": shard.split, "num_seqs": len(shard.ids),
-                     "num_tokens": shard.num_tokens}
+            entry = {
+                "file": f"data/{shard.name}",
+                "split": shard.split,
+                "num_seqs": len(shard.ids),
+                "num_tokens": shard.num_tokens,
+            }
             index.append(entry)
             record = finished[shard.name]
             if record is not None:
                 entry.update(record)
                 continue
-            if backend.engine is None and backend.hf is None:
-                backend.start()
+            if capture is None:
+                capture = open_capture(cfg, request.path, stack, hidden)
                 progress.restart_clock()  # the rate leaves the model's load out
             started = started or time.perf_counter()
             plan = ShardPlan(shard.num_tokens, len(shard.ids), hidden, cfg.extract.storage_dtype)
             writer = ShardWriter(data_dir / shard.name, plan, {"split": shard.split}, on_add=on_add)
             try:
-                backend.extract(shard, writer)
+                capture.extract(shard, writer)
                 if closing is not None:
                     closing.result()  # the previous shard is whole before this one starts to close
             except BaseException:
@@ -187,25 +171,40 @@ def run(request: StageRequest) -> Manifest:
             tokens += shard.num_tokens
         if closing is not None:
             closing.result()
-        progress.finish(figures={"written": size((progress.done - progress.start) * bytes_per_token)})
+        progress.finish(figures={"written": size_text((progress.done - progress.start) * bytes_per_token)})
     seconds = time.perf_counter() - started if started else 0.0
     if tokens:
-        log.info("extracted %d tokens in %.1f s: %.0f tok/s (%s)", tokens, seconds, tokens / seconds, backend.device)
-    write_json_atomic(data_dir / "index.json", {
-        "shards": index, "aux_layer_ids": cfg.target.aux_layer_ids, "final_layer_id": cfg.target.final_layer_id,
-        "hidden_size": hidden, "dtype": cfg.extract.storage_dtype, "backend": cfg.extract.backend,
-    })
+        log.info("extracted %d tokens in %.1f s: %.0f tok/s (%s)", tokens, seconds, tokens / seconds, capture.where)
+    write_json_atomic(
+        data_dir / "index.json",
+        {
+            "shards": index,
+            "aux_layer_ids": cfg.target.aux_layer_ids,
+            "final_layer_id": cfg.target.final_layer_id,
+            "hidden_size": hidden,
+            "dtype": cfg.extract.storage_dtype,
+            "backend": cfg.extract.backend,
+        },
+    )
     written = sum(e["bytes"] for e in index)
     return request.manifest(
-        outputs=ExtractOutputs(index="data/index.json", shards=[e["file"] for e in index], hidden_size=hidden,
-                               storage_dtype=cfg.extract.storage_dtype, num_bytes=written,
-                               num_tokens={s: sum(e["num_tokens"] for e in index if e["split"] == s)
-                                           for s in ("train", "holdout")}),
+        outputs=ExtractOutputs(
+            index="data/index.json",
+            shards=[e["file"] for e in index],
+            hidden_size=hidden,
+            storage_dtype=cfg.extract.storage_dtype,
+            num_bytes=written,
+            num_tokens={s: sum(e["num_tokens"] for e in index if e["split"] == s) for s in ("train", "holdout")},
+        ),
         # The index holds every shard's size and hashes; the manifest pins the index.
         hashes={"data/index.json": sha256_file(data_dir / "index.json")},
-        metrics=ExtractMetrics(tok_s=tokens / seconds if tokens else None, device=backend.device,
-                               backend=cfg.extract.backend, tokens_extracted=tokens,
-                               peak_rss_mib=_peak_rss_mib()),
+        metrics=ExtractMetrics(
+            tok_s=tokens / seconds if tokens else None,
+            device=capture.where if capture else "none",
+            backend=cfg.extract.backend,
+            tokens_extracted=tokens,
+            peak_rss_mib=_peak_rss_mib(),
+        ),
     )
 
 

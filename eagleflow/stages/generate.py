@@ -21,40 +21,43 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from eagleflow.config import RunConfig
+from eagleflow.contracts.manifest import Manifest, sha256_file
+from eagleflow.contracts.progress import Progress
+from eagleflow.contracts.prompts import Messages, PromptError, load_prompts, split_indices
+from eagleflow.contracts.request import StageError, StageRequest
+from eagleflow.contracts.stage_records import GenerateMetrics, GenerateOutputs
 from eagleflow.engines import make_server
 from eagleflow.engines.chat import ChatResult, chat_all
 from eagleflow.engines.launch import served_name, target_launch
 from eagleflow.engines.remote import RemoteServer, production_api_key
 from eagleflow.engines.replicas import ReplicaCounts, Replicas, counts_record
-from eagleflow.files import writing
-from eagleflow.config import RunConfig
-from eagleflow.manifest import Manifest, sha256_file
-from eagleflow.outputs import GenerateMetrics, GenerateOutputs
-from eagleflow.progress import Progress
-from eagleflow.prompts import Messages, PromptError, load_prompts, split_indices
-from eagleflow.request import StageError, StageRequest
 from eagleflow.stages.common import stage_main
+from eagleflow.util.files import writing
 
 log = logging.getLogger("eagleflow.generate")
 
-SCHEMA = pa.schema([
-    ("sample_id", pa.int64()),
-    ("split", pa.string()),
-    ("messages", pa.string()),
-    ("reasoning", pa.string()),
-    ("content", pa.string()),
-    ("input_ids", pa.list_(pa.int32())),
-    ("loss_mask", pa.list_(pa.int8())),
-    ("truncated", pa.bool_()),  # cut at generate.max_tokens (often mid-reasoning)
-])
+SCHEMA = pa.schema(
+    [
+        ("sample_id", pa.int64()),
+        ("split", pa.string()),
+        ("messages", pa.string()),
+        ("reasoning", pa.string()),
+        ("content", pa.string()),
+        ("input_ids", pa.list_(pa.int32())),
+        ("loss_mask", pa.list_(pa.int8())),
+        ("truncated", pa.bool_()),  # cut at generate.max_tokens (often mid-reasoning)
+    ]
+)
 MAX_RESEND_ROUNDS = 20  # against production: rounds of waiting and resending before an answer counts as failed
 
 
@@ -80,13 +83,16 @@ class ChatTokenizer:
         prompt = self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         full = self.tok.apply_chat_template(
             messages + [{"role": "assistant", "content": self.assistant_text(reasoning, content)}],
-            tokenize=False, add_generation_prompt=False,
+            tokenize=False,
+            add_generation_prompt=False,
         )
         if not full.startswith(prompt):
-            raise StageError("the chat template renders the prompt differently once the answer is appended; "
-                             "the loss mask cannot be placed (check the template's generation prompt)")
+            raise StageError(
+                "the chat template renders the prompt differently once the answer is appended; "
+                "the loss mask cannot be placed (check the template's generation prompt)"
+            )
         prompt_ids = self.tok(prompt, add_special_tokens=False)["input_ids"]
-        answer_ids = self.tok(full[len(prompt):], add_special_tokens=False)["input_ids"]
+        answer_ids = self.tok(full[len(prompt) :], add_special_tokens=False)["input_ids"]
         # Tokenizing the two halves apart keeps the boundary exact: the answer starts where the
         # engine started generating.
         return prompt_ids + answer_ids, [0] * len(prompt_ids) + [1] * len(answer_ids)
@@ -112,14 +118,20 @@ class Answers:
 def answering_server(request: StageRequest) -> Iterator[Answers]:
     cfg = request.config
     if cfg.generate.server == "production" and cfg.production.replicas:
-        log.info("answers from production's %d replicas (%d requests in flight at most on each); production is not "
-                 "stopped", len(cfg.production.replicas), cfg.generate.concurrency)
+        log.info(
+            "answers from production's %d replicas (%d requests in flight at most on each); production is not stopped",
+            len(cfg.production.replicas),
+            cfg.generate.concurrency,
+        )
         yield Answers(cfg.production.replicas[0], replicas=Replicas(cfg.production.replicas, production_api_key(cfg)))
         return
     if cfg.generate.server == "production":
         remote = RemoteServer(cfg)
-        log.info("answers from production at %s (%d requests in flight at most); production is not stopped",
-                 remote.base_url, cfg.generate.concurrency)
+        log.info(
+            "answers from production at %s (%d requests in flight at most); production is not stopped",
+            remote.base_url,
+            cfg.generate.concurrency,
+        )
         remote.wait_answering(cfg.generate.server_wait_s)
         yield Answers(remote.base_url, remote)
         return
@@ -138,8 +150,14 @@ class Tally:
     replicas: dict[str, ReplicaCounts] = field(default_factory=dict)
 
 
-def ask(cfg: RunConfig, answers: Answers, convs: list[Messages], tally: Tally,
-        progress: Progress | None = None, base: int = 0) -> list[ChatResult]:
+def ask(
+    cfg: RunConfig,
+    answers: Answers,
+    convs: list[Messages],
+    tally: Tally,
+    progress: Progress | None = None,
+    base: int = 0,
+) -> list[ChatResult]:
     """Every conversation answered once; against production, what found the server gone is sent again
     once it answers (a restart mid-shard loses no samples and fails nothing)."""
     g = cfg.generate
@@ -153,26 +171,44 @@ def ask(cfg: RunConfig, answers: Answers, convs: list[Messages], tally: Tally,
         answered["failed"] += bool(r.error)
         if progress.due():
             secs = tally.seconds + (time.perf_counter() - sent_at)
-            progress.update(base + answered["n"], {
-                "output tok/s": round((tally.completion_tokens + answered["tokens"]) / max(secs, 1e-9)),
-                "failed": tally.failed + answered["failed"], "truncated": tally.truncated})
+            progress.update(
+                base + answered["n"],
+                {
+                    "output tok/s": round((tally.completion_tokens + answered["tokens"]) / max(secs, 1e-9)),
+                    "failed": tally.failed + answered["failed"],
+                    "truncated": tally.truncated,
+                },
+            )
 
     def send(batch: list[Messages]) -> list[ChatResult]:
         nonlocal sent_at
         sent_at = time.perf_counter()
-        res, secs = chat_all(answers.base_url, served_name(cfg), batch, max_tokens=g.max_tokens,
-                             temperature=g.temperature, concurrency=g.concurrency,
-                             timeout_s=cfg.engine.request_timeout_s,
-                             api_key=answers.remote.api_key if answers.remote else None, on_result=on_result)
+        res, secs = chat_all(
+            answers.base_url,
+            served_name(cfg),
+            batch,
+            max_tokens=g.max_tokens,
+            temperature=g.temperature,
+            concurrency=g.concurrency,
+            timeout_s=cfg.engine.request_timeout_s,
+            api_key=answers.remote.api_key if answers.remote else None,
+            on_result=on_result,
+        )
         tally.seconds += secs
         return res
 
     sent_at = time.perf_counter()
     if answers.replicas is not None:  # leaving, sending again and taking back live there
-        results, secs = answers.replicas.chat(served_name(cfg), convs, max_tokens=g.max_tokens,
-                                              temperature=g.temperature, per_replica=g.concurrency,
-                                              timeout_s=cfg.engine.request_timeout_s, wait_s=g.server_wait_s,
-                                              on_result=on_result)
+        results, secs = answers.replicas.chat(
+            served_name(cfg),
+            convs,
+            max_tokens=g.max_tokens,
+            temperature=g.temperature,
+            per_replica=g.concurrency,
+            timeout_s=cfg.engine.request_timeout_s,
+            wait_s=g.server_wait_s,
+            on_result=on_result,
+        )
         tally.seconds += secs
         tally.replicas = answers.replicas.counts
         return results
@@ -183,8 +219,12 @@ def ask(cfg: RunConfig, answers: Answers, convs: list[Messages], tally: Tally,
             break
         assert answers.remote is not None
         tally.waits += 1
-        log.warning("%d requests found production unreachable (%s); waiting for %s to answer, then sending them "
-                    "again", len(pending), results[pending[0]].error, answers.remote.health_url)
+        log.warning(
+            "%d requests found production unreachable (%s); waiting for %s to answer, then sending them again",
+            len(pending),
+            results[pending[0]].error,
+            answers.remote.health_url,
+        )
         waited = answers.remote.wait_answering(g.server_wait_s)
         log.info("production answers again after %.0f s; sending %d requests again", waited, len(pending))
         for k, r in zip(pending, send([convs[k] for k in pending])):
@@ -208,13 +248,18 @@ def run(request: StageRequest) -> Manifest:
         samples += [(len(holdout_idx) + i, p, "train") for i, p in enumerate(train_idx)]
     else:  # a nightly pool batch: every prompt of the file, all in one split
         samples = [(i, i, g.split) for i in range(len(prompts))]
-    shards = [samples[s:s + g.shard_size] for s in range(0, len(samples), g.shard_size)]
+    shards = [samples[s : s + g.shard_size] for s in range(0, len(samples), g.shard_size)]
     data_dir = request.path / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     shard_paths = [data_dir / f"shard-{i:05d}.parquet" for i in range(len(shards))]
     todo = [i for i, p in enumerate(shard_paths) if not p.exists()]
-    log.info("%d samples (%d held out) in %d shards; %d shards to generate", len(samples),
-             sum(1 for x in samples if x[2] == "holdout"), len(shards), len(todo))
+    log.info(
+        "%d samples (%d held out) in %d shards; %d shards to generate",
+        len(samples),
+        sum(1 for x in samples if x[2] == "holdout"),
+        len(shards),
+        len(todo),
+    )
 
     tally = Tally()
     if todo:
@@ -239,15 +284,34 @@ def run(request: StageRequest) -> Manifest:
                         "Nothing of this shard was kept."
                     )
                 write_shard(shard_paths[i], rows)
-                log.info("shard %d/%d: %d samples (%d cut at max_tokens), %.0f output tok/s", i + 1, len(shards),
-                         len(rows), sum(1 for r in rows if r["truncated"]),
-                         tally.completion_tokens / max(tally.seconds, 1e-9))
+                log.info(
+                    "shard %d/%d: %d samples (%d cut at max_tokens), %.0f output tok/s",
+                    i + 1,
+                    len(shards),
+                    len(rows),
+                    sum(1 for r in rows if r["truncated"]),
+                    tally.completion_tokens / max(tally.seconds, 1e-9),
+                )
                 for url, c in tally.replicas.items():
-                    log.info("replica %s: %d sent, %d answered, %d sent again elsewhere, left %dx, taken back %dx",
-                             url, c.sent, c.answered, c.moved, c.down, c.back)
+                    log.info(
+                        "replica %s: %d sent, %d answered, %d sent again elsewhere, left %dx, taken back %dx",
+                        url,
+                        c.sent,
+                        c.answered,
+                        c.moved,
+                        c.down,
+                        c.back,
+                    )
                 done_before += len(shards[i])
-                progress.update(done_before, {"output tok/s": round(tally.completion_tokens / max(tally.seconds, 1e-9)),
-                                              "failed": tally.failed, "truncated": tally.truncated}, force=True)
+                progress.update(
+                    done_before,
+                    {
+                        "output tok/s": round(tally.completion_tokens / max(tally.seconds, 1e-9)),
+                        "failed": tally.failed,
+                        "truncated": tally.truncated,
+                    },
+                    force=True,
+                )
         progress.finish()
 
     counts = {"train": 0, "holdout": 0}
@@ -259,30 +323,49 @@ def run(request: StageRequest) -> Manifest:
         tokens += sum(len(x) for x in t.column("input_ids").to_pylist())
     needed = ("train", "holdout") if g.split == "seeded" else (g.split,)
     if any(counts[s] == 0 for s in needed):
-        raise StageError(f"after dropping failed answers, train={counts['train']} holdout={counts['holdout']}; "
-                         + ("both splits need samples" if g.split == "seeded" else f"the {g.split} batch has none"))
+        raise StageError(
+            f"after dropping failed answers, train={counts['train']} holdout={counts['holdout']}; "
+            + ("both splits need samples" if g.split == "seeded" else f"the {g.split} batch has none")
+        )
     rel = [str(p.relative_to(request.path)) for p in shard_paths]
     return request.manifest(
-        outputs=GenerateOutputs(shards=rel, num_train=counts["train"], num_holdout=counts["holdout"], num_tokens=tokens),
+        outputs=GenerateOutputs(
+            shards=rel, num_train=counts["train"], num_holdout=counts["holdout"], num_tokens=tokens
+        ),
         hashes={r: sha256_file(request.path / r) for r in rel},
-        metrics=GenerateMetrics(failed=tally.failed, truncated=tally.truncated, completion_tokens=tally.completion_tokens,
-                                output_tok_s=tally.completion_tokens / tally.seconds if tally.seconds else None,
-                                server=g.server, server_waits=tally.waits,
-                                replicas=counts_record(tally.replicas)),
+        metrics=GenerateMetrics(
+            failed=tally.failed,
+            truncated=tally.truncated,
+            completion_tokens=tally.completion_tokens,
+            output_tok_s=tally.completion_tokens / tally.seconds if tally.seconds else None,
+            server=g.server,
+            server_waits=tally.waits,
+            replicas=counts_record(tally.replicas),
+        ),
     )
 
 
-def _rows(shard: list[tuple[int, int, str]], convs: list[Messages], results: list[ChatResult],
-          chat_tok: ChatTokenizer) -> tuple[list[dict[str, Any]], list[str]]:
+def _rows(
+    shard: list[tuple[int, int, str]], convs: list[Messages], results: list[ChatResult], chat_tok: ChatTokenizer
+) -> tuple[list[dict[str, Any]], list[str]]:
     rows, errors = [], []
     for (sample_id, _, split), messages, res in zip(shard, convs, results):
         if res.error:
             errors.append(f"sample {sample_id}: {res.error}")
             continue
         ids, mask = chat_tok.encode(messages, res.reasoning, res.content)
-        rows.append({"sample_id": sample_id, "split": split, "messages": json.dumps(messages),
-                     "reasoning": res.reasoning or "", "content": res.content or "",
-                     "input_ids": ids, "loss_mask": mask, "truncated": res.truncated})
+        rows.append(
+            {
+                "sample_id": sample_id,
+                "split": split,
+                "messages": json.dumps(messages),
+                "reasoning": res.reasoning or "",
+                "content": res.content or "",
+                "input_ids": ids,
+                "loss_mask": mask,
+                "truncated": res.truncated,
+            }
+        )
     return rows, errors
 
 

@@ -23,15 +23,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eagleflow.manifest import Manifest, sha256_file
-from eagleflow.outputs import ExtractOutputs, GenerateOutputs, PoolMetrics, SelectOutputs
-from eagleflow.pool import PoolBatch, evict, prompt_hash, read_ledger, replay_sample, write_ledger
-from eagleflow.prompts import load_prompts
-from eagleflow.request import StageError, StageRequest
+from eagleflow.contracts.manifest import Manifest, sha256_file
+from eagleflow.contracts.prompts import load_prompts
+from eagleflow.contracts.request import StageError, StageRequest
+from eagleflow.contracts.stage_records import ExtractOutputs, GenerateOutputs, PoolMetrics, SelectOutputs
+from eagleflow.nightly.pool import PoolBatch, evict, prompt_hash, read_ledger, replay_sample, write_ledger
 from eagleflow.stages.common import stage_main
-from eagleflow.files import write_json_atomic
+from eagleflow.util.files import write_json_atomic
 
-log = logging.getLogger("eagleflow.pool")
+log = logging.getLogger("eagleflow.nightly.pool")
 
 
 def _index(extract: Manifest) -> dict[str, Any]:
@@ -74,28 +74,50 @@ def run(request: StageRequest) -> Manifest:
         gen_dir = str(Path(cfg.host.work_root) / "generate" / gen_key) if gen_key else None
         samples = 0
         if gen_dir and (Path(gen_dir) / "manifest.json").is_file():
-            samples = GenerateOutputs.of(Manifest.model_validate_json((Path(gen_dir) / "manifest.json").read_text())).num_train
-        batch = PoolBatch(id=sel.batch_id, file=str(Path(sel.batch_file).relative_to(pool)),
-                          prompts=[prompt_hash(m) for m in load_prompts(sel.batch_file)], run=request.run,
-                          added=time.time(), generate=gen_dir, extract=new.dir, samples=samples,
-                          sequences=sum(int(e["num_seqs"]) for e in new_train),
-                          tokens=sum(int(e["num_tokens"]) for e in new_train),
-                          bytes=sum(int(e.get("bytes", 0)) for e in new_index["shards"]))
+            samples = GenerateOutputs.of(
+                Manifest.model_validate_json((Path(gen_dir) / "manifest.json").read_text())
+            ).num_train
+        batch = PoolBatch(
+            id=sel.batch_id,
+            file=str(Path(sel.batch_file).relative_to(pool)),
+            prompts=[prompt_hash(m) for m in load_prompts(sel.batch_file)],
+            run=request.run,
+            added=time.time(),
+            generate=gen_dir,
+            extract=new.dir,
+            samples=samples,
+            sequences=sum(int(e["num_seqs"]) for e in new_train),
+            tokens=sum(int(e["num_tokens"]) for e in new_train),
+            bytes=sum(int(e.get("bytes", 0)) for e in new_index["shards"]),
+        )
         ledger.batches.append(batch)
-        log.info("batch %s enters the pool: %d samples, %d train sequences, %.1f MB of states", batch.id,
-                 batch.samples, batch.sequences, batch.bytes / 1e6)
+        log.info(
+            "batch %s enters the pool: %d samples, %d train sequences, %.1f MB of states",
+            batch.id,
+            batch.samples,
+            batch.sequences,
+            batch.bytes / 1e6,
+        )
 
     budget = int(cfg.nightly.pool_budget_gib * 2**30) if cfg.nightly.pool_budget_gib else None
     evicted = evict(ledger, budget, keep={batch.id})
     for b in evicted:
-        log.info("evicting batch %s (added %s, %.1f MB): the pool is over nightly.pool_budget_gib %s", b.id,
-                 time.strftime("%Y-%m-%d %H:%M", time.gmtime(b.added)), b.bytes / 1e6, cfg.nightly.pool_budget_gib)
+        log.info(
+            "evicting batch %s (added %s, %.1f MB): the pool is over nightly.pool_budget_gib %s",
+            b.id,
+            time.strftime("%Y-%m-%d %H:%M", time.gmtime(b.added)),
+            b.bytes / 1e6,
+            cfg.nightly.pool_budget_gib,
+        )
         if b.extract:
             _drop_stage(b.extract)
         b.evicted = time.time()
     if budget is not None and sum(b.bytes for b in ledger.live()) > budget:
-        log.warning("tonight's batch alone (%.1f MB) exceeds nightly.pool_budget_gib; raise the budget or lower "
-                    "nightly.new_samples", batch.bytes / 1e6)
+        log.warning(
+            "tonight's batch alone (%.1f MB) exceeds nightly.pool_budget_gib; raise the budget or lower "
+            "nightly.new_samples",
+            batch.bytes / 1e6,
+        )
 
     # Replay: a seeded sample of the older batches' train sequences, as many per new sequence as asked.
     older = [b for b in ledger.live() if b.id != batch.id and b.extract]
@@ -124,29 +146,53 @@ def run(request: StageRequest) -> Manifest:
     shards = new_train + replay_entries + held_entries
 
     data = request.path / "data"
-    write_json_atomic(data / "index.json", {
-        "shards": shards, "aux_layer_ids": new_index["aux_layer_ids"], "final_layer_id": new_index["final_layer_id"],
-        "hidden_size": new_index["hidden_size"], "dtype": new_index.get("dtype", "bfloat16"),
-        "backend": new_index.get("backend"),
-    })
+    write_json_atomic(
+        data / "index.json",
+        {
+            "shards": shards,
+            "aux_layer_ids": new_index["aux_layer_ids"],
+            "final_layer_id": new_index["final_layer_id"],
+            "hidden_size": new_index["hidden_size"],
+            "dtype": new_index.get("dtype", "bfloat16"),
+            "backend": new_index.get("backend"),
+        },
+    )
     write_ledger(pool, ledger)  # after the index: a failed stage leaves the ledger as it found it, or with tonight in
     replay_tokens = sum(n for _, _, n in picked)
     held_tokens = sum(int(e["num_tokens"]) for e in held_entries)
-    log.info("tonight trains on %d new sequences and %d replayed from %d older batch(es); %d held out; the pool "
-             "keeps %d batch(es), %.1f MB", batch.sequences, len(picked), len(older), sum(int(e["num_seqs"])
-             for e in held_entries), len(ledger.live()), sum(b.bytes for b in ledger.live()) / 1e6)
+    log.info(
+        "tonight trains on %d new sequences and %d replayed from %d older batch(es); %d held out; the pool "
+        "keeps %d batch(es), %.1f MB",
+        batch.sequences,
+        len(picked),
+        len(older),
+        sum(int(e["num_seqs"]) for e in held_entries),
+        len(ledger.live()),
+        sum(b.bytes for b in ledger.live()) / 1e6,
+    )
     live = ledger.live()
     return request.manifest(
-        outputs=ExtractOutputs(index="data/index.json", shards=[e["file"] for e in shards],
-                               hidden_size=new_index["hidden_size"], storage_dtype=new_index.get("dtype", "bfloat16"),
-                               num_bytes=sum(int(e.get("bytes", 0)) for e in shards),
-                               num_tokens={"train": batch.tokens + replay_tokens, "holdout": held_tokens}),
+        outputs=ExtractOutputs(
+            index="data/index.json",
+            shards=[e["file"] for e in shards],
+            hidden_size=new_index["hidden_size"],
+            storage_dtype=new_index.get("dtype", "bfloat16"),
+            num_bytes=sum(int(e.get("bytes", 0)) for e in shards),
+            num_tokens={"train": batch.tokens + replay_tokens, "holdout": held_tokens},
+        ),
         hashes={"data/index.json": sha256_file(data / "index.json")},
-        metrics=PoolMetrics(new_sequences=batch.sequences, new_tokens=batch.tokens, replay_sequences=len(picked),
-                            replay_tokens=replay_tokens, holdout_sequences=sum(int(e["num_seqs"]) for e in held_entries),
-                            batches=len(live), samples=sum(b.samples for b in live),
-                            pool_bytes=sum(b.bytes for b in live), budget_bytes=budget,
-                            evicted=[b.id for b in evicted]),
+        metrics=PoolMetrics(
+            new_sequences=batch.sequences,
+            new_tokens=batch.tokens,
+            replay_sequences=len(picked),
+            replay_tokens=replay_tokens,
+            holdout_sequences=sum(int(e["num_seqs"]) for e in held_entries),
+            batches=len(live),
+            samples=sum(b.samples for b in live),
+            pool_bytes=sum(b.bytes for b in live),
+            budget_bytes=budget,
+            evicted=[b.id for b in evicted],
+        ),
     )
 
 

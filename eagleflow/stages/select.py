@@ -22,13 +22,20 @@ import json
 import logging
 import sys
 
-from eagleflow.manifest import Manifest
-from eagleflow.outputs import SelectOutputs
-from eagleflow.pool import (
-    batch_id, choose_holdout, choose_new, pool_dir, prompt_hash, read_ledger, read_source, write_prompts,
+from eagleflow.contracts.manifest import Manifest
+from eagleflow.contracts.prompts import PromptError, load_prompts
+from eagleflow.contracts.request import StageError, StageRequest
+from eagleflow.contracts.stage_records import SelectOutputs
+from eagleflow.nightly.pool import (
+    batch_id,
+    choose_holdout,
+    choose_new,
+    pool_dir,
+    prompt_hash,
+    read_ledger,
+    read_source,
+    write_prompts,
 )
-from eagleflow.prompts import PromptError, load_prompts
-from eagleflow.request import StageError, StageRequest
 from eagleflow.stages.common import stage_main
 
 log = logging.getLogger("eagleflow.select")
@@ -54,8 +61,9 @@ def run(request: StageRequest) -> Manifest:
     first = not ledger.batches
     mine = next((b for b in ledger.batches if request.run and b.run == request.run), None)
     if mine is not None:  # this flow run chose it before (a retry): the same prompts, the same cached stages
-        log.info("this flow run already added batch %s (%d prompts) to the pool: taking it again", mine.id,
-                 len(mine.prompts))
+        log.info(
+            "this flow run already added batch %s (%d prompts) to the pool: taking it again", mine.id, len(mine.prompts)
+        )
         chosen_ids, batch_file = mine.prompts, pool / mine.file
         first = ledger.batches[0].id == mine.id
     else:
@@ -68,15 +76,29 @@ def run(request: StageRequest) -> Manifest:
     used = {h for h, _ in held} | ledger.used() | set(chosen_ids)
     unused = sum(1 for h, _ in prompts if h not in used)
     bid = batch_id(chosen_ids) if chosen_ids else None
-    log.info("source %s: %d distinct prompts (%d repeats dropped); %d held out; tonight %s; %d unused after tonight",
-             source, len(prompts), repeats, len(held),
-             f"{len(chosen_ids)} new prompts (batch {bid})" if bid else "no unused prompt: nothing new to train on",
-             unused)
+    log.info(
+        "source %s: %d distinct prompts (%d repeats dropped); %d held out; tonight %s; %d unused after tonight",
+        source,
+        len(prompts),
+        repeats,
+        len(held),
+        f"{len(chosen_ids)} new prompts (batch {bid})" if bid else "no unused prompt: nothing new to train on",
+        unused,
+    )
     outputs = SelectOutputs(
-        pool_dir=str(pool), holdout_file=str(pool / "holdout.jsonl"), holdout_id=batch_id([h for h, _ in held]),
-        holdout_count=len(held), batch_file=str(batch_file) if bid else None, batch_id=bid,
-        batch_count=len(chosen_ids), first_night=first, reused_batch=mine is not None, source_prompts=len(prompts),
-        repeats=repeats, unused_after=unused, pool_batches=[b.id for b in ledger.live() if b.id != bid],
+        pool_dir=str(pool),
+        holdout_file=str(pool / "holdout.jsonl"),
+        holdout_id=batch_id([h for h, _ in held]),
+        holdout_count=len(held),
+        batch_file=str(batch_file) if bid else None,
+        batch_id=bid,
+        batch_count=len(chosen_ids),
+        first_night=first,
+        reused_batch=mine is not None,
+        source_prompts=len(prompts),
+        repeats=repeats,
+        unused_after=unused,
+        pool_batches=[b.id for b in ledger.live() if b.id != bid],
     )
     # What downstream depends on: the prompts chosen and the older batches still kept, not when it ran.
     content = {"holdout": outputs.holdout_id, "batch": bid, "pool": outputs.pool_batches}

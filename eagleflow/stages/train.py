@@ -30,12 +30,19 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from eagleflow.failure import stage_ending
-from eagleflow.manifest import Manifest, read_manifest, sha256_file
-from eagleflow.outputs import BestEpoch, EpochMetrics, EvalSummary, ExtractOutputs, TrainMetrics, TrainOutputs
-from eagleflow.procs import die_with_parent
-from eagleflow.request import NODE_ENV, StageError, StageRequest
+from eagleflow.contracts.failure import stage_ending
+from eagleflow.contracts.manifest import Manifest, read_manifest, sha256_file
+from eagleflow.contracts.request import NODE_ENV, StageError, StageRequest
+from eagleflow.contracts.stage_records import (
+    BestEpoch,
+    EpochMetrics,
+    EvalSummary,
+    ExtractOutputs,
+    TrainMetrics,
+    TrainOutputs,
+)
 from eagleflow.stages.common import setup_logging, stage_main
+from eagleflow.util.procs import die_with_parent
 
 if TYPE_CHECKING:
     from eagleflow.drafter.trainer import TrainResult
@@ -64,7 +71,7 @@ def run(request: StageRequest) -> Manifest:
     return _manifest(request, result, index_aux)
 
 
-def _train(request: StageRequest) -> tuple["TrainResult", list[int]]:
+def _train(request: StageRequest) -> tuple[TrainResult, list[int]]:
     from eagleflow.drafter.data import read_index
     from eagleflow.drafter.errors import DataError, FormatError, TrainError
     from eagleflow.drafter.target import read_target_head
@@ -78,8 +85,10 @@ def _train(request: StageRequest) -> tuple["TrainResult", list[int]]:
     index_rel = ExtractOutputs.of(extract).index
     pinned = extract.hashes.get(index_rel)
     if pinned and Path(extract.path(index_rel)).is_file() and sha256_file(extract.path(index_rel)) != pinned:
-        raise StageError(f"{extract.path(index_rel)} is not the index the extract stage wrote (its sha256 differs "
-                         "from the manifest's); delete the extract stage's manifest.json and rerun it")
+        raise StageError(
+            f"{extract.path(index_rel)} is not the index the extract stage wrote (its sha256 differs "
+            "from the manifest's); delete the extract stage's manifest.json and rerun it"
+        )
     try:
         # Checks every shard's size and sampled hash against the index before anything is read.
         index = read_index(extract.path(index_rel), stage_dir=extract.dir)
@@ -104,28 +113,45 @@ def _train(request: StageRequest) -> tuple["TrainResult", list[int]]:
             dist.destroy_process_group()
 
 
-def _manifest(request: StageRequest, result: "TrainResult", aux_layer_ids: list[int]) -> Manifest:
+def _manifest(request: StageRequest, result: TrainResult, aux_layer_ids: list[int]) -> Manifest:
     from eagleflow.drafter.checkpoint import CHECKPOINT_WEIGHTS
 
     best = result.best
-    epochs = [EpochMetrics(epoch=e.epoch, complete=e.complete, step=e.step, lr=e.lr, tokens_per_s=e.tokens_per_s,
-                           seconds=e.seconds, train=EvalSummary(**e.train),
-                           validation=EvalSummary(**e.validation) if e.validation else None)
-              for e in result.epochs]
+    epochs = [
+        EpochMetrics(
+            epoch=e.epoch,
+            complete=e.complete,
+            step=e.step,
+            lr=e.lr,
+            tokens_per_s=e.tokens_per_s,
+            seconds=e.seconds,
+            train=EvalSummary(**e.train),
+            validation=EvalSummary(**e.validation) if e.validation else None,
+        )
+        for e in result.epochs
+    ]
     train_tokens = sum(e.train["tokens"] for e in result.epochs)
     metrics = TrainMetrics(
         best_epoch=best.epoch,
         best=BestEpoch(epoch=best.epoch, **(best.validation or best.train)),
         epochs=epochs,
         tokens_per_s=round(train_tokens / max(1e-9, sum(e.seconds for e in result.epochs)), 1),
-        steps=result.steps, bounded_by=result.bounded_by,
-        draft_vocab_size=result.vocab_size, nproc=int(os.environ.get("WORLD_SIZE", request.config.train.nproc)),
+        steps=result.steps,
+        bounded_by=result.bounded_by,
+        draft_vocab_size=result.vocab_size,
+        nproc=int(os.environ.get("WORLD_SIZE", request.config.train.nproc)),
     )
-    from eagleflow import plots
+    from eagleflow.reporting import plots
 
     drawn = plots.draw({"curves.png": lambda path: plots.training_curves(epochs, path)}, request.path)
-    outputs = TrainOutputs(checkpoints=[e.checkpoint for e in result.epochs], best=best.checkpoint,
-                           best_epoch=best.epoch, aux_layer_ids=aux_layer_ids, arch=result.arch, plots=drawn)
+    outputs = TrainOutputs(
+        checkpoints=[e.checkpoint for e in result.epochs],
+        best=best.checkpoint,
+        best_epoch=best.epoch,
+        aux_layer_ids=aux_layer_ids,
+        arch=result.arch,
+        plots=drawn,
+    )
     weights = f"{best.checkpoint}/{CHECKPOINT_WEIGHTS}"
     return request.manifest(outputs=outputs, metrics=metrics, hashes={weights: sha256_file(request.path / weights)})
 
@@ -147,15 +173,29 @@ def _launch_torchrun(request: StageRequest) -> Manifest | None:
         # Static: node ranks fixed, so rank 0 (checkpoints, manifest) is on node 0, whose launch returns the manifest
         # (c10d's dynamic rendezvous orders nodes by host name and pid).
         addr, port = node["master"].rsplit(":", 1)
-        rendezvous = [f"--nnodes={node['count']}", f"--node-rank={node['rank']}", f"--master-addr={addr}",
-                      f"--master-port={port}"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", *rendezvous, f"--nproc-per-node={nproc}",
-           "-m", "eagleflow.stages.train", str(request_file)]
+        rendezvous = [
+            f"--nnodes={node['count']}",
+            f"--node-rank={node['rank']}",
+            f"--master-addr={addr}",
+            f"--master-port={port}",
+        ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *rendezvous,
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "eagleflow.stages.train",
+        str(request_file),
+    ]
     env = dict(os.environ)
     gpus = _cuda_devices() if request.config.train.device != "cpu" else 0
     if gpus and nproc > gpus:
-        raise StageError(f"train.nproc is {nproc} but this host has {gpus} CUDA device(s): one rank per GPU; "
-                         f"set train.nproc <= {gpus} (or device: cpu)")
+        raise StageError(
+            f"train.nproc is {nproc} but this host has {gpus} CUDA device(s): one rank per GPU; "
+            f"set train.nproc <= {gpus} (or device: cpu)"
+        )
     if not gpus:
         # One share of the cores per rank (torchrun would otherwise set 1 and print a banner about it).
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
@@ -166,8 +206,9 @@ def _launch_torchrun(request: StageRequest) -> Manifest | None:
     # (SIGTERM to our group) reaches torchrun, which ends them. Should we die alone (SIGKILL, OOM), torchrun
     # gets SIGTERM; should torchrun die, each rank gets SIGKILL (__main__ below). A training rank would
     # also die of the broken pipe at its next line of output, but not one that is stuck and silent.
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                          env=env, preexec_fn=die_with_parent) as proc:
+    with subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env, preexec_fn=die_with_parent
+    ) as proc:
         assert proc.stdout is not None
         try:
             for line in proc.stdout:

@@ -1,6 +1,7 @@
 """Triage: when a drafter serves far below its offline estimate, find where the acceptance is lost.
 
-The seeds served two drafters at 15 % acceptance and could only suspect the engine; the fault was its verify
+The reference run (docs/reference-run.md) served two drafters at 15 % acceptance and could only suspect the engine; the
+fault was its verify
 step under one attention backend. Three suspects sit on the engine's side and one on ours, and each has a
 probe that answers for it alone (the benchmark stage runs them inside its production window, after the
 measured windows, each in an engine of its own):
@@ -27,10 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagleflow.config import RunConfig
-from eagleflow.manifest import Manifest
-from eagleflow.outputs import Measurement, Triage
-from eagleflow.prompts import Messages
-from eagleflow.request import StageError
+from eagleflow.contracts.benchmark_records import Measurement, Triage
+from eagleflow.contracts.manifest import Manifest
+from eagleflow.contracts.prompts import Messages
+from eagleflow.contracts.request import StageError
 from eagleflow.triage.blame import decide
 from eagleflow.triage.lineage import lineage, same_target, trained_target
 from eagleflow.triage.verify import CopyReference, lossless
@@ -46,15 +47,15 @@ class TriageInputs:
 
     cfg: RunConfig
     stage_dir: Path
-    variant: str                      # the drafter variant to triage ('drafter' or 'current')
+    variant: str  # the drafter variant to triage ('drafter' or 'current')
     drafter_dir: str
     trigger: str
     suspect: bool
     windows: list[Measurement]
-    answers: dict[str, list[str]]     # temperature-0 answers per variant, same prompts in the same order
+    answers: dict[str, list[str]]  # temperature-0 answers per variant, same prompts in the same order
     prompts: list[Messages]
     copy_reference: CopyReference | None
-    extract: Manifest | None          # the run's own extract stage (upstream), if any
+    extract: Manifest | None  # the run's own extract stage (upstream), if any
     engine_env: dict[str, str] | None
     other: list[str] = field(default_factory=list)  # what the other drafter of the run scored
 
@@ -70,8 +71,10 @@ def offline_first_position(drafter_dir: str) -> float | None:
 
 
 def _measured_first_position(windows: list[Measurement], variant: str) -> float | None:
-    mine = sorted((w for w in windows if w.variant == variant and w.per_position_acceptance),
-                  key=lambda w: (w.temperature, w.concurrency))
+    mine = sorted(
+        (w for w in windows if w.variant == variant and w.per_position_acceptance),
+        key=lambda w: (w.temperature, w.concurrency),
+    )
     return mine[0].per_position_acceptance[0] if mine else None
 
 
@@ -95,8 +98,10 @@ def run_triage(x: TriageInputs) -> Triage:
         tt = trained_target(trained_extract)
         if tt is not None and not same_target(tt, x.cfg.target.model_path):
             other_target = tt
-            facts.append(f"the drafter's training states came from {tt} ({trained_extract.dir}), not from this "
-                         f"target {x.cfg.target.model_path}")
+            facts.append(
+                f"the drafter's training states came from {tt} ({trained_extract.dir}), not from this "
+                f"target {x.cfg.target.model_path}"
+            )
         elif reference is None:
             reference = trained_extract
         if tt is not None and other_target is None:
@@ -120,18 +125,50 @@ def run_triage(x: TriageInputs) -> Triage:
             verify = attempt("verify", lambda: verify_probe(x.cfg, x.copy_reference, x.stage_dir, x.engine_env))
     if "plumbing" in t.probes:
         if reference is None:
-            skipped.append("plumbing: no extract stage of this target to compare with (run the pipeline's extract, "
-                           "or benchmark a drafter eagleflow trained)")
+            skipped.append(
+                "plumbing: no extract stage of this target to compare with (run the pipeline's extract, "
+                "or benchmark a drafter eagleflow trained)"
+            )
         else:
             plumbing = attempt("plumbing", lambda: plumbing_probe(x.cfg, reference, x.stage_dir, x.engine_env))
     if "backends" in t.probes:
-        backends = attempt("backends", lambda: backend_probe(
-            x.cfg, x.drafter_dir, _measured_first_position(x.windows, x.variant),
-            offline_first_position(x.drafter_dir), x.prompts, x.stage_dir, x.engine_env))
-    b = decide(suspect=x.suspect, lossless=checks, min_agreement=t.min_agreement, verify=verify, plumbing=plumbing,
-               backends=backends, other_target=other_target, drafter_facts=facts, skipped=skipped)
-    result = Triage(variant=x.variant, trigger=x.trigger, lossless=checks, verify=verify, plumbing=plumbing,
-                    backends=backends, drafter=facts, skipped=skipped, blame=b.blame, culprit=b.culprit,
-                    evidence=b.evidence, advice=b.advice, seconds=time.monotonic() - start)
+        backends = attempt(
+            "backends",
+            lambda: backend_probe(
+                x.cfg,
+                x.drafter_dir,
+                _measured_first_position(x.windows, x.variant),
+                offline_first_position(x.drafter_dir),
+                x.prompts,
+                x.stage_dir,
+                x.engine_env,
+            ),
+        )
+    b = decide(
+        suspect=x.suspect,
+        lossless=checks,
+        min_agreement=t.min_agreement,
+        verify=verify,
+        plumbing=plumbing,
+        backends=backends,
+        other_target=other_target,
+        drafter_facts=facts,
+        skipped=skipped,
+    )
+    result = Triage(
+        variant=x.variant,
+        trigger=x.trigger,
+        lossless=checks,
+        verify=verify,
+        plumbing=plumbing,
+        backends=backends,
+        drafter=facts,
+        skipped=skipped,
+        blame=b.blame,
+        culprit=b.culprit,
+        evidence=b.evidence,
+        advice=b.advice,
+        seconds=time.monotonic() - start,
+    )
     log.info("triage: %s (%.0f s)", result.culprit, result.seconds)
     return result

@@ -7,7 +7,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from eagleflow.manifest import Manifest, read_manifest
+from eagleflow.contracts.manifest import Manifest, read_manifest
 
 
 def lineage(drafter_dir: str) -> tuple[Manifest | None, Manifest | None]:

@@ -20,12 +20,13 @@ from pathlib import Path
 import torch
 
 from eagleflow.config import RunConfig
+from eagleflow.contracts.benchmark_records import LayerMatch, PlumbingProbe
+from eagleflow.contracts.manifest import Manifest
+from eagleflow.contracts.request import StageError
+from eagleflow.contracts.stage_records import ExtractOutputs
 from eagleflow.drafter.data import SequenceStore, read_index
 from eagleflow.drafter.errors import DataError
 from eagleflow.extraction.vllm import serving_for_capture
-from eagleflow.manifest import Manifest
-from eagleflow.outputs import ExtractOutputs, LayerMatch, PlumbingProbe
-from eagleflow.request import StageError
 
 log = logging.getLogger("eagleflow.triage")
 
@@ -55,10 +56,10 @@ def compare(engine: torch.Tensor, trained: torch.Tensor) -> tuple[torch.Tensor, 
     n = engine.shape[1]
     rel_sum, cos_sum = torch.zeros(n, n), torch.zeros(n, n)
     for s in range(0, engine.shape[0], COMPARE_TOKENS):
-        e = engine[s:s + COMPARE_TOKENS].float()[:, :, None, :]   # [t, n, 1, H]
-        t = trained[s:s + COMPARE_TOKENS].float()[:, None, :, :]  # [t, 1, n, H]
+        e = engine[s : s + COMPARE_TOKENS].float()[:, :, None, :]  # [t, n, 1, H]
+        t = trained[s : s + COMPARE_TOKENS].float()[:, None, :, :]  # [t, 1, n, H]
         rel_sum += ((e - t).norm(dim=-1) / t.norm(dim=-1).clamp_min(1e-6)).sum(0)  # [n, n]
-        cos_sum += torch.nn.functional.cosine_similarity(e, t, dim=-1).sum(0)       # [n, n]
+        cos_sum += torch.nn.functional.cosine_similarity(e, t, dim=-1).sum(0)  # [n, n]
     return rel_sum / engine.shape[0], cos_sum / engine.shape[0]
 
 
@@ -81,8 +82,10 @@ def plumbing_probe(cfg: RunConfig, extract: Manifest, stage_dir: Path, env: dict
                 trained = store.hidden(i)  # [L, 4, H]
                 captured = engine.collect(engine.request(ids.tolist()), ids.tolist())  # [L, 4, H]
                 if captured.shape != trained.shape:
-                    raise StageError(f"triage: the engine captured states of shape {tuple(captured.shape)} where "
-                                     f"the drafter was trained on {tuple(trained.shape)}")
+                    raise StageError(
+                        f"triage: the engine captured states of shape {tuple(captured.shape)} where "
+                        f"the drafter was trained on {tuple(trained.shape)}"
+                    )
                 rel, cos = compare(captured, trained)
                 n = ids.numel()
                 rel_sum += rel * n
@@ -95,16 +98,37 @@ def plumbing_probe(cfg: RunConfig, extract: Manifest, stage_dir: Path, env: dict
     for i, lid in enumerate(ids_of):
         j = int(rel[i].argmin())
         best = ids_of[j] if float(rel[i, j]) <= t.max_rel_err else None
-        layers.append(LayerMatch(layer_id=lid, rel_err=float(rel[i, i]), cosine=float(cos[i, i]), best_id=best,
-                                 best_rel_err=float(rel[i, j])))
+        layers.append(
+            LayerMatch(
+                layer_id=lid,
+                rel_err=float(rel[i, i]),
+                cosine=float(cos[i, i]),
+                best_id=best,
+                best_rel_err=float(rel[i, j]),
+            )
+        )
     healthy = all(m.rel_err <= t.max_rel_err for m in layers)
-    parts = [f"id {m.layer_id}: rel err {m.rel_err:.3f}, cosine {m.cosine:.4f}"
-             + ("" if m.best_id == m.layer_id else
-                f" (closest: trained id {m.best_id}, {m.best_rel_err:.3f})" if m.best_id is not None else
-                " (matches no trained layer)") for m in layers]
-    reason = (f"engine vs trained states over {tokens} held-out tokens: " + "; ".join(parts)
-              + (": the engine feeds the states the drafter was trained on" if healthy else
-                 f": above {t.max_rel_err} (benchmark.triage.max_rel_err)"))
+    parts = [
+        f"id {m.layer_id}: rel err {m.rel_err:.3f}, cosine {m.cosine:.4f}"
+        + (
+            ""
+            if m.best_id == m.layer_id
+            else f" (closest: trained id {m.best_id}, {m.best_rel_err:.3f})"
+            if m.best_id is not None
+            else " (matches no trained layer)"
+        )
+        for m in layers
+    ]
+    reason = (
+        f"engine vs trained states over {tokens} held-out tokens: "
+        + "; ".join(parts)
+        + (
+            ": the engine feeds the states the drafter was trained on"
+            if healthy
+            else f": above {t.max_rel_err} (benchmark.triage.max_rel_err)"
+        )
+    )
     log.info("triage plumbing probe: %s", reason)
-    return PlumbingProbe(reference=extract.dir, sequences=len(store), tokens=tokens, layers=layers, healthy=healthy,
-                         reason=reason)
+    return PlumbingProbe(
+        reference=extract.dir, sequences=len(store), tokens=tokens, layers=layers, healthy=healthy, reason=reason
+    )

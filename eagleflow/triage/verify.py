@@ -27,19 +27,19 @@ from __future__ import annotations
 import json
 import logging
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import httpx
 
 from eagleflow.config import RunConfig
+from eagleflow.contracts.benchmark_records import LosslessCheck, VerifyProbe
+from eagleflow.contracts.prompts import Messages
+from eagleflow.contracts.request import StageError
 from eagleflow.engines import make_server
 from eagleflow.engines.launch import served_name, target_launch
-from eagleflow.engines.vllm import acceptance_from_deltas
-from eagleflow.outputs import LosslessCheck, VerifyProbe
-from eagleflow.prompts import Messages
-from eagleflow.request import StageError
 
 log = logging.getLogger("eagleflow.triage")
 
@@ -66,8 +66,14 @@ def lossless(answers: dict[str, list[str]]) -> list[LosslessCheck]:
         if variant == "baseline" or not base:
             continue
         pairs = list(zip(texts, base))
-        out.append(LosslessCheck(variant=variant, prompts=len(pairs), identical=sum(a == b for a, b in pairs),
-                                 agreement=statistics.median(prefix_share(a, b) for a, b in pairs)))
+        out.append(
+            LosslessCheck(
+                variant=variant,
+                prompts=len(pairs),
+                identical=sum(a == b for a, b in pairs),
+                agreement=statistics.median(prefix_share(a, b) for a, b in pairs),
+            )
+        )
     return out
 
 
@@ -81,20 +87,27 @@ class Completions:
         self.model, self.tok = model, tokenizer
         self.client = httpx.Client(base_url=base_url, timeout=timeout_s)
 
-    def __enter__(self) -> "Completions":
+    def __enter__(self) -> Completions:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.client.close()
 
     def greedy(self, ids: list[int], max_tokens: int, temperature: float = 0.0, seed: int | None = None) -> list[int]:
-        body = {"model": self.model, "prompt": ids, "max_tokens": max_tokens, "temperature": temperature,
-                "return_token_ids": True, **({"seed": seed} if seed is not None else {})}
+        body = {
+            "model": self.model,
+            "prompt": ids,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "return_token_ids": True,
+            **({"seed": seed} if seed is not None else {}),
+        }
         try:
             r = self.client.post("/v1/completions", json=body)
         except httpx.HTTPError as exc:
-            raise StageError(f"triage: a probe request to {self.client.base_url} failed: {type(exc).__name__}: "
-                             f"{exc}") from None
+            raise StageError(
+                f"triage: a probe request to {self.client.base_url} failed: {type(exc).__name__}: {exc}"
+            ) from None
         if r.status_code != 200:
             raise StageError(f"triage: HTTP {r.status_code} from {self.client.base_url}: {r.text[:300]}")
         choice = r.json()["choices"][0]
@@ -109,14 +122,14 @@ class CopyReference:
     """Copy prompts (P + A + P) and what the target answers to them without speculation (R)."""
 
     prompts: list[list[int]] = field(default_factory=list)
-    answers: list[list[int]] = field(default_factory=list)   # A: the target's answer to P
+    answers: list[list[int]] = field(default_factory=list)  # A: the target's answer to P
     reference: list[list[int]] = field(default_factory=list)  # R: its answer to P + A + P, no speculation
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps({"prompts": self.prompts, "answers": self.answers, "reference": self.reference}))
 
     @classmethod
-    def load(cls, path: Path) -> "CopyReference":
+    def load(cls, path: Path) -> CopyReference:
         return cls(**json.loads(path.read_text()))
 
     @property
@@ -153,8 +166,10 @@ def record_reference(cfg: RunConfig, base_url: str, prompts: list[Messages]) -> 
             ref.answers.append(a)
             ref.reference.append(c.greedy(copy, len(a)))
     if not ref.prompts:
-        raise StageError(f"triage: no copy prompt fits engine.max_model_len {cfg.engine.max_model_len} with "
-                         f"{t.max_tokens} tokens to spare; lower benchmark.triage.max_tokens")
+        raise StageError(
+            f"triage: no copy prompt fits engine.max_model_len {cfg.engine.max_model_len} with "
+            f"{t.max_tokens} tokens to spare; lower benchmark.triage.max_tokens"
+        )
     return ref
 
 
@@ -178,12 +193,15 @@ def verify_probe(cfg: RunConfig, ref: CopyReference, stage_dir: Path, env: dict[
     agreement = statistics.median(prefix_share(o, r) for o, r in zip(answers, ref.reference))
     copy = ref.copy_rate
     rate, srate = acc.get("acceptance_rate"), sampled.get("acceptance_rate")
-    reasons = [f"speculation reproduced a median {agreement:.0%} of the no-speculation answers "
-               f"({sum(o == r for o, r in zip(answers, ref.reference))} of {len(answers)} identical)"]
+    reasons = [
+        f"speculation reproduced a median {agreement:.0%} of the no-speculation answers "
+        f"({sum(o == r for o, r in zip(answers, ref.reference))} of {len(answers)} identical)"
+    ]
     greedy_ok = agreement >= t.min_agreement
     if rate is not None:
-        reasons.append(f"ngram drafts accepted {rate:.0%} where the target repeats a median {copy:.0%} of its "
-                       "earlier answer")
+        reasons.append(
+            f"ngram drafts accepted {rate:.0%} where the target repeats a median {copy:.0%} of its earlier answer"
+        )
         if copy >= 0.5 and rate < t.min_copy_acceptance * copy:
             greedy_ok = False
     sampled_ok = None
@@ -193,16 +211,29 @@ def verify_probe(cfg: RunConfig, ref: CopyReference, stage_dir: Path, env: dict[
         sampled_ok = srate >= 0.8 * rate
         reasons.append(f"at temperature {ts:g} (the sampled path) {srate:.0%} accepted against {rate:.0%} greedy")
     healthy = greedy_ok and sampled_ok is not False
-    verdict = (": the verify step is sound" if healthy else
-               ": the verify step is wrong" if not greedy_ok else
-               f": the verify step is wrong at temperature > 0 (sound when greedy)")
+    verdict = (
+        ": the verify step is sound"
+        if healthy
+        else ": the verify step is wrong"
+        if not greedy_ok
+        else ": the verify step is wrong at temperature > 0 (sound when greedy)"
+    )
     reason = "; ".join(reasons) + verdict
     log.info("triage verify probe: %s", reason)
-    return VerifyProbe(prompts=len(answers), method=json.dumps(spec, sort_keys=True), acceptance_rate=rate,
-                       mean_acceptance_length=acc.get("mean_acceptance_length"),
-                       per_position_acceptance=acc.get("per_position_acceptance"), copy_rate=copy,
-                       agreement=agreement, sampled_temperature=ts, sampled_acceptance_rate=srate,
-                       sampled_healthy=sampled_ok, healthy=healthy, reason=reason)
+    return VerifyProbe(
+        prompts=len(answers),
+        method=json.dumps(spec, sort_keys=True),
+        acceptance_rate=rate,
+        mean_acceptance_length=acc.get("mean_acceptance_length"),
+        per_position_acceptance=acc.get("per_position_acceptance"),
+        copy_rate=copy,
+        agreement=agreement,
+        sampled_temperature=ts,
+        sampled_acceptance_rate=srate,
+        sampled_healthy=sampled_ok,
+        healthy=healthy,
+        reason=reason,
+    )
 
 
 def _acceptance(server: Any, before: dict[str, float], after: dict[str, float], k: int) -> dict[str, Any]:

@@ -34,8 +34,10 @@ def run(argv: list, timeout: float) -> str:
     return out
 
 
-@pytest.mark.skipif(not CONTROL_PY.exists() or not (shutil.which("sshd") or Path("/usr/sbin/sshd").exists()),
-                    reason="needs the control environment (.venv) and an sshd binary")
+@pytest.mark.skipif(
+    not CONTROL_PY.exists() or not (shutil.which("sshd") or Path("/usr/sbin/sshd").exists()),
+    reason="needs the control environment (.venv) and an sshd binary",
+)
 def test_dispatch_overhead_runs():
     out = run([CONTROL_PY, BENCH / "dispatch.py", "--rounds", "1"], timeout=120)
     assert "dispatch overhead, per task (cold):" in out
@@ -43,9 +45,30 @@ def test_dispatch_overhead_runs():
 
 @pytest.mark.parametrize("optimizer, losses", [("adamw", ["soft_ce", "lk"]), ("muon", ["soft_ce"])])
 def test_train_gpu_runs_the_public_train_step_on_cpu(optimizer, losses):
-    out = run([sys.executable, BENCH / "train_gpu.py", "--tiny", "--device", "cpu", "--trainer", "eagleflow",
-               "--optimizer", optimizer, "--loss", *losses, "--seq-len", "64", "--batch", "2", "--warmup", "1",
-               "--iters", "2"], timeout=300)
+    out = run(
+        [
+            sys.executable,
+            BENCH / "train_gpu.py",
+            "--tiny",
+            "--device",
+            "cpu",
+            "--trainer",
+            "eagleflow",
+            "--optimizer",
+            optimizer,
+            "--loss",
+            *losses,
+            "--seq-len",
+            "64",
+            "--batch",
+            "2",
+            "--warmup",
+            "1",
+            "--iters",
+            "2",
+        ],
+        timeout=300,
+    )
     assert all(f"| eagleflow | {loss} | 2 x 64 |" in out for loss in losses), out[-2000:]
 
 
@@ -56,8 +79,23 @@ def test_omp_wait_runs_copies_under_both_policies():
 
 def test_ddp_runs_the_train_stage_at_one_and_two_ranks(tmp_path):
     out_json = tmp_path / "ddp.json"
-    run([sys.executable, BENCH / "ddp_gpu.py", "--tiny", "--device", "cpu", "--work", tmp_path / "work",
-         "--runs", "r1a2", "r2a1", "--json-out", out_json], timeout=600)
+    run(
+        [
+            sys.executable,
+            BENCH / "ddp_gpu.py",
+            "--tiny",
+            "--device",
+            "cpu",
+            "--work",
+            tmp_path / "work",
+            "--runs",
+            "r1a2",
+            "r2a1",
+            "--json-out",
+            out_json,
+        ],
+        timeout=600,
+    )
     result = json.loads(out_json.read_text())
     assert set(result["runs"]) == {"r1a2", "r2a1"} and all(r["rc"] == 0 for r in result["runs"].values())
     assert "dp" in result["pairs"]
@@ -71,8 +109,10 @@ def test_train_under_load_trains_the_same_drafter(tmp_path):
 
 
 def test_compare_speculators_smoke_runs_every_stage_and_serves(tmp_path):
-    out = run([sys.executable, BENCH / "compare_speculators.py", "--smoke", "--out", tmp_path,
-               "--port", str(free_port())], timeout=1500)
+    out = run(
+        [sys.executable, BENCH / "compare_speculators.py", "--smoke", "--out", tmp_path, "--port", str(free_port())],
+        timeout=1500,
+    )
     result = json.loads((tmp_path / "compare.json").read_text())
     assert set(result["serving"]) == {"baseline", "eagleflow"}
     assert result["serving"]["eagleflow"]["mean_acceptance_length"] >= 1.0
@@ -85,32 +125,65 @@ def test_extract_backends_compares_runs_per_layer(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from eagleflow.manifest import Manifest
-    from eagleflow.outputs import GenerateOutputs
+    from eagleflow.contracts.manifest import Manifest
+    from eagleflow.contracts.stage_records import GenerateOutputs
 
     gen_dir = tmp_path / "generate"
     gen_dir.mkdir()
     ids = [[(7 * i + j) % 300 for j in range(40 + 9 * i)] for i in range(6)]
-    pq.write_table(pa.table({"split": ["train"] * 4 + ["holdout"] * 2, "input_ids": ids,
-                             "loss_mask": [[1] * len(x) for x in ids]}), gen_dir / "shard-00000.parquet")
-    outputs = GenerateOutputs(shards=["shard-00000.parquet"], num_train=4, num_holdout=2,
-                              num_tokens=sum(map(len, ids)))
+    pq.write_table(
+        pa.table(
+            {"split": ["train"] * 4 + ["holdout"] * 2, "input_ids": ids, "loss_mask": [[1] * len(x) for x in ids]}
+        ),
+        gen_dir / "shard-00000.parquet",
+    )
+    outputs = GenerateOutputs(shards=["shard-00000.parquet"], num_train=4, num_holdout=2, num_tokens=sum(map(len, ids)))
     manifest = Manifest(stage="generate", key="g", dir=str(gen_dir), outputs=outputs.model_dump())
     (gen_dir / "manifest.json").write_text(manifest.model_dump_json())
-    out = run([sys.executable, BENCH / "extract_backends.py", "--generate", gen_dir / "manifest.json",
-               "--backends", "hf", "--storage", "bfloat16", "float8_e4m3fn", "--out", tmp_path / "out"], timeout=300)
+    out = run(
+        [
+            sys.executable,
+            BENCH / "extract_backends.py",
+            "--generate",
+            gen_dir / "manifest.json",
+            "--backends",
+            "hf",
+            "--storage",
+            "bfloat16",
+            "float8_e4m3fn",
+            "--out",
+            tmp_path / "out",
+        ],
+        timeout=300,
+    )
     assert "hf-float8_e4m3fn against hf-bfloat16" in out and "final 4 (pre-norm)" in out
 
 
 def test_extract_gpu_measures_bounds_and_the_stage_on_cpu(tmp_path):
-    out = run([sys.executable, BENCH / "extract_gpu.py", "--tiny", "--out", tmp_path, "--seqs", "8", "--seq-len", "64",
-               "--batch-tokens", "256", "--runs", "hf-bf16", "hf-fp8"], timeout=300)
+    out = run(
+        [
+            sys.executable,
+            BENCH / "extract_gpu.py",
+            "--tiny",
+            "--out",
+            tmp_path,
+            "--seqs",
+            "8",
+            "--seq-len",
+            "64",
+            "--batch-tokens",
+            "256",
+            "--runs",
+            "hf-bf16",
+            "hf-fp8",
+        ],
+        timeout=300,
+    )
     assert "forward alone" in out and "hf-fp8" in out and "% of min(forward, disk)" in out
 
 
 def test_extract_memory_runs_at_two_sizes(tmp_path):
-    out = run([sys.executable, BENCH / "extract_memory.py", "--tiny", "--out", tmp_path, "--samples", "8"],
-              timeout=300)
+    out = run([sys.executable, BENCH / "extract_memory.py", "--tiny", "--out", tmp_path, "--samples", "8"], timeout=300)
     assert "4x the samples:" in out
 
 
@@ -118,8 +191,23 @@ def test_serving_client_puts_the_stage_client_beside_a_plain_one(tmp_path):
     """--quick: the demo target served by vLLM (CPU) through eagleflow's launch path, the stage's client
     (one chat_all per request, as the stage drives it), the same in one call, and a plain streaming
     client, each over 3 held-out prompts x 16 tokens with the engine's own TPOT beside them."""
-    out = run([sys.executable, BENCH / "serving_client.py", "--quick", "--out", tmp_path,
-               "--set", f"engine.port={free_port()}", "--clients", "stage", "stage-1call", "plain", "--interleave"], timeout=600)
+    out = run(
+        [
+            sys.executable,
+            BENCH / "serving_client.py",
+            "--quick",
+            "--out",
+            tmp_path,
+            "--set",
+            f"engine.port={free_port()}",
+            "--clients",
+            "stage",
+            "stage-1call",
+            "plain",
+            "--interleave",
+        ],
+        timeout=600,
+    )
     result = json.loads((tmp_path / "serving_client.json").read_text())
     (engine,) = result["engines"]
     assert engine["name"] == "baseline-eager_config" and engine["cuda_graphs"] is False
@@ -146,8 +234,23 @@ def test_stopping_rule_compares_fixed_replayed_and_sequential_windows(tmp_path):
         data[section][key] = os.path.normpath(ROOT / "configs" / data[section][key])  # a venv's python stays a link
     config = tmp_path / "demo.yaml"
     config.write_text(yaml.safe_dump(data))
-    out = run([sys.executable, BENCH / "stopping_rule.py", config, drafter, "--out", tmp_path / "out",
-               "--num-prompts", "6", "--precision", "0.5", "--min-requests", "2"], timeout=900)
+    out = run(
+        [
+            sys.executable,
+            BENCH / "stopping_rule.py",
+            config,
+            drafter,
+            "--out",
+            tmp_path / "out",
+            "--num-prompts",
+            "6",
+            "--precision",
+            "0.5",
+            "--min-requests",
+            "2",
+        ],
+        timeout=900,
+    )
     result = json.loads((tmp_path / "out" / "stopping_rule.json").read_text())
     (row,) = result["rows"]
     assert row["fixed"]["requests"] == 6 and 2 <= row["replayed"]["requests"] <= 6
@@ -156,7 +259,20 @@ def test_stopping_rule_compares_fixed_replayed_and_sequential_windows(tmp_path):
 
 def test_engine_load_writes_its_checkpoint(tmp_path):
     """The checkpoint writer of engine_load.py (the starts need a GPU build of vLLM: docs/benchmarks.md)."""
-    run([sys.executable, BENCH / "engine_load.py", "--work", tmp_path / "el", "--out", tmp_path / "out",
-         "--size-gb", "0.05", "--runs", "write"], timeout=300)
+    run(
+        [
+            sys.executable,
+            BENCH / "engine_load.py",
+            "--work",
+            tmp_path / "el",
+            "--out",
+            tmp_path / "out",
+            "--size-gb",
+            "0.05",
+            "--runs",
+            "write",
+        ],
+        timeout=300,
+    )
     shards = list((tmp_path / "el" / "ckpt").glob("*.safetensors"))
     assert shards and (tmp_path / "el" / "ckpt" / "config.json").exists()

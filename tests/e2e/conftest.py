@@ -13,14 +13,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
 import yaml
 
-from eagleflow import httpget
+from eagleflow.util import http
 from flows.params import FLOW_OF, deployment_name
 from tests.conftest import ROOT, free_port
 from tests.helpers.procs import end_group
@@ -32,20 +32,29 @@ def prefect_server(tmp_path_factory) -> dict[str, str]:
     port = free_port()
     # The UI is served too: the browser tests (tests/e2e/ui) read the runs of every test the way an
     # operator does. Its API address must be given: the UI otherwise calls the default port 4200.
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_UI_ENABLED": "true", "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api"}
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_ENABLED": "true",
+        "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api",
+    }
     env.pop("PREFECT_API_URL", None)
     log = open(home / "server.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                             "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}/api"
     deadline = time.monotonic() + 120
     while True:
         if proc.poll() is not None:
             raise RuntimeError(f"prefect server exited: {(home / 'server.log').read_text()[-2000:]}")
         try:
-            if httpget.get(f"{url}/health", timeout=2).status_code == 200:
+            if http.get(f"{url}/health", timeout=2).status_code == 200:
                 break
         except httpx.TransportError:
             pass
@@ -68,7 +77,7 @@ def api(prefect_server: dict, method: str, path: str, **kw) -> httpx.Response:
     again, as Prefect's own client does, for up to a minute."""
     deadline = time.monotonic() + 60
     while True:
-        r = httpget.client().request(method, prefect_server["PREFECT_API_URL"] + path, timeout=30, **kw)
+        r = http.client().request(method, prefect_server["PREFECT_API_URL"] + path, timeout=30, **kw)
         if r.status_code != 503 or time.monotonic() > deadline:
             break
         time.sleep(1.0)
@@ -77,19 +86,32 @@ def api(prefect_server: dict, method: str, path: str, **kw) -> httpx.Response:
 
 
 @contextlib.contextmanager
-def deployed_worker(prefect_server: dict, config: Path, pool: str, log_path: Path,
-                    more: tuple[Path, ...] = ()) -> Iterator[dict[str, dict]]:
+def deployed_worker(
+    prefect_server: dict, config: Path, pool: str, log_path: Path, more: tuple[Path, ...] = ()
+) -> Iterator[dict[str, dict]]:
     """The project's deployments registered for `config` (and the configs `more`, in the same deploy) on `pool`,
     and a process worker running them all (as from the UI); yields the config's deployments by kind (pipeline,
     nightly, benchmark, bootstrap: each named `<config name>-<kind>`), and every config's by its name under
     "by_config". The worker is our own process group, ended after."""
     env = {**os.environ, **prefect_server}
-    deploy = subprocess.run([sys.executable, "-m", "deployments.deploy", *(str(c) for c in (config, *more)),
-                             "--pool", pool], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    deploy = subprocess.run(
+        [sys.executable, "-m", "deployments.deploy", *(str(c) for c in (config, *more)), "--pool", pool],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert deploy.returncode == 0, deploy.stderr[-3000:]
     log = open(log_path, "w")
-    worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process"],
-                              cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         names = [yaml.safe_load(Path(c).read_text())["name"] for c in (config, *more)]
         by_name = {d["name"]: d for d in api(prefect_server, "POST", "/deployments/filter", json={}).json()}
@@ -133,8 +155,9 @@ def e2e_config(e2e_workdir: Path) -> Path:
     data["name"] = "e2e"
     data["host"].update(work_root=str(e2e_workdir / "runs"), python=str(ROOT / ".hostenv" / "bin" / "python"))
     data["target"]["model_path"] = str(ROOT / "demo" / "target")
-    data["generate"].update(prompts_path=str(ROOT / "demo" / "prompts.jsonl"), num_samples=320, holdout=12,
-                            shard_size=160)
+    data["generate"].update(
+        prompts_path=str(ROOT / "demo" / "prompts.jsonl"), num_samples=320, holdout=12, shard_size=160
+    )
     data["engine"]["port"] = free_port()
     data["train"].update(epochs=4)
     data["benchmark"].update(num_prompts=6, max_tokens=64, warmup_requests=1)
@@ -144,12 +167,14 @@ def e2e_config(e2e_workdir: Path) -> Path:
     return path
 
 
-def run_flow(prefect_server: dict, *args: str, module: str = "flows.pipeline",
-             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_flow(
+    prefect_server: dict, *args: str, module: str = "flows.pipeline", env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """`python -m <module> ARGS` against the test's Prefect server, to its end (`env`: more environment)."""
     env = {**os.environ, **prefect_server, **(env or {})}
-    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=1800)
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800
+    )
     print(proc.stdout[-6000:], proc.stderr[-6000:])
     return proc
 
@@ -157,8 +182,14 @@ def run_flow(prefect_server: dict, *args: str, module: str = "flows.pipeline",
 def run_cli(prefect_server: dict, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """`eagleflow ARGS`, the control environment's console script, against the test's Prefect server."""
     env = {**os.environ, **prefect_server, **(env or {})}
-    proc = subprocess.run([str(Path(sys.executable).parent / "eagleflow"), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "eagleflow"), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     print(proc.stdout[-6000:], proc.stderr[-6000:])
     return proc
 
@@ -175,8 +206,12 @@ def watch_progress(prefect_server: dict, proc: subprocess.Popen, poll_s: float =
     seen: dict[str, list[tuple]] = {}
     while proc.poll() is None:
         try:
-            arts = api(prefect_server, "POST", "/artifacts/filter",
-                       json={"artifacts": {"type": {"any_": ["progress"]}}, "limit": 200}).json()
+            arts = api(
+                prefect_server,
+                "POST",
+                "/artifacts/filter",
+                json={"artifacts": {"type": {"any_": ["progress"]}}, "limit": 200},
+            ).json()
         except httpx.HTTPError:
             arts = []
         for a in arts:
@@ -193,12 +228,21 @@ def first_run_watched(prefect_server, e2e_config) -> dict:
     """The first pipeline run of e2e_config (every stage computed): its report, its output, and what
     its progress artifacts showed while it ran."""
     env = {**os.environ, **prefect_server}
-    proc = subprocess.Popen([sys.executable, "-m", "flows.pipeline", str(e2e_config)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.pipeline", str(e2e_config)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     out: dict[str, str] = {}
     # The pipes are read beside the watching, so a full pipe never stalls the run.
-    readers = [threading.Thread(target=lambda n=n, f=f: out.__setitem__(n, f.read()), daemon=True)
-               for n, f in (("stdout", proc.stdout), ("stderr", proc.stderr))]
+    readers = [
+        threading.Thread(target=lambda n=n, f=f: out.__setitem__(n, f.read()), daemon=True)
+        for n, f in (("stdout", proc.stdout), ("stderr", proc.stderr))
+    ]
     for t in readers:
         t.start()
     seen = watch_progress(prefect_server, proc)
@@ -235,18 +279,33 @@ def nightly_production(tmp_path_factory) -> Iterator[dict]:
 
     work = tmp_path_factory.mktemp("nightly")
     hostenv = str(ROOT / ".hostenv" / "bin" / "python")
-    deploy_dir = work / "runs" / "production" / NIGHTLY_NAME
+    served_dir = work / "runs" / "production" / NIGHTLY_NAME
     untrained = work / "untrained-drafter"
-    subprocess.run([hostenv, str(ROOT / "tests" / "make_drafter.py"), str(untrained), "--seed", "3"], check=True,
-                   timeout=300, capture_output=True)
-    subprocess.run([hostenv, "-m", "eagleflow.production.deployed", "adopt", str(deploy_dir), "--drafter",
-                    str(untrained)], check=True, timeout=60, capture_output=True)
-    spec = {"method": "eagle3", "model": str(deploy_dir / "drafter"), "num_speculative_tokens": 3}
+    subprocess.run(
+        [hostenv, str(ROOT / "tests" / "make_drafter.py"), str(untrained), "--seed", "3"],
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
+    subprocess.run(
+        [hostenv, "-m", "eagleflow.production.served", "adopt", str(served_dir), "--drafter", str(untrained)],
+        check=True,
+        timeout=60,
+        capture_output=True,
+    )
+    spec = {"method": "eagle3", "model": str(served_dir / "drafter"), "num_speculative_tokens": 3}
     # Launched as eagleflow launches its own engine for this config (docs/production.md: the paired figures of a
     # drafter measured on production mean what they say only then): the demo's OMP_NUM_THREADS and eager mode.
-    prod = prod_service_config(work, free_port(), hostenv, served_name="demo-target", orphan_grace_s=10,
-                               engine_args=("--speculative-config", json.dumps(spec)), restore_timeout_s=420,
-                               env=("OMP_NUM_THREADS=2",))
+    prod = prod_service_config(
+        work,
+        free_port(),
+        hostenv,
+        served_name="demo-target",
+        orphan_grace_s=10,
+        engine_args=("--speculative-config", json.dumps(spec)),
+        restore_timeout_s=420,
+        env=("OMP_NUM_THREADS=2",),
+    )
     subprocess.run(prod["start_command"], check=True, timeout=60)
     deadline = time.monotonic() + 420
     while not healthy(prod["health_url"]):
@@ -255,8 +314,15 @@ def nightly_production(tmp_path_factory) -> Iterator[dict]:
     health = HealthLog(prod["health_url"])
     health.start()
     try:
-        yield {"work": work, "service": prod, "health": health, "deploy_dir": deploy_dir, "untrained": untrained,
-               "url": prod["health_url"].rsplit("/health", 1)[0], "log": work / "prod.log"}
+        yield {
+            "work": work,
+            "service": prod,
+            "health": health,
+            "served_dir": served_dir,
+            "untrained": untrained,
+            "url": prod["health_url"].rsplit("/health", 1)[0],
+            "log": work / "prod.log",
+        }
     finally:
         health.done.set()
         subprocess.run(prod["stop_command"], timeout=60)
@@ -266,7 +332,7 @@ def nightly_production(tmp_path_factory) -> Iterator[dict]:
 def nightly_runs(prefect_server, nightly_production) -> dict:
     """The nightly deployment (`nightly-e2e-nightly`) run twice by a process worker, as the schedule does, on the
     demo with a prompt source (a directory of JSONL files) that grows between nights, and production
-    (`nightly_production`) taking each promoted drafter (`production.promote: deploy`). Its reports, run ids,
+    (`nightly_production`) taking each promoted drafter (`production.promote: serve`). Its reports, run ids,
     the held-out prompts' sha256 after each night, and each night's start and end."""
     work = nightly_production["work"]
     source = work / "source"
@@ -274,22 +340,48 @@ def nightly_runs(prefect_server, nightly_production) -> dict:
     lines = (ROOT / "demo" / "prompts.jsonl").read_text().splitlines(keepends=True)
     data = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
     data["name"] = NIGHTLY_NAME
-    data["host"].update(name=NIGHTLY_NAME, work_root=str(work / "runs"), python=str(ROOT / ".hostenv" / "bin" / "python"))
+    data["host"].update(
+        name=NIGHTLY_NAME, work_root=str(work / "runs"), python=str(ROOT / ".hostenv" / "bin" / "python")
+    )
     data["target"]["model_path"] = str(ROOT / "demo" / "target")
     # Generated by production itself, which keeps serving meanwhile, as the Kimi config does: no engine of our own
     # loads for it (production's drafter changes no greedy answer).
-    data["generate"].update(prompts_path=str(ROOT / "demo" / "prompts.jsonl"), num_samples=NIGHT_PROMPTS[0],
-                            holdout=12, shard_size=160, server="production")
+    data["generate"].update(
+        prompts_path=str(ROOT / "demo" / "prompts.jsonl"),
+        num_samples=NIGHT_PROMPTS[0],
+        holdout=12,
+        shard_size=160,
+        server="production",
+    )
     data["engine"]["port"] = free_port()
     data["train"].update(epochs=4)
-    data["benchmark"].update(num_prompts=12, max_tokens=64, warmup_requests=1, temperatures=[0.0], concurrencies=[1],
-                             precision=0.05, min_requests=6)
-    data["nightly"] = {"source": str(source), "new_samples": NIGHT_PROMPTS[1], "replay": 1.0, "train_steps": 40,
-                       "learning_rate": 0.0005}
+    data["benchmark"].update(
+        num_prompts=12,
+        max_tokens=64,
+        warmup_requests=1,
+        temperatures=[0.0],
+        concurrencies=[1],
+        precision=0.05,
+        min_requests=6,
+    )
+    data["nightly"] = {
+        "source": str(source),
+        "new_samples": NIGHT_PROMPTS[1],
+        "replay": 1.0,
+        "train_steps": 40,
+        "learning_rate": 0.0005,
+    }
     data["report_dir"] = str(work / "reports")
     # The canary's tolerance is wide: on these 2 busy cores production's tok/s moves by a third between nights.
-    data["production"] = {**nightly_production["service"], "url": nightly_production["url"], "window": "pipeline",
-                          "promote": "deploy", "canary_prompts": 6, "canary_max_tokens": 48, "canary_tolerance": 0.35}
+    data["production"] = {
+        **nightly_production["service"],
+        "url": nightly_production["url"],
+        "window": "pipeline",
+        "promote": "serve",
+        "canary_prompts": 6,
+        "canary_max_tokens": 48,
+        "canary_tolerance": 0.35,
+    }
     config = work / "nightly.yaml"
     config.write_text(yaml.safe_dump(data))
     holdout = work / "runs" / "nightly" / "nightly-e2e" / "holdout.jsonl"
@@ -298,15 +390,35 @@ def nightly_runs(prefect_server, nightly_production) -> dict:
     with deployed_worker(prefect_server, config, "eagleflow-nightly-e2e", work / "worker.log") as w:
         dep = w["deployments"]["nightly"]
         for night, count in enumerate(NIGHT_PROMPTS, 1):
-            (source / f"prompts-{night}.jsonl").write_text("".join(lines[start:start + count]))
+            (source / f"prompts-{night}.jsonl").write_text("".join(lines[start : start + count]))
             start += count
             began = time.time()
-            run = api(prefect_server, "POST", f"/deployments/{dep['id']}/create_flow_run", json={"parameters": {
-                "params": {"config_path": str(config), "min_speedup": 0.0, "min_acceptance_length": 1.0,
-                           "overrides": {}}}}).json()
-            done = wait_flow_run(prefect_server, run["id"], timeout_s=2700)  # a safety cap: ~8 min alone, 3x beside the other suites
+            run = api(
+                prefect_server,
+                "POST",
+                f"/deployments/{dep['id']}/create_flow_run",
+                json={
+                    "parameters": {
+                        "params": {
+                            "config_path": str(config),
+                            "min_speedup": 0.0,
+                            "min_acceptance_length": 1.0,
+                            "overrides": {},
+                        }
+                    }
+                },
+            ).json()
+            done = wait_flow_run(
+                prefect_server, run["id"], timeout_s=2700
+            )  # a safety cap: ~8 min alone, 3x beside the other suites
             assert done["state"]["type"] == "COMPLETED", (done["state"], (work / "worker.log").read_text()[-5000:])
-            nights.append({"id": run["id"], "report": newest_report(work / "reports", began),
-                           "holdout_sha256": hashlib.sha256(holdout.read_bytes()).hexdigest(),
-                           "began": began, "ended": time.time()})
+            nights.append(
+                {
+                    "id": run["id"],
+                    "report": newest_report(work / "reports", began),
+                    "holdout_sha256": hashlib.sha256(holdout.read_bytes()).hexdigest(),
+                    "began": began,
+                    "ended": time.time(),
+                }
+            )
     return {"config": config, "work": work, "nights": nights}

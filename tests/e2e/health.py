@@ -7,11 +7,11 @@ import time
 
 import httpx
 
-from eagleflow import httpget
+from eagleflow.util import http
 
 
 def healthy(url: str) -> bool:
-    return httpget.answers(url, 2)
+    return http.answers(url, 2)
 
 
 def probe(url: str) -> bool | None:
@@ -19,7 +19,7 @@ def probe(url: str) -> bool | None:
     server on a loaded 2-core machine can be slow to answer without ever having gone down: a person would
     wait for the page, so a slow answer neither starts nor ends a down spell."""
     try:
-        return httpget.get(url, timeout=2).status_code == 200
+        return http.get(url, timeout=2).status_code == 200
     except httpx.TimeoutException:
         return None
     except httpx.HTTPError:

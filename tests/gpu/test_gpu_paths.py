@@ -1,4 +1,4 @@
-"""The drafter's GPU paths, on a GPU (`pytest -m gpu tests/gpu`; on the lent H200: scripts/gpu_suite.sh).
+"""The drafter's GPU paths, on a GPU (`pytest -m gpu tests/gpu`; on a GPU host: scripts/gpu_suite.sh).
 
 What no CPU test can run: the fused flex-attention TTT unroll (`Eagle3Drafter.ttt_forward` takes it for CUDA
 inputs: `attn.ttt_flex`, compiled, with the analytic block mask), the compiled norm, rope, silu and soft-CE
@@ -22,16 +22,26 @@ torch = pytest.importorskip("torch")
 
 from tests.helpers.drafter import H, V, make_model  # noqa: E402
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")]
 ROOT = Path(__file__).resolve().parents[2]
 
 # Compiled flex attention needs heads of 16 dims or more (inductor: "embedding dimension of the query, key, and value
 # must be at least 16"), so these tiny drafters have 16-wide heads where the CPU tests' have 8 (MLA: rotary 4 of 16
 # query/key dims, values 16 wide). Real drafters' heads are 64-192.
-MLA = dict(attention="mla", num_attention_heads=4, num_key_value_heads=4, head_dim=16, kv_lora_rank=16,
-           qk_nope_head_dim=12, qk_rope_head_dim=4, v_head_dim=16, norm_before_fc=False, fc_norm=True,
-           rms_norm_eps=1e-6, q_lora_rank=10)
+MLA = dict(
+    attention="mla",
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    head_dim=16,
+    kv_lora_rank=16,
+    qk_nope_head_dim=12,
+    qk_rope_head_dim=4,
+    v_head_dim=16,
+    norm_before_fc=False,
+    fc_norm=True,
+    rms_norm_eps=1e-6,
+    q_lora_rank=10,
+)
 ARCHS = {"llama-gqa": dict(num_attention_heads=4, num_key_value_heads=1, head_dim=16), "mla": MLA}
 BF16 = dict(atol=6e-2, rtol=6e-2)  # one layer in bf16 (8 bits of mantissa): outputs are O(1) normed states
 
@@ -40,10 +50,10 @@ def kv_cache_drafts(model, aux, ids, steps: int, p: int) -> list:
     """Step i's normed output at context end p, drafted the way an engine does: prefill to p, then one token
     at a time against the KV cache (attention without flex: the reference path)."""
     kv: list = []
-    normed, pre = model.prefill(aux[:, : p + 1], ids[:, 1: p + 2], kv)
+    normed, pre = model.prefill(aux[:, : p + 1], ids[:, 1 : p + 2], kv)
     ref, hidden = [normed[0, -1]], pre[:, -1:]
     for i in range(1, steps):
-        normed, hidden = model.decode_one_token(ids[:, p + 1 + i: p + 2 + i], hidden, p + i, kv)
+        normed, hidden = model.decode_one_token(ids[:, p + 1 + i : p + 2 + i], hidden, p + i, kv)
         ref.append(normed[0, 0])
     return ref
 
@@ -69,7 +79,7 @@ def test_the_fused_unroll_in_bf16_equals_kv_cache_drafting(arch):
                     p = int(qpos[row, r])
                     if p + steps >= t:
                         continue
-                    ref = kv_cache_drafts(model, aux[row:row + 1].cuda(), ids[row:row + 1].cuda(), steps, p)
+                    ref = kv_cache_drafts(model, aux[row : row + 1].cuda(), ids[row : row + 1].cuda(), steps, p)
                     for i in range(steps):
                         got = fused[i][row, r].float()
                         torch.testing.assert_close(got, ref[i].float(), **BF16)
@@ -147,13 +157,14 @@ def test_a_muon_step_on_the_gpu_moves_the_weights_as_on_the_cpu(tmp_path):
             if n in grads:
                 p.grad = grads[n].to(p.device)
         t.optimizer.step()
-    for n, g in grads.items():
+    for n in grads:
         dc = dict(cpu.model.named_parameters())[n].detach() - before[n]
         dg = dict(gpu.model.named_parameters())[n].detach().cpu() - before[n]
         cos = torch.nn.functional.cosine_similarity(dc.flatten(), dg.flatten(), dim=0).item()
         assert cos > 0.99, f"{n}: the GPU's update is off the CPU's (cosine {cos:.4f})"
-    sv = torch.linalg.svdvals((dict(gpu.model.named_parameters())["fc.weight"].detach().cpu()
-                               - before["fc.weight"]).double())
+    sv = torch.linalg.svdvals(
+        (dict(gpu.model.named_parameters())["fc.weight"].detach().cpu() - before["fc.weight"]).double()
+    )
     assert float(sv.max() / sv.min()) < 2.0  # orthogonalized
     other = torch.randn(grads["fc.weight"].shape, generator=gen)
     w = dict(cpu.model.named_parameters())["fc.weight"]
@@ -178,8 +189,9 @@ def test_the_cuda_stream_shard_writer_writes_the_cpu_writers_bytes(tmp_path, sto
     for where in ("cpu", "cuda"):
         path = tmp_path / f"{where}.safetensors"
         # 64 KiB chunks: the big sequence spans several copies and chunks come back to the pool
-        w = ShardWriter(path, ShardPlan(sum(lens), len(lens), 64, storage), {"split": "train"},
-                        chunk_bytes=64 << 10, pool=3)
+        w = ShardWriter(
+            path, ShardPlan(sum(lens), len(lens), 64, storage), {"split": "train"}, chunk_bytes=64 << 10, pool=3
+        )
         for i, (n, s) in enumerate(zip(lens, states)):
             w.add(list(range(i, i + n)), [0] + [1] * (n - 1), s.to(where))
         w.close()
@@ -190,7 +202,7 @@ def test_the_cuda_stream_shard_writer_writes_the_cpu_writers_bytes(tmp_path, sto
     assert differ == 0, f"{differ} of {len(files['cpu'])} bytes differ between the CPU and the CUDA writer"
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="DDP needs 2 GPUs (nvidia-h200-x2)")
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="DDP needs 2 GPUs on one host")
 def test_ddp_over_two_gpus_trains_and_keeps_the_ranks_equal(tmp_path):
     """torchrun with 2 ranks on 2 GPUs: NCCL all-reduce keeps both ranks' weights identical after steps."""
     from tests.helpers.drafter import write_synthetic
@@ -198,8 +210,13 @@ def test_ddp_over_two_gpus_trains_and_keeps_the_ranks_equal(tmp_path):
     root = write_synthetic(tmp_path / "syn", n_train=40)
     script = tmp_path / "ddp.py"
     script.write_text(DDP_SCRIPT.format(root=str(root), out=str(tmp_path / "out"), repo=str(ROOT)))
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script)],
-                       capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    p = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     sums = [line for line in p.stdout.splitlines() if line.startswith("RANK")]
     assert len(sums) == 2 and sums[0].split()[2] == sums[1].split()[2], sums

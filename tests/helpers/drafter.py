@@ -12,8 +12,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from eagleflow.drafter.config import TrainConfig
-from eagleflow.drafter.model import DrafterArch, Eagle3Drafter, TargetHead, rms_norm
+from eagleflow.config.train import TrainConfig
+from eagleflow.drafter.arch import DrafterArch
+from eagleflow.drafter.model import Eagle3Drafter, TargetHead, rms_norm
 from eagleflow.drafter.vocab import DraftVocab
 
 torch.set_num_threads(1)
@@ -22,9 +23,19 @@ V, H = 40, 32  # the tiny target's vocabulary and hidden size
 
 
 def make_arch(**kw) -> DrafterArch:
-    base = dict(hidden_size=H, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                rms_norm_eps=1e-5, rope_theta=10000.0, vocab_size=V, draft_vocab_size=V, target_hidden_size=H,
-                max_position_embeddings=256)
+    base = dict(
+        hidden_size=H,
+        intermediate_size=48,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        vocab_size=V,
+        draft_vocab_size=V,
+        target_hidden_size=H,
+        max_position_embeddings=256,
+    )
     return DrafterArch(**{**base, **kw})
 
 
@@ -33,7 +44,7 @@ def make_model(seed: int = 0, **kw) -> Eagle3Drafter:
     model = Eagle3Drafter(make_arch(**kw), torch.randn(V, H))
     # Random (not unit) norms so a wrong norm placement shows up.
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() == 1:
                 p.uniform_(0.5, 1.5)
     return model.eval()
@@ -42,8 +53,13 @@ def make_model(seed: int = 0, **kw) -> Eagle3Drafter:
 def target_head(seed: int = 0) -> TargetHead:
     """A random target head (embedding, final norm, lm_head) of the tiny target."""
     g = torch.Generator().manual_seed(seed)
-    return TargetHead(embed_tokens=torch.randn(V, H, generator=g), norm_weight=torch.rand(H, generator=g) + 0.5,
-                      rms_norm_eps=1e-5, lm_head=torch.randn(V, H, generator=g) * 3, config={})
+    return TargetHead(
+        embed_tokens=torch.randn(V, H, generator=g),
+        norm_weight=torch.rand(H, generator=g) + 0.5,
+        rms_norm_eps=1e-5,
+        lm_head=torch.randn(V, H, generator=g) * 3,
+        config={},
+    )
 
 
 class Oracle:
@@ -71,14 +87,31 @@ def write_synthetic(root: Path, n_train: int = 24, n_hold: int = 6, seed: int = 
     """A tiny target checkpoint and extract-stage shards (random states, structured tokens)."""
     g = torch.Generator().manual_seed(seed)
     (root / "target").mkdir(parents=True)
-    (root / "target" / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "hidden_size": H, "vocab_size": V, "rms_norm_eps": 1e-5,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 48,
-        "num_hidden_layers": 4, "tie_word_embeddings": False, "max_position_embeddings": 256}))
-    save_file({"model.embed_tokens.weight": torch.randn(V, H, generator=g).to(torch.bfloat16),
-               "model.norm.weight": torch.ones(H, dtype=torch.bfloat16),
-               "lm_head.weight": torch.randn(V, H, generator=g).to(torch.bfloat16)},
-              str(root / "target" / "model.safetensors"))
+    (root / "target" / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "hidden_size": H,
+                "vocab_size": V,
+                "rms_norm_eps": 1e-5,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "head_dim": 8,
+                "intermediate_size": 48,
+                "num_hidden_layers": 4,
+                "tie_word_embeddings": False,
+                "max_position_embeddings": 256,
+            }
+        )
+    )
+    save_file(
+        {
+            "model.embed_tokens.weight": torch.randn(V, H, generator=g).to(torch.bfloat16),
+            "model.norm.weight": torch.ones(H, dtype=torch.bfloat16),
+            "lm_head.weight": torch.randn(V, H, generator=g).to(torch.bfloat16),
+        },
+        str(root / "target" / "model.safetensors"),
+    )
     (root / "data").mkdir()
     shards = []
     for split, n in (("train", n_train), ("holdout", n_hold)):
@@ -90,8 +123,15 @@ def write_synthetic(root: Path, n_train: int = 24, n_hold: int = 6, seed: int = 
             mask[start : start + 4] = 0  # prompt
             start += n_tok
         name = f"data/shard-00000-{split}.safetensors"
-        save_file({"input_ids": torch.randint(0, V, (total,), generator=g), "loss_mask": mask, "seq_lens": lens,
-                   "hidden_states": torch.randn(total, 4, H, generator=g).to(torch.bfloat16)}, str(root / name))
+        save_file(
+            {
+                "input_ids": torch.randint(0, V, (total,), generator=g),
+                "loss_mask": mask,
+                "seq_lens": lens,
+                "hidden_states": torch.randn(total, 4, H, generator=g).to(torch.bfloat16),
+            },
+            str(root / name),
+        )
         shards.append({"file": name, "split": split, "num_seqs": n, "num_tokens": total})
     index = {"shards": shards, "aux_layer_ids": [1, 2, 3], "final_layer_id": 4, "hidden_size": H, "dtype": "bfloat16"}
     (root / "data" / "index.json").write_text(json.dumps(index))
@@ -111,27 +151,48 @@ def public_tensors(model: Eagle3Drafter, vocab: DraftVocab, layout: str) -> dict
     return out
 
 
-def write_public_drafter(path: Path, layout: str, model: Eagle3Drafter, vocab: DraftVocab,
-                         aux=(1, 2, 3), **overrides) -> Path:
+def write_public_drafter(
+    path: Path, layout: str, model: Eagle3Drafter, vocab: DraftVocab, aux=(1, 2, 3), **overrides
+) -> Path:
     """A small public EAGLE-3 drafter in `layout`: config.json as each project writes it + model.safetensors."""
     a = model.arch
-    llama = {"hidden_size": a.hidden_size, "intermediate_size": a.intermediate_size,
-             "num_attention_heads": a.num_attention_heads, "num_key_value_heads": a.num_key_value_heads,
-             "head_dim": a.head_dim, "rms_norm_eps": a.rms_norm_eps, "rope_theta": a.rope_theta,
-             "vocab_size": a.vocab_size, "num_hidden_layers": 1, "max_position_embeddings": 256,
-             "hidden_act": "silu", "model_type": "llama"}
+    llama = {
+        "hidden_size": a.hidden_size,
+        "intermediate_size": a.intermediate_size,
+        "num_attention_heads": a.num_attention_heads,
+        "num_key_value_heads": a.num_key_value_heads,
+        "head_dim": a.head_dim,
+        "rms_norm_eps": a.rms_norm_eps,
+        "rope_theta": a.rope_theta,
+        "vocab_size": a.vocab_size,
+        "num_hidden_layers": 1,
+        "max_position_embeddings": 256,
+        "hidden_act": "silu",
+        "model_type": "llama",
+    }
     if layout == "vllm":
-        cfg = {**llama, "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": vocab.size,
-               "target_hidden_size": a.hidden_size, "eagle_aux_hidden_state_layer_ids": list(aux),
-               "norm_before_fc": a.norm_before_fc, "norm_before_residual": a.norm_before_residual}
+        cfg = {
+            **llama,
+            "architectures": ["LlamaForCausalLMEagle3"],
+            "draft_vocab_size": vocab.size,
+            "target_hidden_size": a.hidden_size,
+            "eagle_aux_hidden_state_layer_ids": list(aux),
+            "norm_before_fc": a.norm_before_fc,
+            "norm_before_residual": a.norm_before_residual,
+        }
     elif layout == "eagle":  # EAGLE-3 reference / SpecForge: no norm_before_* keys
         cfg = {**llama, "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": vocab.size}
     else:  # speculators: the layer's shape under transformer_layer_config
-        cfg = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
-               "transformer_layer_config": llama, "draft_vocab_size": vocab.size,
-               "norm_before_residual": a.norm_before_residual, "target_hidden_size": None,
-               "eagle_aux_hidden_state_layer_ids": list(aux),
-               "speculators_config": {"algorithm": "eagle3", "verifier": {"name_or_path": "target"}}}
+        cfg = {
+            "architectures": ["Eagle3Speculator"],
+            "speculators_model_type": "eagle3",
+            "transformer_layer_config": llama,
+            "draft_vocab_size": vocab.size,
+            "norm_before_residual": a.norm_before_residual,
+            "target_hidden_size": None,
+            "eagle_aux_hidden_state_layer_ids": list(aux),
+            "speculators_config": {"algorithm": "eagle3", "verifier": {"name_or_path": "target"}},
+        }
     for key, value in overrides.items():
         (cfg["transformer_layer_config"] if layout == "speculators" and key in llama else cfg)[key] = value
     path.mkdir(parents=True, exist_ok=True)
@@ -143,15 +204,18 @@ def write_public_drafter(path: Path, layout: str, model: Eagle3Drafter, vocab: D
 def stage_request(tmp_path: Path, root: Path, stage: str, upstream: dict, train: dict):
     """A StageRequest for `stage` over the synthetic target in `root`, its stage dir under tmp_path/runs."""
     from eagleflow.config import parse_config
-    from eagleflow.request import StageRequest
+    from eagleflow.contracts.request import StageRequest
 
     (tmp_path / "prompts.jsonl").write_text('{"prompt": "x"}\n')
-    cfg = parse_config({
-        "name": "t", "host": {"work_root": str(tmp_path / "runs"), "python": "python"},
-        "target": {"model_path": str(root / "target"), "aux_layer_ids": [1, 2, 3], "final_layer_id": 4},
-        "generate": {"prompts_path": str(tmp_path / "prompts.jsonl"), "num_samples": 40, "holdout": 32},
-        "train": train,
-    })
+    cfg = parse_config(
+        {
+            "name": "t",
+            "host": {"work_root": str(tmp_path / "runs"), "python": "python"},
+            "target": {"model_path": str(root / "target"), "aux_layer_ids": [1, 2, 3], "final_layer_id": 4},
+            "generate": {"prompts_path": str(tmp_path / "prompts.jsonl"), "num_samples": 40, "holdout": 32},
+            "train": train,
+        }
+    )
     stage_dir = tmp_path / "runs" / stage / "k"
     stage_dir.mkdir(parents=True, exist_ok=True)
     return StageRequest(stage=stage, key="k", dir=str(stage_dir), config=cfg, upstream=upstream)
@@ -159,13 +223,16 @@ def stage_request(tmp_path: Path, root: Path, stage: str, upstream: dict, train:
 
 def extract_manifest(root: Path):
     """The extract stage's manifest for the synthetic data in `root` (what the train stage reads)."""
-    from eagleflow.manifest import Manifest
-    from eagleflow.outputs import ExtractOutputs
+    from eagleflow.contracts.manifest import Manifest
+    from eagleflow.contracts.stage_records import ExtractOutputs
 
     index = json.loads((root / "data" / "index.json").read_text())
-    outputs = ExtractOutputs(index="data/index.json", shards=[s["file"] for s in index["shards"]],
-                             hidden_size=index["hidden_size"],
-                             num_tokens={s["split"]: s["num_tokens"] for s in index["shards"]})
+    outputs = ExtractOutputs(
+        index="data/index.json",
+        shards=[s["file"] for s in index["shards"]],
+        hidden_size=index["hidden_size"],
+        num_tokens={s["split"]: s["num_tokens"] for s in index["shards"]},
+    )
     return Manifest(stage="extract", key="e", dir=str(root), outputs=outputs.model_dump(mode="json"))
 
 
@@ -176,22 +243,32 @@ def tiny_trainer(out_dir: Path, root: Path, **kw):
     from eagleflow.drafter.trainer import Trainer
 
     index = read_index(root / "data" / "index.json", stage_dir=root)
-    cfg = TrainConfig(**{"epochs": 1, "batch_tokens": 128, "draft_vocab_size": 24, "warmup_steps": 2,
-                         "max_seq_len": 32, "num_threads": 1, **kw})
+    cfg = TrainConfig(
+        **{
+            "epochs": 1,
+            "batch_tokens": 128,
+            "draft_vocab_size": 24,
+            "warmup_steps": 2,
+            "max_seq_len": 32,
+            "num_threads": 1,
+            **kw,
+        }
+    )
     return Trainer(cfg, read_target_head(root / "target"), index, out_dir, [1, 2, 3]).setup()
 
 
-def assert_unroll_matches_kv_cache(model: Eagle3Drafter, aux: torch.Tensor, ids: torch.Tensor, steps: int,
-                                   outs: list, lengths: list[int]) -> None:
+def assert_unroll_matches_kv_cache(
+    model: Eagle3Drafter, aux: torch.Tensor, ids: torch.Tensor, steps: int, outs: list, lengths: list[int]
+) -> None:
     """Each row's training-time unroll (`outs` of ttt_forward) equals drafting step by step with a KV cache:
     prefill up to position p, then one token at a time, as an engine drafts."""
     for row, n in enumerate(lengths):
         for p in range(n - steps):
             kv: list = []
-            normed, pre = model.prefill(aux[row:row + 1, : p + 1], ids[row:row + 1, 1 : p + 2], kv)
+            normed, pre = model.prefill(aux[row : row + 1, : p + 1], ids[row : row + 1, 1 : p + 2], kv)
             ref, hidden = [normed[0, -1]], pre[:, -1:]
             for i in range(1, steps):
-                normed, hidden = model.decode_one_token(ids[row:row + 1, p + 1 + i : p + 2 + i], hidden, p + i, kv)
+                normed, hidden = model.decode_one_token(ids[row : row + 1, p + 1 + i : p + 2 + i], hidden, p + i, kv)
                 ref.append(normed[0, 0])
             for i in range(steps):
                 torch.testing.assert_close(outs[i][row, p], ref[i], atol=2e-4, rtol=2e-4)

@@ -42,8 +42,10 @@ def rotated_target(out: Path, seed: int = 0, source: Path = ROOT / "demo" / "tar
     new["model.norm.weight"] = torch.ones(h)
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        for norm, names in (("input_layernorm", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
-                            ("post_attention_layernorm", ("mlp.gate_proj", "mlp.up_proj"))):
+        for norm, names in (
+            ("input_layernorm", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+            ("post_attention_layernorm", ("mlp.gate_proj", "mlp.up_proj")),
+        ):
             gain = w[p + norm + ".weight"]
             for n in names:
                 new[p + n + ".weight"] = (w[p + n + ".weight"] * gain) @ q  # [out, H]: reads x Q
@@ -57,8 +59,11 @@ def rotated_target(out: Path, seed: int = 0, source: Path = ROOT / "demo" / "tar
     for f in source.iterdir():
         if f.name not in ("model.safetensors", "config.json"):
             shutil.copyfile(f, out / f.name)
-    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in new.items()}, str(out / "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(
+        {k: v.to(torch.bfloat16).contiguous() for k, v in new.items()},
+        str(out / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     (out / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": False}, indent=2))
     return out
 

@@ -33,8 +33,13 @@ def test_every_typed_field_is_a_key_of_the_run_config():
 def test_empty_fields_keep_the_config_and_set_ones_reach_it():
     plain = RunParams(config_path=DEMO).load()
     assert RunParams(config_path=DEMO).config_overrides() == {}
-    changed = RunParams(config_path=DEMO, epochs=2, num_samples=400, temperatures=[0.0, 1.0],
-                        overrides={"train.epochs": 9, "benchmark.max_tokens": 16}).load()
+    changed = RunParams(
+        config_path=DEMO,
+        epochs=2,
+        num_samples=400,
+        temperatures=[0.0, 1.0],
+        overrides={"train.epochs": 9, "benchmark.max_tokens": 16},
+    ).load()
     assert (changed.train.epochs, changed.generate.num_samples, changed.benchmark.temperatures) == (2, 400, [0.0, 1.0])
     assert changed.benchmark.max_tokens == 16 and plain.train.epochs != 2
     b = BenchmarkParams(config_path=DEMO, drafter="/srv/drafter").config_overrides()

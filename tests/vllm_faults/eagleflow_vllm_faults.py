@@ -41,8 +41,10 @@ def shift_aux() -> None:
             return layers
         n = self.model_config.hf_text_config.num_hidden_layers
         out = tuple(k - 1 if 0 < k < n else k for k in layers)
-        print(f"eagleflow fault (eagleflow_fault_shift_aux): auxiliary layers {tuple(layers)} captured as {out}",
-              flush=True)
+        print(
+            f"eagleflow fault (eagleflow_fault_shift_aux): auxiliary layers {tuple(layers)} captured as {out}",
+            flush=True,
+        )
         return out
 
     shifted.eagleflow_fault = True  # type: ignore[attr-defined]
@@ -68,5 +70,6 @@ def corrupt_verify() -> None:
 
     forward.eagleflow_fault = True  # type: ignore[attr-defined]
     RejectionSampler.forward = forward
-    print("eagleflow fault (eagleflow_fault_verify): draft tokens verified against the next position's logits",
-          flush=True)
+    print(
+        "eagleflow fault (eagleflow_fault_verify): draft tokens verified against the next position's logits", flush=True
+    )

@@ -12,8 +12,10 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PLUGINS = {"eagleflow_fault_shift_aux": "eagleflow_vllm_faults:shift_aux",
-           "eagleflow_fault_verify": "eagleflow_vllm_faults:corrupt_verify"}
+PLUGINS = {
+    "eagleflow_fault_shift_aux": "eagleflow_vllm_faults:shift_aux",
+    "eagleflow_fault_verify": "eagleflow_vllm_faults:corrupt_verify",
+}
 
 
 def install(target: Path) -> Path:
@@ -23,7 +25,8 @@ def install(target: Path) -> Path:
     info.mkdir(exist_ok=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: eagleflow-vllm-faults\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(
-        "[vllm.general_plugins]\n" + "".join(f"{name} = {ref}\n" for name, ref in PLUGINS.items()))
+        "[vllm.general_plugins]\n" + "".join(f"{name} = {ref}\n" for name, ref in PLUGINS.items())
+    )
     (info / "top_level.txt").write_text("eagleflow_vllm_faults\n")
     return target
 

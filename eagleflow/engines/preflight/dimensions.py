@@ -7,8 +7,9 @@ from typing import Any
 from eagleflow.engines.preflight.findings import Finding
 
 
-def check_dimensions(name: str, target_text: dict[str, Any], drafter: dict[str, Any],
-                     shapes: dict[str, list[int]], drafter_dir: str) -> list[Finding]:
+def check_dimensions(
+    name: str, target_text: dict[str, Any], drafter: dict[str, Any], shapes: dict[str, list[int]], drafter_dir: str
+) -> list[Finding]:
     """Hidden sizes, vocabularies and the d2t / lm_head / fc shapes the engine will load."""
     check = f"dimensions[{name}]"
     cfg_path = f"{drafter_dir}/config.json"
@@ -22,48 +23,101 @@ def check_dimensions(name: str, target_text: dict[str, Any], drafter: dict[str, 
     draft_vocab = drafter.get("draft_vocab_size") or vocab
 
     if t_hidden is not None and d_hidden is not None and int(d_hidden) != int(t_hidden):
-        out.append(Finding(check, "error", f"{cfg_path}: hidden_size is {d_hidden}, the target's is {t_hidden}: the "
-                           "drafter shares the target's embedding and takes its states, so it must be as wide. vLLM "
-                           "0.32 still loads it and answers healthy, then the engine dies on the first request (\"The "
-                           "size of tensor a (3*target) must match the size of tensor b (3*drafter)\"). This drafter "
-                           "belongs to another model. Fix: train/export it for this target"))
+        out.append(
+            Finding(
+                check,
+                "error",
+                f"{cfg_path}: hidden_size is {d_hidden}, the target's is {t_hidden}: the "
+                "drafter shares the target's embedding and takes its states, so it must be as wide. vLLM "
+                '0.32 still loads it and answers healthy, then the engine dies on the first request ("The '
+                'size of tensor a (3*target) must match the size of tensor b (3*drafter)"). This drafter '
+                "belongs to another model. Fix: train/export it for this target",
+            )
+        )
     if t_hidden is not None and d_target_hidden is not None and int(d_target_hidden) != int(t_hidden):
-        out.append(Finding(check, "error", f"{cfg_path}: target_hidden_size is {d_target_hidden}, the target's "
-                           f"hidden_size is {t_hidden}: its fc cannot take the target's states"))
+        out.append(
+            Finding(
+                check,
+                "error",
+                f"{cfg_path}: target_hidden_size is {d_target_hidden}, the target's "
+                f"hidden_size is {t_hidden}: its fc cannot take the target's states",
+            )
+        )
     if t_vocab is not None and vocab is not None and int(vocab) != int(t_vocab):
-        out.append(Finding(check, "error", f"{cfg_path}: vocab_size is {vocab}, the target's is {t_vocab}: draft "
-                           "tokens would map into another vocabulary. Fix: export the drafter for this target"))
+        out.append(
+            Finding(
+                check,
+                "error",
+                f"{cfg_path}: vocab_size is {vocab}, the target's is {t_vocab}: draft "
+                "tokens would map into another vocabulary. Fix: export the drafter for this target",
+            )
+        )
 
     lm_head = shapes.get("lm_head.weight")
     if lm_head is not None and draft_vocab is not None and lm_head[0] != int(draft_vocab):
-        out.append(Finding(check, "error", f"{st_path}: lm_head.weight has {lm_head[0]} rows, {cfg_path} says "
-                           f"draft_vocab_size {draft_vocab}. Fix: set draft_vocab_size to {lm_head[0]}"))
+        out.append(
+            Finding(
+                check,
+                "error",
+                f"{st_path}: lm_head.weight has {lm_head[0]} rows, {cfg_path} says "
+                f"draft_vocab_size {draft_vocab}. Fix: set draft_vocab_size to {lm_head[0]}",
+            )
+        )
     if lm_head is not None and d_hidden is not None and lm_head[1] != int(d_hidden):
         out.append(Finding(check, "error", f"{st_path}: lm_head.weight is {lm_head} wide, hidden_size is {d_hidden}"))
     d2t = shapes.get("d2t")
     if draft_vocab is not None and vocab is not None and int(draft_vocab) < int(vocab):
         if d2t is None:
-            out.append(Finding(check, "error", f"{st_path} has no d2t, but draft_vocab_size {draft_vocab} < "
-                               f"vocab_size {vocab}: vLLM then maps draft id d to target id d (its d2t buffer stays "
-                               "zero) and acceptance collapses without any error. Fix: export with the draft "
-                               "vocabulary's d2t (eagleflow.drafter.vllm_export.export_vllm writes d2t and t2d)"))
+            out.append(
+                Finding(
+                    check,
+                    "error",
+                    f"{st_path} has no d2t, but draft_vocab_size {draft_vocab} < "
+                    f"vocab_size {vocab}: vLLM then maps draft id d to target id d (its d2t buffer stays "
+                    "zero) and acceptance collapses without any error. Fix: export with the draft "
+                    "vocabulary's d2t (eagleflow.drafter.vllm_export.export_vllm writes d2t and t2d)",
+                )
+            )
         elif d2t != [int(draft_vocab)]:
-            out.append(Finding(check, "error", f"{st_path}: d2t has shape {d2t}, draft_vocab_size is "
-                               f"{draft_vocab}: they must agree ([draft_vocab_size] offsets)"))
+            out.append(
+                Finding(
+                    check,
+                    "error",
+                    f"{st_path}: d2t has shape {d2t}, draft_vocab_size is "
+                    f"{draft_vocab}: they must agree ([draft_vocab_size] offsets)",
+                )
+            )
     elif d2t is not None and vocab is not None and draft_vocab is not None and int(draft_vocab) >= int(vocab):
-        out.append(Finding(check, "error", f"{st_path} has d2t {d2t} but draft_vocab_size equals vocab_size "
-                           f"({vocab}): vLLM allocates no d2t then and its loader fails on the unexpected tensor. "
-                           "Fix: drop d2t/t2d, or set draft_vocab_size to the d2t length"))
+        out.append(
+            Finding(
+                check,
+                "error",
+                f"{st_path} has d2t {d2t} but draft_vocab_size equals vocab_size "
+                f"({vocab}): vLLM allocates no d2t then and its loader fails on the unexpected tensor. "
+                "Fix: drop d2t/t2d, or set draft_vocab_size to the d2t length",
+            )
+        )
     fc = shapes.get("fc.weight")
     if fc is not None and t_hidden is not None:
         n_states = fc[1] / int(t_hidden)
         if n_states != int(n_states):
-            out.append(Finding(check, "error", f"{st_path}: fc.weight is {fc}: its input {fc[1]} is no multiple of "
-                               f"the target's hidden_size {t_hidden}"))
+            out.append(
+                Finding(
+                    check,
+                    "error",
+                    f"{st_path}: fc.weight is {fc}: its input {fc[1]} is no multiple of "
+                    f"the target's hidden_size {t_hidden}",
+                )
+            )
     if not out:
-        out.append(Finding(check, "ok", f"hidden_size {d_hidden} = target's {t_hidden}; vocab_size {vocab} = "
-                           f"target's {t_vocab}; draft_vocab_size {draft_vocab}"
-                           + (f" with d2t {d2t}" if d2t else "")))
+        out.append(
+            Finding(
+                check,
+                "ok",
+                f"hidden_size {d_hidden} = target's {t_hidden}; vocab_size {vocab} = "
+                f"target's {t_vocab}; draft_vocab_size {draft_vocab}" + (f" with d2t {d2t}" if d2t else ""),
+            )
+        )
     return out
 
 

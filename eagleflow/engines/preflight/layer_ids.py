@@ -10,9 +10,16 @@ def specforge_default(num_layers: int) -> list[int]:
     return [1, num_layers // 2 - 1, num_layers - 4]
 
 
-def check_aux_layer_ids(name: str, ids: list[int] | None, num_layers: int, default_ids: list[int] | None,
-                        expected: list[int] | None, num_aux_states: int | None, engine_kind: str = "vllm",
-                        where: str = "config.json") -> list[Finding]:
+def check_aux_layer_ids(
+    name: str,
+    ids: list[int] | None,
+    num_layers: int,
+    default_ids: list[int] | None,
+    expected: list[int] | None,
+    num_aux_states: int | None,
+    engine_kind: str = "vllm",
+    where: str = "config.json",
+) -> list[Finding]:
     """The drafter's layer ids against the target's depth, the engine's convention and the training ids.
 
     `expected` and the checks are in vLLM's convention: id k = the input of decoder layer k = HF
@@ -29,68 +36,148 @@ def check_aux_layer_ids(name: str, ids: list[int] | None, num_layers: int, defau
 
     if not ids:
         if default_ids is None:
-            return [Finding(check, "warning", f"{field} is not set: the engine picks its default layers, which "
-                            "preflight could not determine; write the ids the drafter was trained on")]
-        msg = (f"{field} is not set: {engine_kind} then feeds its default layers {default_ids} "
-               "(vLLM convention; SupportsEagle3.get_eagle3_default_aux_hidden_state_layers = [2, L//2, L-3])")
+            return [
+                Finding(
+                    check,
+                    "warning",
+                    f"{field} is not set: the engine picks its default layers, which "
+                    "preflight could not determine; write the ids the drafter was trained on",
+                )
+            ]
+        msg = (
+            f"{field} is not set: {engine_kind} then feeds its default layers {default_ids} "
+            "(vLLM convention; SupportsEagle3.get_eagle3_default_aux_hidden_state_layers = [2, L//2, L-3])"
+        )
         if expected is not None and list(expected) != list(default_ids):
-            return [Finding(check, "error", f"{msg}, but the drafter was trained on {list(expected)}: acceptance "
-                            f"collapses. Fix: write \"eagle_aux_hidden_state_layer_ids\": {to_config(expected)} "
-                            f"into {where}")]
+            return [
+                Finding(
+                    check,
+                    "error",
+                    f"{msg}, but the drafter was trained on {list(expected)}: acceptance "
+                    f'collapses. Fix: write "eagle_aux_hidden_state_layer_ids": {to_config(expected)} '
+                    f"into {where}",
+                )
+            ]
         return [Finding(check, "ok" if expected is not None else "warning", msg)]
 
     served = [i + shift for i in ids]  # vLLM convention from here on
     findings: list[Finding] = []
     if num_aux_states is not None and len(ids) != num_aux_states:
-        findings.append(Finding(check, "error", f"{field} is {ids}: {len(ids)} ids, but the drafter's fc takes "
-                                f"{num_aux_states} target states; write {num_aux_states} ids"))
+        findings.append(
+            Finding(
+                check,
+                "error",
+                f"{field} is {ids}: {len(ids)} ids, but the drafter's fc takes "
+                f"{num_aux_states} target states; write {num_aux_states} ids",
+            )
+        )
     if sorted(set(ids)) != list(ids):
-        findings.append(Finding(check, "warning", f"{field} is {ids}, not strictly increasing: vLLM sorts and "
-                                "de-duplicates them (EagleModelMixin._set_aux_hidden_state_layers), so the drafter "
-                                "may get its states in another order than it was trained on"))
+        findings.append(
+            Finding(
+                check,
+                "warning",
+                f"{field} is {ids}, not strictly increasing: vLLM sorts and "
+                "de-duplicates them (EagleModelMixin._set_aux_hidden_state_layers), so the drafter "
+                "may get its states in another order than it was trained on",
+            )
+        )
     beyond = [i for i, s in zip(ids, served) if s > num_layers]
     final = [i for i, s in zip(ids, served) if s == num_layers]
     below = [i for i, s in zip(ids, served) if s < 1]
     if beyond:
-        findings.append(Finding(check, "error", f"{field} is {ids}: {beyond} lie beyond the target's "
-                                f"{num_layers} layers and are never captured, so the drafter gets fewer states than "
-                                f"its fc expects; write ids in [{1 - shift}, {num_layers - 1 - shift}]"))
+        findings.append(
+            Finding(
+                check,
+                "error",
+                f"{field} is {ids}: {beyond} lie beyond the target's "
+                f"{num_layers} layers and are never captured, so the drafter gets fewer states than "
+                f"its fc expects; write ids in [{1 - shift}, {num_layers - 1 - shift}]",
+            )
+        )
     if final:
-        findings.append(Finding(check, "error", f"{field} is {ids}: {final} is the last layer's output (the final "
-                                "state, not an auxiliary layer); EAGLE-3 aux ids lie in "
-                                f"[{1 - shift}, {num_layers - 1 - shift}] for a {num_layers}-layer target"))
+        findings.append(
+            Finding(
+                check,
+                "error",
+                f"{field} is {ids}: {final} is the last layer's output (the final "
+                "state, not an auxiliary layer); EAGLE-3 aux ids lie in "
+                f"[{1 - shift}, {num_layers - 1 - shift}] for a {num_layers}-layer target",
+            )
+        )
     if below:
-        findings.append(Finding(check, "error", f"{field} is {ids}: {below} is the embedding output, not a decoder "
-                                f"layer's state; aux ids lie in [{1 - shift}, {num_layers - 1 - shift}]"))
+        findings.append(
+            Finding(
+                check,
+                "error",
+                f"{field} is {ids}: {below} is the embedding output, not a decoder "
+                f"layer's state; aux ids lie in [{1 - shift}, {num_layers - 1 - shift}]",
+            )
+        )
     if expected is not None:
         exp = list(expected)
         if served == exp:
-            findings.append(Finding(check, "ok", f"{field} is {ids}: the layers the drafter was trained on "
-                                    f"(vLLM convention {exp})"))
+            findings.append(
+                Finding(check, "ok", f"{field} is {ids}: the layers the drafter was trained on (vLLM convention {exp})")
+            )
         elif len(served) == len(exp) and all(s == e - 1 for s, e in zip(served, exp)):
-            findings.append(Finding(check, "error", f"{field} is {ids}, one below the layers the drafter was trained "
-                                    f"on ({exp} in vLLM's convention): these are SpecForge/SGLang-style \"output of "
-                                    f"layer i\" ids, and {engine_kind} would feed every state one layer too early "
-                                    f"(acceptance collapses). Fix: write \"eagle_aux_hidden_state_layer_ids\": "
-                                    f"{to_config(exp)} into {where}"))
+            findings.append(
+                Finding(
+                    check,
+                    "error",
+                    f"{field} is {ids}, one below the layers the drafter was trained "
+                    f"on ({exp} in vLLM's convention): these are SpecForge/SGLang-style \"output of "
+                    f'layer i" ids, and {engine_kind} would feed every state one layer too early '
+                    f'(acceptance collapses). Fix: write "eagle_aux_hidden_state_layer_ids": '
+                    f"{to_config(exp)} into {where}",
+                )
+            )
         elif len(served) == len(exp) and all(s == e + 1 for s, e in zip(served, exp)):
-            findings.append(Finding(check, "error", f"{field} is {ids}, one above the layers the drafter was trained "
-                                    f"on ({exp} in vLLM's convention): the ids were shifted twice between "
-                                    f"conventions. Fix: write \"eagle_aux_hidden_state_layer_ids\": {to_config(exp)} "
-                                    f"into {where}"))
+            findings.append(
+                Finding(
+                    check,
+                    "error",
+                    f"{field} is {ids}, one above the layers the drafter was trained "
+                    f"on ({exp} in vLLM's convention): the ids were shifted twice between "
+                    f'conventions. Fix: write "eagle_aux_hidden_state_layer_ids": {to_config(exp)} '
+                    f"into {where}",
+                )
+            )
         else:
-            findings.append(Finding(check, "error", f"{field} is {ids}, but the drafter was trained on {exp} "
-                                    f"(vLLM convention, target.aux_layer_ids). Fix: write {to_config(exp)}, or "
-                                    "correct target.aux_layer_ids if the drafter really was trained on these"))
+            findings.append(
+                Finding(
+                    check,
+                    "error",
+                    f"{field} is {ids}, but the drafter was trained on {exp} "
+                    f"(vLLM convention, target.aux_layer_ids). Fix: write {to_config(exp)}, or "
+                    "correct target.aux_layer_ids if the drafter really was trained on these",
+                )
+            )
     elif not any(f.level == "error" for f in findings):
         pattern = specforge_default(num_layers)
-        if engine_kind == "vllm" and ids == pattern and pattern != (default_ids or []) and len(set(pattern)) == 3 \
-                and pattern[0] >= 1:
-            findings.append(Finding(check, "warning", f"{field} is {ids}, SpecForge/SGLang's \"output of layer i\" "
-                                    f"pattern [1, L/2-1, L-4] for L={num_layers}: probably the other convention. "
-                                    f"vLLM reads id k as the input of layer k; the same layers are "
-                                    f"{[i + 1 for i in ids]} there"))
+        if (
+            engine_kind == "vllm"
+            and ids == pattern
+            and pattern != (default_ids or [])
+            and len(set(pattern)) == 3
+            and pattern[0] >= 1
+        ):
+            findings.append(
+                Finding(
+                    check,
+                    "warning",
+                    f'{field} is {ids}, SpecForge/SGLang\'s "output of layer i" '
+                    f"pattern [1, L/2-1, L-4] for L={num_layers}: probably the other convention. "
+                    f"vLLM reads id k as the input of layer k; the same layers are "
+                    f"{[i + 1 for i in ids]} there",
+                )
+            )
         else:
-            findings.append(Finding(check, "ok", f"{field} is {ids} (within the target's {num_layers} layers; "
-                                    "pass the training ids to check the convention)"))
+            findings.append(
+                Finding(
+                    check,
+                    "ok",
+                    f"{field} is {ids} (within the target's {num_layers} layers; "
+                    "pass the training ids to check the convention)",
+                )
+            )
     return findings

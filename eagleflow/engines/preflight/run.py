@@ -5,24 +5,47 @@ from __future__ import annotations
 import sys
 
 from eagleflow.config import EngineConfig
-from eagleflow.engines.preflight.configs import drafter_fields, is_multimodal_config, read_config, safetensors_shapes, text_config
+from eagleflow.engines.preflight.configs import (
+    drafter_fields,
+    is_multimodal_config,
+    read_config,
+    safetensors_shapes,
+    text_config,
+)
 from eagleflow.engines.preflight.dimensions import check_dimensions, fc_num_states
 from eagleflow.engines.preflight.findings import Finding
 from eagleflow.engines.preflight.layer_ids import check_aux_layer_ids
 from eagleflow.engines.preflight.mla import (
-    check_attention, check_engine_version, check_final_layer, check_mla_prefill, check_rotary_kernel, is_mla,
+    check_attention,
+    check_engine_version,
+    check_final_layer,
+    check_mla_prefill,
+    check_rotary_kernel,
+    is_mla,
 )
 from eagleflow.engines.preflight.resources import check_disk, check_gpus
 from eagleflow.engines.preflight.sampling import check_sampled_verify
 from eagleflow.engines.preflight.sglang import sglang_checks
-from eagleflow.engines.preflight.vllm import VllmInstall, default_aux_ids, drafter_checks, multimodal_checks, target_checks
+from eagleflow.engines.preflight.vllm import (
+    VllmInstall,
+    default_aux_ids,
+    drafter_checks,
+    multimodal_checks,
+    target_checks,
+)
 
 
-def run_preflight(engine: EngineConfig, target_path: str, drafters: dict[str, str], *,
-                  expected_aux_layer_ids: dict[str, list[int]] | None = None,
-                  free_disk_path: str | None = None, check_gpu: bool = True,
-                  draft_attention_backend: str | None = None,
-                  temperatures: list[float] | None = None) -> list[Finding]:
+def run_preflight(
+    engine: EngineConfig,
+    target_path: str,
+    drafters: dict[str, str],
+    *,
+    expected_aux_layer_ids: dict[str, list[int]] | None = None,
+    free_disk_path: str | None = None,
+    check_gpu: bool = True,
+    draft_attention_backend: str | None = None,
+    temperatures: list[float] | None = None,
+) -> list[Finding]:
     """Every check for one target and its drafters (variant name -> drafter dir), in this python.
 
     `expected_aux_layer_ids[name]`: the ids (vLLM convention) the drafter `name` was trained on, when known.
@@ -47,8 +70,14 @@ def run_preflight(engine: EngineConfig, target_path: str, drafters: dict[str, st
             v = VllmInstall()
             findings.append(Finding("engine", "ok", f"vllm {v.version} in {sys.executable}"))
         except Exception as exc:  # noqa: BLE001
-            findings.append(Finding("engine", "error", f"vllm is not importable in {sys.executable}: "
-                                    f"{type(exc).__name__}: {exc}. Fix: install vLLM in the host environment"))
+            findings.append(
+                Finding(
+                    "engine",
+                    "error",
+                    f"vllm is not importable in {sys.executable}: "
+                    f"{type(exc).__name__}: {exc}. Fix: install vLLM in the host environment",
+                )
+            )
         if v is not None and target_cfg is not None:
             more, target_cls, hf_config = target_checks(v, target_path, target_cfg, engine.trust_remote_code)
             findings += more
@@ -57,17 +86,25 @@ def run_preflight(engine: EngineConfig, target_path: str, drafters: dict[str, st
             try:
                 findings.append(check_sampled_verify(engine, temperatures or [0.0]))
             except Exception as exc:  # noqa: BLE001 - a moved engine API: say so, do not fail the launch
-                findings.append(Finding("sampled_verify", "warning", f"could not check vLLM {v.version}'s sampled "
-                                        f"verify path: {type(exc).__name__}: {exc}"))
+                findings.append(
+                    Finding(
+                        "sampled_verify",
+                        "warning",
+                        f"could not check vLLM {v.version}'s sampled verify path: {type(exc).__name__}: {exc}",
+                    )
+                )
             if is_mla(target_text):
                 findings.append(check_engine_version(v.version, target_text, f"{target_path}/config.json"))
-                for check, name in ((lambda: check_rotary_kernel(target_text, engine, dtype), "rotary"),
-                                    (lambda: check_mla_prefill(target_text, dtype), "mla_prefill")):
+                for check, name in (
+                    (lambda: check_rotary_kernel(target_text, engine, dtype), "rotary"),
+                    (lambda: check_mla_prefill(target_text, dtype), "mla_prefill"),
+                ):
                     try:
                         findings.append(check())
                     except Exception as exc:  # noqa: BLE001 - a moved engine API: say so, do not fail the launch
-                        findings.append(Finding(name, "warning", f"could not ask vLLM {v.version}: "
-                                                f"{type(exc).__name__}: {exc}"))
+                        findings.append(
+                            Finding(name, "warning", f"could not ask vLLM {v.version}: {type(exc).__name__}: {exc}")
+                        )
             if num_layers:
                 classes = [target_cls] if target_cls is not None else []
                 text_arch = (target_text.get("architectures") or [None])[0] if target_text is not target_cfg else None
@@ -91,8 +128,13 @@ def run_preflight(engine: EngineConfig, target_path: str, drafters: dict[str, st
         try:
             shapes = safetensors_shapes(drafter_dir)
         except Exception as exc:  # noqa: BLE001
-            findings.append(Finding(f"dimensions[{name}]", "error", f"cannot read the safetensors headers in "
-                                    f"{drafter_dir}: {type(exc).__name__}: {exc}"))
+            findings.append(
+                Finding(
+                    f"dimensions[{name}]",
+                    "error",
+                    f"cannot read the safetensors headers in {drafter_dir}: {type(exc).__name__}: {exc}",
+                )
+            )
             shapes = {}
         if not shapes and not any(f.check == f"dimensions[{name}]" for f in findings):
             findings.append(Finding(f"dimensions[{name}]", "error", f"no *.safetensors in {drafter_dir}"))
@@ -100,19 +142,27 @@ def run_preflight(engine: EngineConfig, target_path: str, drafters: dict[str, st
             findings += check_dimensions(name, target_text, fields, shapes, drafter_dir)
             if num_layers:
                 findings += check_aux_layer_ids(
-                    name, fields["eagle_aux_hidden_state_layer_ids"], int(num_layers),
+                    name,
+                    fields["eagle_aux_hidden_state_layer_ids"],
+                    int(num_layers),
                     default_ids if engine.kind == "vllm" else [2, int(num_layers) // 2, int(num_layers) - 3],
                     expected_aux_layer_ids.get(name),
                     fc_num_states(shapes, fields.get("target_hidden_size") or fields.get("hidden_size")),
-                    engine.kind, f"{drafter_dir}/config.json")
+                    engine.kind,
+                    f"{drafter_dir}/config.json",
+                )
 
     if v is not None and target_cfg is not None:
         try:
-            findings += check_attention(engine, target_text, drafter_cfgs, draft_attention_backend, dtype,
-                                        target_path)
+            findings += check_attention(engine, target_text, drafter_cfgs, draft_attention_backend, dtype, target_path)
         except Exception as exc:  # noqa: BLE001 - an engine whose selector moved: say so, do not fail the launch
-            findings.append(Finding("attention", "warning", f"could not ask vLLM {v.version} which attention "
-                                    f"backends it picks: {type(exc).__name__}: {exc}"))
+            findings.append(
+                Finding(
+                    "attention",
+                    "warning",
+                    f"could not ask vLLM {v.version} which attention backends it picks: {type(exc).__name__}: {exc}",
+                )
+            )
     if free_disk_path:
         findings.append(check_disk(free_disk_path, engine.min_free_disk_gib))
     if check_gpu:

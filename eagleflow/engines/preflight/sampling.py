@@ -24,8 +24,12 @@ def check_sampled_verify(engine: EngineConfig, temperatures: list[float]) -> Fin
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
-        return Finding("sampled_verify", "ok", "the sampled verify path's kernels are the GPU build's own "
-                       "(checked on vLLM's CPU build only; the triage's verify probe measures it anywhere)")
+        return Finding(
+            "sampled_verify",
+            "ok",
+            "the sampled verify path's kernels are the GPU build's own "
+            "(checked on vLLM's CPU build only; the triage's verify probe measures it anywhere)",
+        )
     from vllm.plugins import load_general_plugins
     from vllm.v1.sample import rejection_sampler as rs
 
@@ -46,17 +50,30 @@ def check_sampled_verify(engine: EngineConfig, temperatures: list[float]) -> Fin
     ok = torch.allclose(out, torch.tensor([0.7, 0.7, 0.5]))
     fixed = getattr(rs.expand_batch_to_tokens, "eagleflow_fix", False)
     if ok:
-        return Finding("sampled_verify", "ok", "per-token temperatures of the sampled verify path are right"
-                       + (f" (vLLM's CPU expand kernel leaves float outputs unwritten; the {FIX} plugin replaces it "
-                          "in the engine)" if fixed else ""))
+        return Finding(
+            "sampled_verify",
+            "ok",
+            "per-token temperatures of the sampled verify path are right"
+            + (
+                f" (vLLM's CPU expand kernel leaves float outputs unwritten; the {FIX} plugin replaces it "
+                "in the engine)"
+                if fixed
+                else ""
+            ),
+        )
     sampled = [t for t in temperatures if t > 0]
     return Finding(
-        "sampled_verify", "error" if sampled else "warning",
+        "sampled_verify",
+        "error" if sampled else "warning",
         f"vLLM's CPU build verifies drafts at temperature > 0 against uninitialised temperatures: its expand kernel "
         f"wrapper (vllm/utils/cpu_triton_utils.py, _expand_kernel_impl) writes into an int64 copy of the float "
         f"buffer and never copies it back (expanding [0.7, 0.5] gave {[round(float(x), 3) for x in out]}). "
-        + (f"Acceptance at temperature {', '.join(f'{t:g}' for t in sampled)} would be the engine's, not the "
-           "drafter's (seen: AL 1.0 at 0.7 where 0 gives 3.4). " if sampled else
-           "The benchmark measures at temperature 0 only, which this does not touch; production sampling does. ")
+        + (
+            f"Acceptance at temperature {', '.join(f'{t:g}' for t in sampled)} would be the engine's, not the "
+            "drafter's (seen: AL 1.0 at 0.7 where 0 gives 3.4). "
+            if sampled
+            else "The benchmark measures at temperature 0 only, which this does not touch; production sampling does. "
+        )
         + f"Fix: let the engine load eagleflow's plugin {FIX} (installed with eagleflow; engine.env's VLLM_PLUGINS "
-        f"is {engine.env.get('VLLM_PLUGINS')!r}: unset it or add {FIX}), or measure at temperature 0 only")
+        f"is {engine.env.get('VLLM_PLUGINS')!r}: unset it or add {FIX}), or measure at temperature 0 only",
+    )

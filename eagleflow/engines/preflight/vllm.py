@@ -12,7 +12,10 @@ from typing import Any
 from eagleflow.engines.preflight.configs import text_config
 from eagleflow.engines.preflight.findings import Finding
 from eagleflow.engines.preflight.vllm_source import (
-    DRAFTER_OPTIONS, check_drafter_options, check_whitelist, find_image_token_rule,
+    DRAFTER_OPTIONS,
+    check_drafter_options,
+    check_whitelist,
+    find_image_token_rule,
 )
 
 
@@ -54,39 +57,70 @@ def _class_path(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def target_checks(v: VllmInstall, target_path: str, cfg: dict[str, Any], trust_remote_code: bool
-                        ) -> tuple[list[Finding], type | None, Any]:
+def target_checks(
+    v: VllmInstall, target_path: str, cfg: dict[str, Any], trust_remote_code: bool
+) -> tuple[list[Finding], type | None, Any]:
     """Registry + SupportsEagle3 of the target class; the whitelist; returns (findings, class, vLLM's hf config)."""
     out: list[Finding] = []
     arch = (cfg.get("architectures") or [None])[0]
     cfg_path = f"{target_path}/config.json"
     cls = None
     if not arch:
-        out.append(Finding("target_arch", "error", f"{cfg_path} has no architectures: vLLM cannot pick a model "
-                           "class; add e.g. \"architectures\": [\"LlamaForCausalLM\"]"))
+        out.append(
+            Finding(
+                "target_arch",
+                "error",
+                f"{cfg_path} has no architectures: vLLM cannot pick a model "
+                'class; add e.g. "architectures": ["LlamaForCausalLM"]',
+            )
+        )
     elif arch not in v.registry.models:
         import transformers
 
         if hasattr(transformers, arch):
-            out.append(Finding("target_arch", "warning", f"{cfg_path}: {arch} has no native class in vLLM "
-                               f"{v.version}; vLLM falls back to its Transformers backend for it (check that backend "
-                               "serves this model with EAGLE-3, or use a vLLM version that registers it)"))
+            out.append(
+                Finding(
+                    "target_arch",
+                    "warning",
+                    f"{cfg_path}: {arch} has no native class in vLLM "
+                    f"{v.version}; vLLM falls back to its Transformers backend for it (check that backend "
+                    "serves this model with EAGLE-3, or use a vLLM version that registers it)",
+                )
+            )
         else:
-            out.append(Finding("target_arch", "error", f"{cfg_path}: architecture {arch} is not registered in vLLM "
-                               f"{v.version} (vllm/model_executor/models/registry.py) nor a Transformers class: vLLM "
-                               "cannot load this target. Fix: a vLLM version that supports it"))
+            out.append(
+                Finding(
+                    "target_arch",
+                    "error",
+                    f"{cfg_path}: architecture {arch} is not registered in vLLM "
+                    f"{v.version} (vllm/model_executor/models/registry.py) nor a Transformers class: vLLM "
+                    "cannot load this target. Fix: a vLLM version that supports it",
+                )
+            )
     else:
         cls, why = v.load_class(arch)
         if cls is None:
-            out.append(Finding("target_arch", "error", f"{cfg_path}: vLLM {v.version} registers {arch}, but {why}; "
-                               "vLLM would fail the same way at launch. Fix: install the missing package in "
-                               f"{sys.executable}'s environment"))
+            out.append(
+                Finding(
+                    "target_arch",
+                    "error",
+                    f"{cfg_path}: vLLM {v.version} registers {arch}, but {why}; "
+                    "vLLM would fail the same way at launch. Fix: install the missing package in "
+                    f"{sys.executable}'s environment",
+                )
+            )
         elif not v.interfaces.supports_eagle3(cls):
-            out.append(Finding("target_arch", "error", f"{cfg_path}: {arch} -> {_class_path(cls)} does not implement "
-                               f"SupportsEagle3 in vLLM {v.version} (vllm/model_executor/models/interfaces.py): the "
-                               "launch fails after the weights load with \"Model does not support EAGLE3 "
-                               "interface\". Fix: a vLLM version whose class implements SupportsEagle3 (e.g. "
-                               "supports_eagle3 = True and the aux-hidden-state capture), or serve without EAGLE-3"))
+            out.append(
+                Finding(
+                    "target_arch",
+                    "error",
+                    f"{cfg_path}: {arch} -> {_class_path(cls)} does not implement "
+                    f"SupportsEagle3 in vLLM {v.version} (vllm/model_executor/models/interfaces.py): the "
+                    'launch fails after the weights load with "Model does not support EAGLE3 '
+                    'interface". Fix: a vLLM version whose class implements SupportsEagle3 (e.g. '
+                    "supports_eagle3 = True and the aux-hidden-state capture), or serve without EAGLE-3",
+                )
+            )
         else:
             out.append(Finding("target_arch", "ok", f"{arch} -> {_class_path(cls)} implements SupportsEagle3"))
 
@@ -97,8 +131,9 @@ def target_checks(v: VllmInstall, target_path: str, cfg: dict[str, Any], trust_r
         hf_config = get_config(target_path, trust_remote_code=trust_remote_code)
         model_type = str(get_hf_text_config(hf_config).model_type)
     except Exception as exc:  # noqa: BLE001 - vLLM's own config loader refusing it is the finding
-        out.append(Finding("target_config", "error", f"vLLM {v.version} cannot read {cfg_path}: "
-                           f"{type(exc).__name__}: {exc}"))
+        out.append(
+            Finding("target_config", "error", f"vLLM {v.version} cannot read {cfg_path}: {type(exc).__name__}: {exc}")
+        )
         model_type = str(text_config(cfg).get("model_type", ""))
     src = v.source("config/speculative.py", "config.py")
     if src is not None:
@@ -155,19 +190,30 @@ def drafter_arch(v: VllmInstall, name: str, drafter_dir: str, cfg: dict[str, Any
             model_type = hf.model_type
             hf = SpeculativeConfig.hf_config_override(hf)  # what SpeculativeConfig does to every draft config
             if hf.model_type != model_type or hf.architectures[0] != declared:
-                return Finding(check, "error", f"{cfg_path}: vLLM {v.version} rewrites this drafter (model_type "
-                               f"{model_type!r}) into {hf.architectures[0]} (model_type {hf.model_type!r}): it would "
-                               "be loaded as a multi-token-prediction head, not an EAGLE-3 drafter. Fix: set the "
-                               "drafter's model_type to one vLLM leaves alone (an MLA drafter: 'deepseek_v2')"), None
+                return Finding(
+                    check,
+                    "error",
+                    f"{cfg_path}: vLLM {v.version} rewrites this drafter (model_type "
+                    f"{model_type!r}) into {hf.architectures[0]} (model_type {hf.model_type!r}): it would "
+                    "be loaded as a multi-token-prediction head, not an EAGLE-3 drafter. Fix: set the "
+                    "drafter's model_type to one vLLM leaves alone (an MLA drafter: 'deepseek_v2')",
+                ), None
             arch = EAGLEConfig(hf, method="eagle3", model_type="eagle").architectures[0]
     except Exception as exc:  # noqa: BLE001 - vLLM refusing the config is the finding
-        return Finding(check, "error", f"vLLM {v.version} cannot build an EAGLE-3 drafter config from {cfg_path}: "
-                       f"{type(exc).__name__}: {exc}"), None
+        return Finding(
+            check,
+            "error",
+            f"vLLM {v.version} cannot build an EAGLE-3 drafter config from {cfg_path}: {type(exc).__name__}: {exc}",
+        ), None
     cls, why = v.load_class(arch)
     if cls is None:
-        return Finding(check, "error", f"{cfg_path}: architectures {declared!r} becomes {arch} in vLLM {v.version}, "
-                       f"which is {why} (vllm/model_executor/models/registry.py). Fix: export the drafter as a "
-                       "registered EAGLE-3 architecture such as LlamaForCausalLMEagle3"), None
+        return Finding(
+            check,
+            "error",
+            f"{cfg_path}: architectures {declared!r} becomes {arch} in vLLM {v.version}, "
+            f"which is {why} (vllm/model_executor/models/registry.py). Fix: export the drafter as a "
+            "registered EAGLE-3 architecture such as LlamaForCausalLMEagle3",
+        ), None
     return Finding(check, "ok", f"{declared} -> {arch} -> {_class_path(cls)}"), cls
 
 
@@ -181,20 +227,43 @@ def multimodal_checks(v: VllmInstall, cls: type | None, hf_config: Any, cfg_path
     out: list[Finding] = []
     arch = cls.__name__
     if not v.interfaces.supports_multimodal(cls):
-        out.append(Finding("multimodal", "warning", f"{cfg_path} is a multimodal config, but {_class_path(cls)} is "
-                           "not SupportsMultiModal: vLLM's proposer treats it as text-only"))
+        out.append(
+            Finding(
+                "multimodal",
+                "warning",
+                f"{cfg_path} is a multimodal config, but {_class_path(cls)} is "
+                "not SupportsMultiModal: vLLM's proposer treats it as text-only",
+            )
+        )
         return out
     if not hasattr(cls, "get_language_model"):
-        out.append(Finding("multimodal", "error", f"{_class_path(cls)} has no get_language_model(), which vLLM's "
-                           "EAGLE proposer calls to share the target's embedding and lm_head with the drafter"))
+        out.append(
+            Finding(
+                "multimodal",
+                "error",
+                f"{_class_path(cls)} has no get_language_model(), which vLLM's "
+                "EAGLE proposer calls to share the target's embedding and lm_head with the drafter",
+            )
+        )
     else:
-        out.append(Finding("multimodal", "ok", f"{arch} has get_language_model() (the proposer shares its "
-                           "embed_tokens and lm_head)"))
+        out.append(
+            Finding(
+                "multimodal",
+                "ok",
+                f"{arch} has get_language_model() (the proposer shares its embed_tokens and lm_head)",
+            )
+        )
     src = v.source("v1/spec_decode/llm_base_proposer.py", "v1/spec_decode/eagle.py")
     rule = find_image_token_rule(src[0]) if src else None
     if rule is None:
-        out.append(Finding("multimodal", "warning", "could not find which target config field vLLM's proposer copies "
-                           "into the drafter's image_token_index (llm_base_proposer.load_model); not checked"))
+        out.append(
+            Finding(
+                "multimodal",
+                "warning",
+                "could not find which target config field vLLM's proposer copies "
+                "into the drafter's image_token_index (llm_base_proposer.load_model); not checked",
+            )
+        )
         return out
     path = rule.by_class.get(arch, rule.default)
     if path is None:
@@ -202,10 +271,18 @@ def multimodal_checks(v: VllmInstall, cls: type | None, hf_config: Any, cfg_path
     config_path = path.removeprefix("config.")
     found, value = getattr_path(hf_config, config_path) if hf_config is not None else (False, None)
     if not found:
-        out.append(Finding("multimodal", "error", f"{cfg_path} has no {config_path}: vLLM {v.version}'s EAGLE "
-                           f"proposer reads target_model.{path} for {arch} ({src[1]}, load_model) and fails with an "
-                           "AttributeError after the target has loaded. Fix: add \"" + config_path.split(".")[-1]
-                           + "\" (the image placeholder token id) to " + cfg_path))
+        out.append(
+            Finding(
+                "multimodal",
+                "error",
+                f"{cfg_path} has no {config_path}: vLLM {v.version}'s EAGLE "
+                f"proposer reads target_model.{path} for {arch} ({src[1]}, load_model) and fails with an "
+                'AttributeError after the target has loaded. Fix: add "'
+                + config_path.split(".")[-1]
+                + '" (the image placeholder token id) to '
+                + cfg_path,
+            )
+        )
     else:
         out.append(Finding("multimodal", "ok", f"{config_path} = {value} (read by vLLM's proposer for {arch})"))
     return out

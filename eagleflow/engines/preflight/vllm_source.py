@@ -38,9 +38,16 @@ def find_eagle3_whitelist(source: str) -> Eagle3Whitelist | None:
             names = [t.id for t in node.targets if isinstance(t, ast.Name)]
             if any("eagle3" in n and "supported" in n for n in names):
                 models = [e.value for e in node.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "append"
-              and isinstance(node.func.value, ast.Name) and "eagle3" in node.func.value.id
-              and "supported" in node.func.value.id and node.args and isinstance(node.args[0], ast.Constant)):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "append"
+            and isinstance(node.func.value, ast.Name)
+            and "eagle3" in node.func.value.id
+            and "supported" in node.func.value.id
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
             conditional.append(str(node.args[0].value))
     if models is None:
         return None
@@ -55,18 +62,27 @@ def whitelist_admits(model_types: list[str], model_type: str) -> bool:
 def check_whitelist(source: str, where: str, model_type: str, engine_version: str) -> Finding:
     wl = find_eagle3_whitelist(source)
     if wl is None:
-        return Finding("whitelist", "ok", f"vLLM {engine_version} has no EAGLE-3 target model-type whitelist in "
-                       f"{where}; the target class's SupportsEagle3 interface decides")
+        return Finding(
+            "whitelist",
+            "ok",
+            f"vLLM {engine_version} has no EAGLE-3 target model-type whitelist in "
+            f"{where}; the target class's SupportsEagle3 interface decides",
+        )
     if whitelist_admits(wl.model_types, model_type):
-        return Finding("whitelist", "ok", f"target model_type {model_type!r} is in vLLM {engine_version}'s EAGLE-3 "
-                       f"whitelist {wl.model_types} ({where})")
+        return Finding(
+            "whitelist",
+            "ok",
+            f"target model_type {model_type!r} is in vLLM {engine_version}'s EAGLE-3 "
+            f"whitelist {wl.model_types} ({where})",
+        )
     extra = f" (plus {wl.conditional} for some drafter formats)" if wl.conditional else ""
     admitted_conditionally = whitelist_admits(wl.conditional, model_type)
     return Finding(
-        "whitelist", "warning" if admitted_conditionally else "error",
+        "whitelist",
+        "warning" if admitted_conditionally else "error",
         f"vLLM {engine_version} allows EAGLE-3 only for target model types containing one of {wl.model_types}"
         f"{extra} (eagle3_target_supported in {where}); the target's text model_type is {model_type!r}, so the "
-        f"launch fails with \"Eagle3 is only supported for ... models\". Fix: use a vLLM version without this "
+        f'launch fails with "Eagle3 is only supported for ... models". Fix: use a vLLM version without this '
         "whitelist (0.32 has none) or one that lists this model type"
         + ("; it is admitted only with a speculators-format drafter" if admitted_conditionally else ""),
     )
@@ -144,8 +160,9 @@ def names_in_source(source: str) -> set[str]:
     return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
 
 
-def check_drafter_options(name: str, cfg: dict, cfg_path: str, module_source: str, where: str,
-                          engine_version: str) -> Finding | None:
+def check_drafter_options(
+    name: str, cfg: dict, cfg_path: str, module_source: str, where: str, engine_version: str
+) -> Finding | None:
     """An error when the drafter's config turns on an option the class's module never reads; None when
     it turns none on."""
     on = [k for k in DRAFTER_OPTIONS if cfg.get(k)]
@@ -156,7 +173,11 @@ def check_drafter_options(name: str, cfg: dict, cfg_path: str, module_source: st
     if not missing:
         return Finding(check, "ok", f"{', '.join(on)}: read by {where}")
     what = "; ".join(f"{k}: {DRAFTER_OPTIONS[k]}" for k in missing)
-    return Finding(check, "error", f"{cfg_path} turns on {', '.join(missing)}, which vLLM {engine_version}'s drafter "
-                   f"({where}) never reads ({what}): it would serve the drafter without it and accept little, with "
-                   f"no error. Fix: a vLLM that reads it (0.32 does), or train the drafter with it off "
-                   f"(train.{missing[0]}: false)")
+    return Finding(
+        check,
+        "error",
+        f"{cfg_path} turns on {', '.join(missing)}, which vLLM {engine_version}'s drafter "
+        f"({where}) never reads ({what}): it would serve the drafter without it and accept little, with "
+        f"no error. Fix: a vLLM that reads it (0.32 does), or train the drafter with it off "
+        f"(train.{missing[0]}: false)",
+    )

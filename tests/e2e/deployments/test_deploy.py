@@ -59,8 +59,14 @@ def test_deployments_register(prefect_server, e2e_config):
     assert not any(d["id"] in proc.stdout for d in deps.values()) and "prefect deployment run" not in proc.stdout
     # The custom-run forms: typed fields whose defaults are the config's values (what the UI shows).
     form = deps["pipeline"]["parameter_openapi_schema"]["definitions"]["RunParams"]["properties"]
-    assert (form["epochs"]["default"], form["num_samples"]["default"], form["temperatures"]["default"]) == (4, 320, [0.0, 0.7])
-    assert "train.epochs" in form["epochs"]["description"] and form["host_address"]["default"] is None  # local: no address
+    assert (form["epochs"]["default"], form["num_samples"]["default"], form["temperatures"]["default"]) == (
+        4,
+        320,
+        [0.0, 0.7],
+    )
+    assert (
+        "train.epochs" in form["epochs"]["description"] and form["host_address"]["default"] is None
+    )  # local: no address
     bench = deps["benchmark"]["parameter_openapi_schema"]["definitions"]["BenchmarkParams"]["properties"]
     assert {"drafter", "temperatures", "current_drafter", "host_address", "overrides"} <= set(bench)
 
@@ -72,8 +78,9 @@ def test_two_configs_side_by_side_and_one_redeployed_alone(prefect_server, e2e_c
     first, second = deployments_of(prefect_server, "e2e"), deployments_of(prefect_server, "e2e-two")
     assert set(first) == set(second) == set(EXPECTED)
     assert "config:e2e-two" in second["pipeline"]["tags"] and "host:second-host" in second["pipeline"]["tags"]
-    assert [(s["schedule"]["cron"], s["schedule"]["timezone"], s["active"]) for s in second["nightly"]["schedules"]] == [
-        ("30 3 * * *", "Europe/Berlin", True)]
+    assert [
+        (s["schedule"]["cron"], s["schedule"]["timezone"], s["active"]) for s in second["nightly"]["schedules"]
+    ] == [("30 3 * * *", "Europe/Berlin", True)]
     assert "cron '30 3 * * *' (Europe/Berlin), active" in proc.stdout
 
     # The first config again, its nightly switched on: its own deployments change, the second's are untouched,
@@ -82,7 +89,9 @@ def test_two_configs_side_by_side_and_one_redeployed_alone(prefect_server, e2e_c
     assert again.returncode == 0, again.stdout + again.stderr
     first2, second2 = deployments_of(prefect_server, "e2e"), deployments_of(prefect_server, "e2e-two")
     assert [s["active"] for s in first2["nightly"]["schedules"]] == [True]
-    assert {k: (d["id"], d["updated"]) for k, d in second2.items()} == {k: (d["id"], d["updated"]) for k, d in second.items()}
+    assert {k: (d["id"], d["updated"]) for k, d in second2.items()} == {
+        k: (d["id"], d["updated"]) for k, d in second.items()
+    }
     assert first2["pipeline"]["parameters"]["params"]["overrides"] == {"schedule.active": True}
     run_cli(prefect_server, "deploy", str(e2e_config))  # as the other tests expect it: paused, no overrides
 

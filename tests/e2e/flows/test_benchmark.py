@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagleflow import httpget
+from eagleflow.util import http
 from tests.conftest import ROOT, free_port, processes_with_env, prod_service_config
 from tests.e2e.conftest import api, deployed_worker, newest_report, wait_flow_run
 
@@ -40,7 +40,8 @@ RESTORE_CAP_S = 300
 
 
 def test_the_benchmark_deployment_after_an_engine_flag_change_finds_the_finished_drafter_and_its_triage_reads_healthy(
-        first_run, prefect_server, e2e_config, e2e_workdir):
+    first_run, prefect_server, e2e_config, e2e_workdir
+):
     # As an operator re-runs only the benchmark from the UI after changing how the engine is launched: the
     # data stages' keys hold only what changes their data, so the finished drafter is found. The triage forced
     # on a healthy run (its faults: tests/e2e/flows/test_triage.py): every probe healthy, no false alarm. The
@@ -48,9 +49,19 @@ def test_the_benchmark_deployment_after_an_engine_flag_change_finds_the_finished
     began = time.time()
     with deployed_worker(prefect_server, e2e_config, "eagleflow-bench-e2e", e2e_workdir / "bench-worker.log") as w:
         dep = w["deployments"]["benchmark"]
-        run = api(prefect_server, "POST", f"/deployments/{dep['id']}/create_flow_run", json={"parameters": {"params": {
-            "config_path": str(e2e_config), "overrides": {
-                "benchmark.triage.when": "always", "engine.env": {"VLLM_CPU_KVCACHE_SPACE": "2"}}}}}).json()
+        run = api(
+            prefect_server,
+            "POST",
+            f"/deployments/{dep['id']}/create_flow_run",
+            json={
+                "parameters": {
+                    "params": {
+                        "config_path": str(e2e_config),
+                        "overrides": {"benchmark.triage.when": "always", "engine.env": {"VLLM_CPU_KVCACHE_SPACE": "2"}},
+                    }
+                }
+            },
+        ).json()
         done = wait_flow_run(prefect_server, run["id"], timeout_s=1500)
     assert done["state"]["type"] == "COMPLETED", done["state"]
     r = newest_report(Path(first_run["path"]).parent.parent, began)
@@ -65,8 +76,9 @@ def test_the_benchmark_deployment_after_an_engine_flag_change_finds_the_finished
     assert t["blame"] == "none" and not r["verdict"]["integration_suspect"], t
     assert t["verify"]["healthy"] and t["verify"]["agreement"] == 1.0 and t["verify"]["acceptance_rate"] > 0.5
     assert t["verify"]["sampled_healthy"]  # eagleflow's vLLM plugin fixes vllm-cpu's sampled path
-    assert t["plumbing"]["healthy"] and all(m["best_id"] == m["layer_id"] and m["rel_err"] < 0.05
-                                            for m in t["plumbing"]["layers"])
+    assert t["plumbing"]["healthy"] and all(
+        m["best_id"] == m["layer_id"] and m["rel_err"] < 0.05 for m in t["plumbing"]["layers"]
+    )
     assert t["lossless"][0]["identical"] == t["lossless"][0]["prompts"]
     assert "other attention backend" in t["backends"]["reason"]  # vllm-cpu offers one backend per shape
     # at temperature 0.7 a sound sampled path keeps a fair share of the greedy acceptance (vllm-cpu's fault: ~0)
@@ -75,7 +87,7 @@ def test_the_benchmark_deployment_after_an_engine_flag_change_finds_the_finished
 
 
 def healthy(url: str) -> bool:
-    return httpget.answers(url, 2)
+    return http.answers(url, 2)
 
 
 def wait_until(cond, timeout: float, what: str, poll: float = 0.2) -> float:
@@ -116,8 +128,9 @@ def write_config(workdir: Path, name: str, drafter: Path, production: dict | Non
     data["target"]["model_path"] = str(ROOT / "demo" / "target")
     data["generate"]["prompts_path"] = str(ROOT / "demo" / "prompts.jsonl")
     data["engine"]["port"] = free_port()
-    data["benchmark"].update(drafter=str(drafter), num_prompts=24, max_tokens=160, temperatures=[0.0],
-                             concurrencies=[1], warmup_requests=1)
+    data["benchmark"].update(
+        drafter=str(drafter), num_prompts=24, max_tokens=160, temperatures=[0.0], concurrencies=[1], warmup_requests=1
+    )
     if production:
         data["production"] = production
     for dotted, value in over.items():
@@ -141,10 +154,12 @@ def bench_dir(config: Path) -> Path | None:
 
 def wait_serving(config: Path, flow: subprocess.Popen | None = None, timeout: float = 400) -> Path:
     """Until the benchmark's first engine is healthy (production is down then) and measuring."""
+
     def ready() -> bool:
         assert flow is None or flow.poll() is None, "the flow ended before its engine served"
         d = bench_dir(config)
         return bool(d and (d / "stage.log").exists() and "healthy after" in (d / "stage.log").read_text())
+
     wait_until(ready, timeout, "the benchmark engine serving")
     return bench_dir(config)  # type: ignore[return-value]
 
@@ -156,9 +171,14 @@ def assert_nothing_left(d: Path) -> dict:
     wait_until(lambda: (d / "production.restored.json").exists(), 60, "the guardian's result")
     restored = json.loads((d / "production.restored.json").read_text())
     assert restored["ok"], restored
-    wait_until(lambda: not Path(f"/proc/{restored['guardian_pid']}").exists()
-               or "Z" in Path(f"/proc/{restored['guardian_pid']}/stat").read_text().rsplit(") ", 1)[1][:1],
-               30, "the guardian gone")
+    wait_until(
+        lambda: (
+            not Path(f"/proc/{restored['guardian_pid']}").exists()
+            or "Z" in Path(f"/proc/{restored['guardian_pid']}/stat").read_text().rsplit(") ", 1)[1][:1]
+        ),
+        30,
+        "the guardian gone",
+    )
     wait_until(lambda: processes_with_env("EAGLEFLOW_TOKEN", token) == [], 30, "the benchmark's processes gone")
     leftovers = [p.name for p in d.iterdir() if p.suffix in (".pid", ".hold", ".watching")]
     assert leftovers == [], leftovers
@@ -168,8 +188,15 @@ def assert_nothing_left(d: Path) -> dict:
 
 def start_flow(config: Path, prefect_server: dict) -> subprocess.Popen:
     env = {**os.environ, **prefect_server}
-    return subprocess.Popen([sys.executable, "-m", "flows.benchmark", str(config)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.benchmark", str(config)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def test_engine_crash_mid_run_fails_the_flow_and_production_comes_back(prefect_server, workdir, drafter, production):
@@ -184,8 +211,10 @@ def test_engine_crash_mid_run_fails_the_flow_and_production_comes_back(prefect_s
         out, _ = flow.communicate(timeout=300)
         assert flow.returncode == 1, out[-3000:]
         back = wait_until(lambda: healthy(production["health_url"]), RESTORE_CAP_S, "production healthy")
-        print(f"production healthy {time.monotonic() - crashed:.1f} s after the engine crash (polled {back:.1f} s "
-              "after the flow ended)")
+        print(
+            f"production healthy {time.monotonic() - crashed:.1f} s after the engine crash (polled {back:.1f} s "
+            "after the flow ended)"
+        )
         assert time.monotonic() - crashed < RESTORE_CAP_S
         assert "engine baseline exited with code -9" in out, out[-3000:]
         assert_nothing_left(d)
@@ -198,17 +227,27 @@ def test_cancelling_the_flow_run_gives_production_back(prefect_server, workdir, 
     config = write_config(workdir, "cancel", drafter, production)
     with deployed_worker(prefect_server, config, "eagleflow-bench-cancel", workdir / "worker.log") as w:
         dep = w["deployments"]["benchmark"]
-        run = api(prefect_server, "POST", f"/deployments/{dep['id']}/create_flow_run",
-                  json={"parameters": {"params": {"config_path": str(config), "overrides": {},
-                                                  "drafter": str(drafter)}}}).json()
+        run = api(
+            prefect_server,
+            "POST",
+            f"/deployments/{dep['id']}/create_flow_run",
+            json={"parameters": {"params": {"config_path": str(config), "overrides": {}, "drafter": str(drafter)}}},
+        ).json()
         d = wait_serving(config)
         assert not healthy(production["health_url"])
-        api(prefect_server, "POST", f"/flow_runs/{run['id']}/set_state",
-            json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True})
+        api(
+            prefect_server,
+            "POST",
+            f"/flow_runs/{run['id']}/set_state",
+            json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True},
+        )
         back = wait_until(lambda: healthy(production["health_url"]), RESTORE_CAP_S, "production healthy")
         print(f"production healthy {back:.1f} s after the cancel request")
-        wait_until(lambda: api(prefect_server, "GET", f"/flow_runs/{run['id']}").json()["state"]["type"] == "CANCELLED",
-                   60, "the flow run Cancelled")
+        wait_until(
+            lambda: api(prefect_server, "GET", f"/flow_runs/{run['id']}").json()["state"]["type"] == "CANCELLED",
+            60,
+            "the flow run Cancelled",
+        )
         assert assert_nothing_left(d)["by"] == "guardian"
 
 
@@ -222,6 +261,9 @@ def test_killing_the_flow_process_gives_production_back(prefect_server, workdir,
     flow.communicate(timeout=30)
     back = wait_until(lambda: healthy(production["health_url"]), RESTORE_CAP_S, "production healthy")
     print(f"production healthy {back:.1f} s after the flow process was killed")
-    assert not Path(f"/proc/{stage_pid}").exists() or "Z" in Path(f"/proc/{stage_pid}/stat").read_text().rsplit(") ", 1)[1][:1]
+    assert (
+        not Path(f"/proc/{stage_pid}").exists()
+        or "Z" in Path(f"/proc/{stage_pid}/stat").read_text().rsplit(") ", 1)[1][:1]
+    )
     assert time.monotonic() - killed < RESTORE_CAP_S + 5
     assert assert_nothing_left(d)["orphaned"]

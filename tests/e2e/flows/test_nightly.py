@@ -24,7 +24,9 @@ def test_each_night_generates_and_extracts_only_its_new_prompts(nightly_runs):
     reports = [n["report"] for n in nightly_runs["nights"]]
     first, *later = reports
     assert first["nights"][-1]["new_samples"] == NIGHT_PROMPTS[0] - 12
-    assert not any(first["stages"][s]["cached"] for s in ("generate: holdout", "generate", "extract: holdout", "extract"))
+    assert not any(
+        first["stages"][s]["cached"] for s in ("generate: holdout", "generate", "extract: holdout", "extract")
+    )
     for k, r in enumerate(later, 2):
         night = r["nights"][-1]
         assert night["night"] == k and night["new_samples"] == NIGHT_PROMPTS[k - 1]
@@ -32,7 +34,7 @@ def test_each_night_generates_and_extracts_only_its_new_prompts(nightly_runs):
         assert r["stages"]["generate: holdout"]["cached"] and r["stages"]["extract: holdout"]["cached"]
         assert r["stages"]["generate: holdout"]["key"] == first["stages"]["generate: holdout"]["key"]
         assert not r["stages"]["generate"]["cached"] and not r["stages"]["extract"]["cached"]
-        assert r["stages"]["generate"]["key"] not in {x["stages"]["generate"]["key"] for x in reports[:k - 1]}
+        assert r["stages"]["generate"]["key"] not in {x["stages"]["generate"]["key"] for x in reports[: k - 1]}
         assert night["replay_sequences"] > 0 and night["pool_samples"] == sum(NIGHT_PROMPTS[:k]) - 12
     ledger = json.loads((nightly_runs["work"] / "runs" / "nightly" / "nightly-e2e" / "ledger.json").read_text())
     assert [len(b["prompts"]) for b in ledger["batches"]] == [NIGHT_PROMPTS[0] - 12, *NIGHT_PROMPTS[1:]]
@@ -61,7 +63,7 @@ def test_one_engine_load_a_night_the_baseline_once_and_the_new_drafter_on_produc
     def engines(r: dict, stage: str) -> list[str]:
         return sorted(p.name for p in Path(r["stages"][stage]["manifest"]).parent.glob("engine-*.log"))
 
-    # production.promote 'deploy' (the fixture's production): the references inside the production window, the
+    # production.promote 'serve' (the fixture's production): the references inside the production window, the
     # new drafter on production, which serves it since the window closed. An engine of our own loads only for the
     # first night's baseline; the current drafter is the one production measured the night before.
     assert engines(reports[0], "benchmark: references") == ["engine-baseline.log"]

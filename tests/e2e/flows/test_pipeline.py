@@ -7,7 +7,7 @@ benchmark (vLLM with and without the drafter, acceptance from /metrics) -> repor
 The tests in this module share one work root (the session's `first_run`, tests/e2e/conftest.py) and
 run in order: a first run, a cached rerun, a rerun after a benchmark change and a deleted manifest,
 then failures that must stop before work. The benchmark-only flow, the promotion gate and the
-deployments read the same run: tests/e2e/flows/test_benchmark.py, tests/e2e/tasks/test_promote.py,
+deployments read the same run: tests/e2e/flows/test_benchmark.py, tests/e2e/tasks/test_promotion.py,
 tests/e2e/deployments/test_deploy.py.
 """
 
@@ -39,7 +39,8 @@ def test_first_run_trains_a_drafter_that_vllm_accepts(first_run):
     # Every variant x temperature x concurrency, and a verdict that trusts the engine: a drafter trained
     # here serves at about its offline estimate.
     assert {(w["variant"], w["temperature"], w["concurrency"]) for w in r["windows"]} == {
-        (v, t, c) for v in ("baseline", "drafter") for t in (0.0, 0.7) for c in (1, 4)}
+        (v, t, c) for v in ("baseline", "drafter") for t in (0.0, 0.7) for c in (1, 4)
+    }
     assert not r["verdict"]["integration_suspect"] and "agrees with the offline estimate" in r["verdict"]["summary"]
 
 
@@ -47,7 +48,9 @@ def test_report_artifact_is_on_the_server(first_run, prefect_server):
     api = prefect_server["PREFECT_API_URL"]
     arts = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["eagleflow-e2e"]}}}).json()
     assert arts and "mean acceptance length" in arts[0]["data"] and "**Verdict:**" in arts[0]["data"]
-    bench = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["eagleflow-e2e-benchmark"]}}}).json()
+    bench = httpx.post(
+        f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["eagleflow-e2e-benchmark"]}}}
+    ).json()
     assert bench and "| drafter | 0.7 | 4 |" in bench[0]["data"]
     # The pictures ride inline: the UI has none of the host's files.
     for art, names in ((arts[0], ("acceptance", "speedup", "curves")), (bench[0], ("acceptance", "speedup"))):
@@ -69,7 +72,7 @@ def test_report_md_shows_the_plots_beside_report_json(first_run):
 
 def _report_shape(out: str) -> list[str]:
     """The printed report's tables up to the verdict, each line's label only (the figures differ per run)."""
-    lines = out[out.rindex("eagleflow pipeline run "):].split("verdict:")[0].splitlines()
+    lines = out[out.rindex("eagleflow pipeline run ") :].split("verdict:")[0].splitlines()
     return [re.split(r"\s{2,}", line.strip())[0] for line in lines if line.strip()]
 
 
@@ -94,7 +97,11 @@ def test_benchmark_change_and_a_vanished_manifest(first_run, prefect_server, e2e
     assert proc.returncode == 0
     r = last_report(proc)
     assert {s: r["stages"][s]["cached"] for s in UPSTREAM} == {
-        "generate": True, "extract": True, "train": True, "export": False}
+        "generate": True,
+        "extract": True,
+        "train": True,
+        "export": False,
+    }
     assert r["stages"]["export"]["key"] == first_run["stages"]["export"]["key"]
     assert r["stages"]["benchmark"]["key"] != first_run["stages"]["benchmark"]["key"]
     assert r["benchmark_settings"]["max_tokens"] == 32
@@ -122,17 +129,24 @@ def test_status_lists_the_runs_their_stages_and_where_each_stage_dir_is(first_ru
 
 def test_missing_model_path_fails_in_the_check_naming_the_field(prefect_server, e2e_config, e2e_workdir):
     before = set((e2e_workdir / "runs").glob("*/*"))
-    proc = run_flow(prefect_server, str(e2e_config), "--set", "target.model_path=/nonexistent/target",
-                    "--set", "name=e2e-missing")
+    proc = run_flow(
+        prefect_server, str(e2e_config), "--set", "target.model_path=/nonexistent/target", "--set", "name=e2e-missing"
+    )
     assert proc.returncode == 1
     assert "target.model_path" in proc.stdout and "/nonexistent/target" in proc.stdout
-    created = {p for p in set((e2e_workdir / "runs").glob("*/*")) - before if p.parent.name not in ("check", ".eagleflow")}  # .eagleflow: the host lease's own
+    created = {
+        p for p in set((e2e_workdir / "runs").glob("*/*")) - before if p.parent.name not in ("check", ".eagleflow")
+    }  # .eagleflow: the host lease's own
     assert created == set()  # no stage started
     # The CLI's error in three lines at most: what failed, the finding, where the logs are; no progress JSON.
-    error = proc.stdout[proc.stdout.index("error: "):].strip().splitlines()
-    assert len(error) <= 3 and error[1].startswith("cause: the run config does not fit this host: target.model_path"), error
-    assert "#progress" not in proc.stdout[proc.stdout.index("error: "):]
+    error = proc.stdout[proc.stdout.index("error: ") :].strip().splitlines()
+    assert len(error) <= 3 and error[1].startswith("cause: the run config does not fit this host: target.model_path"), (
+        error
+    )
+    assert "#progress" not in proc.stdout[proc.stdout.index("error: ") :]
     # `eagleflow status` gives the failed run's three lines under the run's line
     lines = run_cli(prefect_server, "status", str(e2e_config), "--limit", "1").stdout.splitlines()
     assert "Failed" in lines[1] and lines[2].startswith("    failed: StageFailed: check failed on localhost"), lines[:5]
-    assert lines[3].startswith("    cause: the run config does not fit this host") and "target.model_path" in lines[3], lines[:5]
+    assert (
+        lines[3].startswith("    cause: the run config does not fit this host") and "target.model_path" in lines[3]
+    ), lines[:5]

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eagleflow import jobs
+from eagleflow.hosts import jobs
 from tests.conftest import ROOT, free_port
 from tests.e2e.conftest import api, deployed_worker
 from tests.helpers.procs import alive, group_alive
@@ -52,12 +52,21 @@ def workdir(tmp_path_factory) -> Path:
 def write_config(workdir: Path, sshd, port: int, name: str, **sections: dict) -> Path:
     data = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
     data["name"] = name
-    data["host"].update(kind="ssh", name="loopback", address="127.0.0.1", port=port, key_path=str(sshd.user_key),
-                        known_hosts=str(sshd.known_hosts), work_root=str(workdir / name / "runs"),
-                        python=str(ROOT / ".hostenv" / "bin" / "python"), stage_retries=3)
+    data["host"].update(
+        kind="ssh",
+        name="loopback",
+        address="127.0.0.1",
+        port=port,
+        key_path=str(sshd.user_key),
+        known_hosts=str(sshd.known_hosts),
+        work_root=str(workdir / name / "runs"),
+        python=str(ROOT / ".hostenv" / "bin" / "python"),
+        stage_retries=3,
+    )
     data["target"]["model_path"] = str(ROOT / "demo" / "target")
-    data["generate"].update(prompts_path=str(ROOT / "demo" / "prompts.jsonl"), num_samples=320, holdout=12,
-                            shard_size=160)
+    data["generate"].update(
+        prompts_path=str(ROOT / "demo" / "prompts.jsonl"), num_samples=320, holdout=12, shard_size=160
+    )
     data["engine"]["port"] = free_port()
     data["train"].update(epochs=2)
     data["benchmark"].update(num_prompts=6, max_tokens=64, warmup_requests=1)
@@ -77,8 +86,15 @@ def stage_dirs(config: Path, stage: str) -> list[Path]:
 def test_pipeline_over_ssh_survives_a_cut_link_and_runs_each_stage_once(prefect_server, sshd, relay, workdir):
     config = write_config(workdir, sshd, relay.port, "ssh")
     env = {**os.environ, **prefect_server}
-    proc = subprocess.Popen([sys.executable, "-m", "flows.pipeline", str(config)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.pipeline", str(config)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         # Cut every connection (stage follower, lease) once generate has written its first shard.
         deadline = time.monotonic() + 600
@@ -115,8 +131,14 @@ def test_a_wrong_key_fails_the_flow_once_without_retries(prefect_server, sshd, w
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
     config = write_config(workdir, sshd, relay.port, "wrongkey")
     env = {**os.environ, **prefect_server}
-    proc = subprocess.run([sys.executable, "-m", "flows.pipeline", str(config), "--set", f"host.key_path={stranger}"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.pipeline", str(config), "--set", f"host.key_path={stranger}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     relay.close()
     assert proc.returncode == 1
     assert "refused authentication" in proc.stdout and str(stranger) in proc.stdout
@@ -129,23 +151,32 @@ def test_cancelling_the_flow_run_ends_the_remote_job_within_10_s(prefect_server,
     config = write_config(workdir, sshd, sshd.port, "cancel", generate={"num_samples": 1100, "shard_size": 1100})
     with deployed_worker(prefect_server, config, "eagleflow-cancel-test", workdir / "worker.log") as w:
         dep = w["deployments"]["pipeline"]
-        run = api(prefect_server, "POST", f"/deployments/{dep['id']}/create_flow_run",
-                  json={"parameters": {"params": {"config_path": str(config), "overrides": {}}}}).json()
+        run = api(
+            prefect_server,
+            "POST",
+            f"/deployments/{dep['id']}/create_flow_run",
+            json={"parameters": {"params": {"config_path": str(config), "overrides": {}}}},
+        ).json()
         deadline = time.monotonic() + 600
         while True:
             dirs = stage_dirs(config, "generate")
             if dirs and (dirs[0] / "engine.pid").exists() and "healthy" in (dirs[0] / "stage.log").read_text():
                 break
-            assert w["worker"].poll() is None and time.monotonic() < deadline, \
-                (workdir / "worker.log").read_text()[-3000:]
+            assert w["worker"].poll() is None and time.monotonic() < deadline, (workdir / "worker.log").read_text()[
+                -3000:
+            ]
             time.sleep(0.2)
         job = jobs.Job(dirs[0])
         pgid, engine_pid = job.pid(), int((dirs[0] / "engine.pid").read_text())
         assert pgid and group_alive(pgid) and alive(engine_pid)
 
         start = time.monotonic()
-        api(prefect_server, "POST", f"/flow_runs/{run['id']}/set_state",
-            json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True})
+        api(
+            prefect_server,
+            "POST",
+            f"/flow_runs/{run['id']}/set_state",
+            json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True},
+        )
         while group_alive(pgid) or alive(engine_pid):
             assert time.monotonic() - start < 10, "the remote job outlived the cancellation by 10 s"
             time.sleep(0.1)
@@ -156,4 +187,3 @@ def test_cancelling_the_flow_run_ends_the_remote_job_within_10_s(prefect_server,
             assert time.monotonic() < deadline, "the flow run never reached Cancelled"
             time.sleep(0.5)
         assert jobs.running_jobs(Path(yaml.safe_load(config.read_text())["host"]["work_root"])) == []
-

@@ -1,7 +1,7 @@
-"""`python -m flows.plan`, the capacity plan alone, as an operator runs it from the control environment:
-against the stated facts of an 8 x H200 host for configs/kimi-k25.yaml (the seeds' 828 GB in bf16,
+"""`python -m cli.plan`, the capacity plan alone, as an operator runs it from the control environment:
+against the stated facts of an 8 x H200 host for configs/kimi-k25.yaml (the reference run's 828 GB in bf16,
 about half in fp8), refusing a disk too small, and against the real local host (`python -m
-eagleflow.planfacts` run there with host.python, as over SSH). No Prefect server: the plan is no flow."""
+eagleflow.capacity.facts` run there with host.python, as over SSH). No Prefect server: the plan is no flow."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ FACTS = ROOT / "configs" / "hosts" / "gpu-8xh200.json"
 
 
 def plan_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.plan", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "cli.plan", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
 
 
 def extract(plan: dict) -> dict:
@@ -28,8 +29,9 @@ def extract(plan: dict) -> dict:
 
 
 def test_kimi_plan_on_the_stated_h200_host_in_bf16_and_fp8():
-    bf16 = plan_cli("configs/kimi-k25.yaml", "--json", "--host-facts", str(FACTS),
-                    "--set", "extract.storage_dtype=bfloat16")
+    bf16 = plan_cli(
+        "configs/kimi-k25.yaml", "--json", "--host-facts", str(FACTS), "--set", "extract.storage_dtype=bfloat16"
+    )
     assert bf16.returncode == 0, bf16.stderr
     p = json.loads(bf16.stdout)
     assert 14e6 <= p["tokens"]["tokens"] <= 15e6
@@ -86,10 +88,17 @@ def test_the_command_line_gives_the_same_plan_and_says_what_it_takes():
     assert help_.returncode == 0 and all(c in help_.stdout for c in ("run", "benchmark", "plan", "deploy", "status"))
     # Exit 2 for bad input, from any directory: a wrong command, a wrong flag, a wrong field.
     assert subprocess.run([eagleflow, "frobnicate"], capture_output=True, text=True, timeout=60).returncode == 2
-    assert subprocess.run([eagleflow, "plan", "--no-such-flag"], capture_output=True, text=True,
-                          timeout=60).returncode == 2
-    bad = subprocess.run([eagleflow, "plan", str(ROOT / "configs" / "kimi-k25.yaml"), "--set", "train.epochs=0"],
-                         cwd="/", capture_output=True, text=True, timeout=120)
+    assert (
+        subprocess.run([eagleflow, "plan", "--no-such-flag"], capture_output=True, text=True, timeout=60).returncode
+        == 2
+    )
+    bad = subprocess.run(
+        [eagleflow, "plan", str(ROOT / "configs" / "kimi-k25.yaml"), "--set", "train.epochs=0"],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "epochs" in bad.stderr
 
 

@@ -46,9 +46,16 @@ def key() -> str:
 
 @pytest.fixture(scope="module")
 def production(workdir, key) -> dict:
-    prod = prod_service_config(workdir, free_port(), HOSTENV_PY, served_name="demo-target",
-                               engine_args=("--reasoning-parser", "deepseek_r1"),
-                               env_from=(f"VLLM_API_KEY={KEY_VAR}",), orphan_grace_s=10, restore_timeout_s=300)
+    prod = prod_service_config(
+        workdir,
+        free_port(),
+        HOSTENV_PY,
+        served_name="demo-target",
+        engine_args=("--reasoning-parser", "deepseek_r1"),
+        env_from=(f"VLLM_API_KEY={KEY_VAR}",),
+        orphan_grace_s=10,
+        restore_timeout_s=300,
+    )
     env = {**__import__("os").environ, KEY_VAR: key}
     subprocess.run(prod["start_command"], check=True, timeout=60, env=env)
     deadline = time.monotonic() + 300
@@ -67,8 +74,14 @@ def run(prefect_server, workdir, production, key) -> dict:
     data["host"].update(name="prod-host", work_root=str(workdir / "runs"), python=HOSTENV_PY)
     data["target"]["model_path"] = str(ROOT / "demo" / "target")
     data["engine"]["port"] = free_port()  # the stages' own engines; production has its port
-    data["generate"].update(server="production", prompts_path=str(ROOT / "demo" / "prompts.jsonl"),
-                            num_samples=96, holdout=6, shard_size=48, concurrency=8)
+    data["generate"].update(
+        server="production",
+        prompts_path=str(ROOT / "demo" / "prompts.jsonl"),
+        num_samples=96,
+        holdout=6,
+        shard_size=48,
+        concurrency=8,
+    )
     data["train"].update(epochs=2)
     data["benchmark"].update(num_prompts=4, max_tokens=48, temperatures=[0.0], concurrencies=[1], warmup_requests=1)
     data["production"] = {**production, "url": url, "api_key_env": KEY_VAR, "window": "pipeline"}
@@ -116,8 +129,11 @@ def test_generate_asks_production_which_stays_up_and_goes_down_once_for_the_gpu_
 
 def test_production_refuses_without_the_key(run, production):
     url = production["health_url"].rsplit("/health", 1)[0]
-    r = httpx.post(f"{url}/v1/chat/completions", timeout=30,
-                   json={"model": "demo-target", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    r = httpx.post(
+        f"{url}/v1/chat/completions",
+        timeout=30,
+        json={"model": "demo-target", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    )
     assert r.status_code == 401
 
 
@@ -130,8 +146,12 @@ def test_the_key_is_nowhere_on_disk_nor_in_prefect(run, key, workdir, prefect_se
     ours = [f for f in flow_runs if (f["parameters"].get("params") or {}).get("config_path") == str(run["config"])]
     assert ours
     logs, offset = [], 0
-    while page := api(prefect_server, "POST", "/logs/filter", json={
-            "logs": {"flow_run_id": {"any_": [f["id"] for f in ours]}}, "limit": 200, "offset": offset}).json():
+    while page := api(
+        prefect_server,
+        "POST",
+        "/logs/filter",
+        json={"logs": {"flow_run_id": {"any_": [f["id"] for f in ours]}}, "limit": 200, "offset": offset},
+    ).json():
         logs += page
         offset += len(page)
     artifacts = api(prefect_server, "POST", "/artifacts/filter", json={"limit": 200}).json()

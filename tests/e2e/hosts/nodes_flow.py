@@ -9,7 +9,7 @@ from pathlib import Path
 from prefect import flow
 
 from eagleflow.config import load_config
-from eagleflow.manifest import Manifest
+from eagleflow.contracts.manifest import Manifest
 from flows.host_slot import host_slot, stop_jobs_of_run
 from tasks.train import train
 
@@ -21,7 +21,8 @@ def train_across(params: dict, extract: dict, out: str) -> None:
     config = load_config(params["config_path"], params.get("overrides") or {})
     with host_slot(config, "train test") as host:
         manifest = train.with_options(refresh_cache=True, retries=0)(
-            host, config, {"extract": Manifest.model_validate(extract)})
+            host, config, {"extract": Manifest.model_validate(extract)}
+        )
     Path(out).write_text(manifest.model_dump_json())
 
 

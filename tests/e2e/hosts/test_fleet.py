@@ -58,12 +58,28 @@ print("RECORD " + json.dumps(asyncio.run(records())), flush=True)
 
 
 def _start(prefect_server: dict, sshd, host_name: str, config_name: str, work: Path) -> subprocess.Popen:
-    overrides = {**sshd.host_overrides(), "host.name": host_name, "host.work_root": str(work / host_name),
-                 "host.python": HOST_PY, "name": config_name}
+    overrides = {
+        **sshd.host_overrides(),
+        "host.name": host_name,
+        "host.work_root": str(work / host_name),
+        "host.python": HOST_PY,
+        "name": config_name,
+    }
     out = open(work / f"{config_name}.log", "w")
-    return subprocess.Popen([sys.executable, "-c", HOLD_FLOW, json.dumps(overrides), str(HOLD_S),
-                             str(work / host_name / f"job-{config_name}")], cwd=ROOT,
-                            env={**os.environ, **prefect_server}, stdout=out, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            HOLD_FLOW,
+            json.dumps(overrides),
+            str(HOLD_S),
+            str(work / host_name / f"job-{config_name}"),
+        ],
+        cwd=ROOT,
+        env={**os.environ, **prefect_server},
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def _record(proc: subprocess.Popen, log: Path) -> dict:
@@ -84,8 +100,10 @@ def test_runs_on_two_hosts_hold_them_at_once(prefect_server, two_hosts, tmp_path
     b = _start(prefect_server, two_hosts[1], "gpu-b", "demo-mla", tmp_path)
     ra, rb = _record(a, tmp_path / "demo.log"), _record(b, tmp_path / "demo-mla.log")
     overlap = min(ra["held"][1], rb["held"][1]) - max(ra["held"][0], rb["held"][0])
-    print(f"\ntwo hosts: held {ra['held'][1] - ra['held'][0]:.1f} s and {rb['held'][1] - rb['held'][0]:.1f} s, "
-          f"overlapping {overlap:.1f} s")
+    print(
+        f"\ntwo hosts: held {ra['held'][1] - ra['held'][0]:.1f} s and {rb['held'][1] - rb['held'][0]:.1f} s, "
+        f"overlapping {overlap:.1f} s"
+    )
     assert overlap > HOLD_S / 4  # both held their hosts at once
 
 

@@ -4,7 +4,8 @@ as the UI runs them. They hold their hosts at once; pointed at one host, the sec
 concurrency limit, and its run page in the browser names the run it waits for.
 
 By hand, not in `make test` (two whole pipelines and two benchmarks: 11-14 minutes on 2 cores with a suite
-beside it, a third of the suite): `EAGLEFLOW_FLEET_PIPELINES=1 .venv/bin/python -m pytest -s tests/e2e/hosts/test_fleet_pipelines.py`
+beside it, a third of the suite): `EAGLEFLOW_FLEET_PIPELINES=1 .venv/bin/python -m pytest -s
+tests/e2e/hosts/test_fleet_pipelines.py`
 (`make fleet-pipelines`). tests/e2e/hosts/test_fleet.py shows the same in the suite with a short job of its own.
 
 The second pair of runs keeps each config's work root: both loopback hosts see one disk, so every stage before
@@ -27,14 +28,23 @@ from tests.e2e.hosts.test_ssh import HOST_PY
 from tests.e2e.ui.conftest import browser, page  # noqa: F401 (the browser tests' fixtures)
 from tests.e2e.ui.pages import open_run, scroll_logs_to_end, shot
 
-pytestmark = pytest.mark.skipif(not os.environ.get("EAGLEFLOW_FLEET_PIPELINES"),
-                                reason="by hand, ~12 min: EAGLEFLOW_FLEET_PIPELINES=1 (make fleet-pipelines)")
+pytestmark = pytest.mark.skipif(
+    not os.environ.get("EAGLEFLOW_FLEET_PIPELINES"),
+    reason="by hand, ~12 min: EAGLEFLOW_FLEET_PIPELINES=1 (make fleet-pipelines)",
+)
 
 POOL = "eagleflow-fleet"
-SMALL = {"generate": {"num_samples": 320, "holdout": 12, "shard_size": 160},
-         "train": {"epochs": 4},
-         "benchmark": {"num_prompts": 6, "max_tokens": 64, "warmup_requests": 1, "temperatures": [0.0],
-                       "concurrencies": [1]}}
+SMALL = {
+    "generate": {"num_samples": 320, "holdout": 12, "shard_size": 160},
+    "train": {"epochs": 4},
+    "benchmark": {
+        "num_prompts": 6,
+        "max_tokens": 64,
+        "warmup_requests": 1,
+        "temperatures": [0.0],
+        "concurrencies": [1],
+    },
+}
 
 
 def _config(base: str, name: str, sshd, host_name: str, work: Path) -> Path:
@@ -55,8 +65,12 @@ def _config(base: str, name: str, sshd, host_name: str, work: Path) -> Path:
 
 
 def _run(prefect_server: dict, deployment: dict, config: Path, overrides: dict | None = None) -> str:
-    run = api(prefect_server, "POST", f"/deployments/{deployment['id']}/create_flow_run", json={"parameters": {
-        "params": {"config_path": str(config), "overrides": overrides or {}}}}).json()
+    run = api(
+        prefect_server,
+        "POST",
+        f"/deployments/{deployment['id']}/create_flow_run",
+        json={"parameters": {"params": {"config_path": str(config), "overrides": overrides or {}}}},
+    ).json()
     return run["id"]
 
 
@@ -64,9 +78,17 @@ def _logs(prefect_server: dict, run_id: str) -> list[dict]:
     """Every log record of the run the server keeps, oldest first (a pipeline's run: a few hundred)."""
     logs: list[dict] = []
     while True:
-        batch = api(prefect_server, "POST", "/logs/filter", json={
-            "logs": {"flow_run_id": {"any_": [run_id]}}, "sort": "TIMESTAMP_ASC", "limit": 200,
-            "offset": len(logs)}).json()
+        batch = api(
+            prefect_server,
+            "POST",
+            "/logs/filter",
+            json={
+                "logs": {"flow_run_id": {"any_": [run_id]}},
+                "sort": "TIMESTAMP_ASC",
+                "limit": 200,
+                "offset": len(logs),
+            },
+        ).json()
         logs += batch
         if len(batch) < 200:
             return logs
@@ -78,33 +100,48 @@ def _held(prefect_server: dict, run_id: str) -> tuple[float, float, list[str]]:
     deadline = time.monotonic() + 120
     while True:  # the last log lines reach the server after the run is final
         logs = _logs(prefect_server, run_id)
-        at = {what: [log["timestamp"] for log in logs if log["message"].startswith(what)]
-              for what in ("holding host", "released host")}
+        at = {
+            what: [log["timestamp"] for log in logs if log["message"].startswith(what)]
+            for what in ("holding host", "released host")
+        }
         if all(at.values()) or time.monotonic() > deadline:
             break
         time.sleep(1)
     assert all(at.values()), [log["message"] for log in logs][-20:]
     stamp = lambda s: datetime.fromisoformat(s).timestamp()
-    return (stamp(at["holding host"][0]), stamp(at["released host"][-1]),
-            [log["message"] for log in logs if log["message"].startswith("waiting for host")])
+    return (
+        stamp(at["holding host"][0]),
+        stamp(at["released host"][-1]),
+        [log["message"] for log in logs if log["message"].startswith("waiting for host")],
+    )
 
 
 @pytest.fixture(scope="module")
 def fleet(prefect_server, two_hosts, tmp_path_factory):
     work = tmp_path_factory.mktemp("fleet-pipelines")
-    configs = {"demo": _config("demo", "fleet-demo", two_hosts[0], "gpu-a", work),
-               "demo-mla": _config("demo-mla", "fleet-mla", two_hosts[1], "gpu-b", work)}
+    configs = {
+        "demo": _config("demo", "fleet-demo", two_hosts[0], "gpu-a", work),
+        "demo-mla": _config("demo-mla", "fleet-mla", two_hosts[1], "gpu-b", work),
+    }
     with deployed_worker(prefect_server, configs["demo"], POOL, work / "worker.log", more=(configs["demo-mla"],)) as w:
-        yield {"configs": configs, "work": work, "hosts": two_hosts,
-               "pipeline": {"demo": w["by_config"]["fleet-demo"]["pipeline"],
-                            "demo-mla": w["by_config"]["fleet-mla"]["pipeline"]}}
+        yield {
+            "configs": configs,
+            "work": work,
+            "hosts": two_hosts,
+            "pipeline": {
+                "demo": w["by_config"]["fleet-demo"]["pipeline"],
+                "demo-mla": w["by_config"]["fleet-mla"]["pipeline"],
+            },
+        }
 
 
 def test_the_two_pipelines_run_at_once_on_two_hosts(fleet, prefect_server):
     ids = {k: _run(prefect_server, fleet["pipeline"][k], c) for k, c in fleet["configs"].items()}
     runs = {k: wait_flow_run(prefect_server, i, timeout_s=3600) for k, i in ids.items()}
-    assert all(r["state"]["type"] == "COMPLETED" for r in runs.values()), \
-        ({k: r["state"] for k, r in runs.items()}, (fleet["work"] / "worker.log").read_text()[-5000:])
+    assert all(r["state"]["type"] == "COMPLETED" for r in runs.values()), (
+        {k: r["state"] for k, r in runs.items()},
+        (fleet["work"] / "worker.log").read_text()[-5000:],
+    )
     held = {k: _held(prefect_server, i) for k, i in ids.items()}
     overlap = min(h[1] for h in held.values()) - max(h[0] for h in held.values())
     for k, (a, b, _) in held.items():

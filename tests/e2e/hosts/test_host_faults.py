@@ -40,8 +40,16 @@ ROOTED = os.geteuid() == 0
 
 
 def host_config(sshd, work_root: Path, **kw) -> HostConfig:
-    fields = dict(kind="ssh", name="loopback", address="127.0.0.1", port=sshd.port, key_path=str(sshd.user_key),
-                  known_hosts=str(sshd.known_hosts), work_root=str(work_root), python=HOST_PY)
+    fields = dict(
+        kind="ssh",
+        name="loopback",
+        address="127.0.0.1",
+        port=sshd.port,
+        key_path=str(sshd.user_key),
+        known_hosts=str(sshd.known_hosts),
+        work_root=str(work_root),
+        python=HOST_PY,
+    )
     return HostConfig(**{**fields, **kw})
 
 
@@ -50,24 +58,47 @@ def run_benchmark_flow(prefect_server, sshd, tmp_path: Path, work_root: Path, **
     Prefect recorded it (seconds from its start to its end, each task run's attempts)."""
     data = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
     data["name"] = f"faults-{tmp_path.name}"[:60]
-    data["host"].update(kind="ssh", name="loopback", address="127.0.0.1", port=sshd.port, key_path=str(sshd.user_key),
-                        known_hosts=str(sshd.known_hosts), work_root=str(work_root), **{"python": HOST_PY, **host})
+    data["host"].update(
+        kind="ssh",
+        name="loopback",
+        address="127.0.0.1",
+        port=sshd.port,
+        key_path=str(sshd.user_key),
+        known_hosts=str(sshd.known_hosts),
+        work_root=str(work_root),
+        **{"python": HOST_PY, **host},
+    )
     data["target"]["model_path"] = str(ROOT / "demo" / "target")
     data["generate"]["prompts_path"] = str(ROOT / "demo" / "prompts.jsonl")
     data["report_dir"] = str(tmp_path / "reports")
     config = tmp_path / "faults.yaml"
     config.write_text(yaml.safe_dump(data))
-    proc = subprocess.run([sys.executable, "-m", "flows.benchmark", str(config), "--drafter", str(tmp_path / "no-drafter")],
-                          cwd=ROOT, env={**os.environ, **prefect_server}, capture_output=True, text=True, timeout=600)
-    runs = api(prefect_server, "POST", "/flow_runs/filter",
-               json={"sort": "START_TIME_DESC", "limit": 5, "flows": {"name": {"any_": ["benchmark"]}}}).json()
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.benchmark", str(config), "--drafter", str(tmp_path / "no-drafter")],
+        cwd=ROOT,
+        env={**os.environ, **prefect_server},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    runs = api(
+        prefect_server,
+        "POST",
+        "/flow_runs/filter",
+        json={"sort": "START_TIME_DESC", "limit": 5, "flows": {"name": {"any_": ["benchmark"]}}},
+    ).json()
     run = next(r for r in runs if r["parameters"]["params"]["config_path"] == str(config))
-    tasks = api(prefect_server, "POST", "/task_runs/filter",
-                json={"flow_runs": {"id": {"any_": [run["id"]]}}}).json()
+    tasks = api(prefect_server, "POST", "/task_runs/filter", json={"flow_runs": {"id": {"any_": [run["id"]]}}}).json()
     start, end = (datetime.fromisoformat(run[k]) for k in ("start_time", "end_time"))
-    error = proc.stdout[proc.stdout.find("error: "):] if "error: " in proc.stdout else ""
-    return {"rc": proc.returncode, "error": error.strip(), "run": run, "seconds": (end - start).total_seconds(),
-            "tasks": {t["name"]: t for t in tasks}, "out": proc.stdout[-4000:] + proc.stderr[-4000:]}
+    error = proc.stdout[proc.stdout.find("error: ") :] if "error: " in proc.stdout else ""
+    return {
+        "rc": proc.returncode,
+        "error": error.strip(),
+        "run": run,
+        "seconds": (end - start).total_seconds(),
+        "tasks": {t["name"]: t for t in tasks},
+        "out": proc.stdout[-4000:] + proc.stderr[-4000:],
+    }
 
 
 def assert_fails_at_first_contact(result: dict, *expected: str) -> None:
@@ -78,12 +109,16 @@ def assert_fails_at_first_contact(result: dict, *expected: str) -> None:
     assert len(lines) <= 3 and any(x.startswith("fix: ") for x in lines), message
     for text in expected:
         assert text in message, (text, message)
-    assert all(t["run_count"] <= 1 for t in result["tasks"].values()), {n: t["run_count"] for n, t in result["tasks"].items()}
+    assert all(t["run_count"] <= 1 for t in result["tasks"].values()), {
+        n: t["run_count"] for n, t in result["tasks"].items()
+    }
     assert result["seconds"] < 10, result["seconds"]
     cli = result["error"].splitlines()
     assert len(cli) <= 3 and cli[0].startswith("error: the flow run ended Failed: "), result["error"]
-    print(f"\nFAULT | {result['seconds']:.1f} s | attempts "
-          f"{max([t['run_count'] for t in result['tasks'].values()] or [0])} | {' / '.join(lines)}")
+    print(
+        f"\nFAULT | {result['seconds']:.1f} s | attempts "
+        f"{max([t['run_count'] for t in result['tasks'].values()] or [0])} | {' / '.join(lines)}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -97,20 +132,25 @@ def test_a_login_shell_that_prints_is_named_at_first_contact(prefect_server, tmp
     # A banner from the shell's startup files before every command, as `echo` in ~/.bashrc does: the sftp
     # subsystem and every command's output get it first.
     login = tmp_path / "noisy-login"
-    login.write_text('#!/bin/sh\necho "Welcome to gpu-7. Unauthorized access is prohibited."\n'
-                     'exec /bin/sh -c "$SSH_ORIGINAL_COMMAND"\n')
+    login.write_text(
+        '#!/bin/sh\necho "Welcome to gpu-7. Unauthorized access is prohibited."\n'
+        'exec /bin/sh -c "$SSH_ORIGINAL_COMMAND"\n'
+    )
     login.chmod(0o755)
     sshd = start_sshd(tmp_path / "sshd", sftp="/usr/lib/openssh/sftp-server", extra=f"ForceCommand {login}\n")
     try:
         result = run_benchmark_flow(prefect_server, sshd, tmp_path, tmp_path / "work")
     finally:
         sshd.stop()
-    assert_fails_at_first_contact(result, "prints to standard output before every command",
-                                  "Welcome to gpu-7", "~/.bashrc")
+    assert_fails_at_first_contact(
+        result, "prints to standard output before every command", "Welcome to gpu-7", "~/.bashrc"
+    )
 
 
 def test_host_python_missing_is_named_at_first_contact(prefect_server, plain_sshd, tmp_path):
-    result = run_benchmark_flow(prefect_server, plain_sshd, tmp_path, tmp_path / "work", python="/opt/nowhere/bin/python")
+    result = run_benchmark_flow(
+        prefect_server, plain_sshd, tmp_path, tmp_path / "work", python="/opt/nowhere/bin/python"
+    )
     assert_fails_at_first_contact(result, "host.python /opt/nowhere/bin/python does not exist", "eagleflow bootstrap")
 
 
@@ -121,7 +161,9 @@ def test_host_python_without_eagleflow_is_named_at_first_contact(prefect_server,
     assert_fails_at_first_contact(result, "is not an environment with eagleflow installed", "No module named")
 
 
-NEEDS_SETPRIV = pytest.mark.skipif(not shutil.which("setpriv") and ROOTED, reason="root needs setpriv to drop its override")
+NEEDS_SETPRIV = pytest.mark.skipif(
+    not shutil.which("setpriv") and ROOTED, reason="root needs setpriv to drop its override"
+)
 
 
 @contextlib.contextmanager
@@ -152,8 +194,17 @@ def test_a_full_disk_is_named_at_first_contact(prefect_server, tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
     # The sshd and its sessions see a 1 MiB tmpfs at `disk` (a mount namespace of their own), then it is filled.
-    wrap = ["unshare", "-m", "--propagation", "private", "sh", "-c",
-            'mount -t tmpfs -o size=1m tmpfs "$1" && shift && exec "$@"', "sh", str(disk)]
+    wrap = [
+        "unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        'mount -t tmpfs -o size=1m tmpfs "$1" && shift && exec "$@"',
+        "sh",
+        str(disk),
+    ]
     sshd = start_sshd(tmp_path / "sshd", wrap=wrap)
     try:
         with SshHost(host_config(sshd, disk / "eagleflow")) as host:
@@ -209,15 +260,17 @@ def test_a_restarted_sshd_with_the_link_dropped_is_retried_and_the_job_reattache
     """Transient, so retried: the link drops and the sshd restarts (down 3 s) while a job runs. The job goes on;
     the retry is refused while the sshd is down, reconnects with backoff once it is back, and re-attaches.
     One process ever ran the job."""
-    from eagleflow import jobs
-    from eagleflow.hosts import ConnectionLost
+    from eagleflow.hosts import ConnectionLost, jobs
     from tests.sshd import Relay
 
     sshd = start_sshd(tmp_path / "sshd")
     relay = Relay(sshd.port)
     sshd.trust_port(relay.port)
     job_dir = tmp_path / "work" / "long"
-    script = "import os, time\nprint('pid', os.getpid(), flush=True)\nfor i in range(40):\n    print('step', i, flush=True); time.sleep(0.5)\n"
+    script = (
+        "import os, time\nprint('pid', os.getpid(), flush=True)\n"
+        "for i in range(40):\n    print('step', i, flush=True); time.sleep(0.5)\n"
+    )
     argv = [HOST_PY, "-c", script]
     cfg = host_config(sshd, tmp_path / "work", port=relay.port, connect_attempts=6)
     lines: list[str] = []

@@ -18,11 +18,19 @@ from pathlib import Path
 
 import pytest
 
-from eagleflow import httpget
-from eagleflow import jobs
 from eagleflow.config import HostConfig
-from eagleflow.hosts import ConnectionLost, HostAuthError, HostBusy, HostKeyError, HostUnreachable, LocalHost, StageFailed
+from eagleflow.hosts import (
+    ConnectionLost,
+    HostAuthError,
+    HostBusy,
+    HostKeyError,
+    HostUnreachable,
+    LocalHost,
+    StageFailed,
+    jobs,
+)
 from eagleflow.hosts.ssh import SshHost
+from eagleflow.util import http
 from tests.conftest import ROOT, free_port
 from tests.helpers.procs import alive, group_alive
 from tests.sshd import Relay, keygen, start_sshd
@@ -51,8 +59,16 @@ def root(tmp_path) -> Path:
 
 
 def host_config(sshd, root: Path, port: int | None = None, **kw) -> HostConfig:
-    fields = dict(kind="ssh", name="loopback", address="127.0.0.1", port=port or sshd.port, key_path=str(sshd.user_key),
-                  known_hosts=str(sshd.known_hosts), work_root=str(root), python=HOST_PY)
+    fields = dict(
+        kind="ssh",
+        name="loopback",
+        address="127.0.0.1",
+        port=port or sshd.port,
+        key_path=str(sshd.user_key),
+        known_hosts=str(sshd.known_hosts),
+        work_root=str(root),
+        python=HOST_PY,
+    )
     fields.update(kw)
     return HostConfig(**fields)
 
@@ -63,8 +79,11 @@ def test_job_runs_streams_its_log_and_reports_a_failure_with_its_cause(sshd, roo
         host.run_job(str(root / "ok"), [HOST_PY, "-c", "import os; print('hello', os.getpid())"], log=lines.append)
         assert any(line.startswith("hello ") for line in lines)
         with pytest.raises(StageFailed) as err:
-            host.run_job(str(root / "bad"), ["sh", "-c", "echo working; echo 'error: the disk is full'; exit 3"],
-                         log=lines.append)
+            host.run_job(
+                str(root / "bad"),
+                ["sh", "-c", "echo working; echo 'error: the disk is full'; exit 3"],
+                log=lines.append,
+            )
     assert err.value.returncode == 3
     what, cause, logs = str(err.value).splitlines()  # three lines: what failed, its cause, where the log is
     assert what == "sh failed on loopback (exit 3)" and cause == "cause: the disk is full", str(err.value)
@@ -76,12 +95,18 @@ def test_a_secret_reaches_the_job_in_memory_only(sshd, root):
     """Production's API key: in the stage's environment on the host, in no file of the job (the spec
     names it, the value crosses on the channel's stdin), in no log line."""
     secret = "sk-ssh-" + os.urandom(12).hex()
-    script = ("import hashlib, os; v = os.environ['EAGLEFLOW_PRODUCTION_API_KEY']; "
-              "print('sha', hashlib.sha256(v.encode()).hexdigest())")
+    script = (
+        "import hashlib, os; v = os.environ['EAGLEFLOW_PRODUCTION_API_KEY']; "
+        "print('sha', hashlib.sha256(v.encode()).hexdigest())"
+    )
     lines: list[str] = []
     with SshHost(host_config(sshd, root)) as host:
-        host.run_job(str(root / "secret"), [HOST_PY, "-c", script], log=lines.append,
-                     secret_env={"EAGLEFLOW_PRODUCTION_API_KEY": secret})
+        host.run_job(
+            str(root / "secret"),
+            [HOST_PY, "-c", script],
+            log=lines.append,
+            secret_env={"EAGLEFLOW_PRODUCTION_API_KEY": secret},
+        )
     import hashlib
 
     assert f"sha {hashlib.sha256(secret.encode()).hexdigest()}" in lines
@@ -104,13 +129,13 @@ def test_a_production_window_outlives_the_ssh_command_that_opened_it(sshd, root,
     port = free_port()
     prod = prod_service_config(tmp_path, port, sys.executable)
     server = [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)]
-    prod["start_command"] = prod["start_command"][:prod["start_command"].index("--") + 1] + server
+    prod["start_command"] = prod["start_command"][: prod["start_command"].index("--") + 1] + server
     prod.update(health_url=f"http://127.0.0.1:{port}/", restore_timeout_s=60, orphan_grace_s=30)
     subprocess.run(prod["start_command"], check=True, cwd=str(ROOT))
 
     def up() -> bool:
         try:
-            return httpget.get(prod["health_url"], timeout=2).status_code == 200
+            return http.get(prod["health_url"], timeout=2).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -122,8 +147,22 @@ def test_a_production_window_outlives_the_ssh_command_that_opened_it(sshd, root,
     cli = [HOST_PY, "-m", "eagleflow.production.window"]
     try:
         with SshHost(host_config(sshd, root)) as host:
-            rc, out, err = host.exec([*cli, "open", d, "--config", json.dumps(prod), "--work-root", str(root),
-                                      "--owner", "ssh-test", "--stages", "extract"], timeout=120)
+            rc, out, err = host.exec(
+                [
+                    *cli,
+                    "open",
+                    d,
+                    "--config",
+                    json.dumps(prod),
+                    "--work-root",
+                    str(root),
+                    "--owner",
+                    "ssh-test",
+                    "--stages",
+                    "extract",
+                ],
+                timeout=120,
+            )
             assert rc == 0, out + err
             assert not up()
             time.sleep(2)  # the channel is closed: the holder must still be there, production still down
@@ -143,9 +182,11 @@ def test_log_lines_arrive_while_the_job_runs(sshd, root):
     callback creates; the loopback host shares this file system), then says whether it was seen. Lines that came
     only at the job's end would leave it waiting out its 120 s and saying so."""
     mark = root / "tick-0-seen"
-    script = (f"import os, time\nprint('tick 0', flush=True)\nend = time.time() + 120\n"
-              f"while not os.path.exists({str(mark)!r}) and time.time() < end:\n    time.sleep(0.05)\n"
-              f"print('tick 1:', 'seen while running' if os.path.exists({str(mark)!r}) else 'never seen', flush=True)\n")
+    script = (
+        f"import os, time\nprint('tick 0', flush=True)\nend = time.time() + 120\n"
+        f"while not os.path.exists({str(mark)!r}) and time.time() < end:\n    time.sleep(0.05)\n"
+        f"print('tick 1:', 'seen while running' if os.path.exists({str(mark)!r}) else 'never seen', flush=True)\n"
+    )
     seen: list[str] = []
 
     def log(line: str) -> None:
@@ -164,10 +205,12 @@ def test_cut_connection_then_retry_reattaches_and_the_job_runs_once(sshd, relay,
     lets it finish, once the retry has re-attached (a fixed 3 s job ended before the retry on a loaded machine)."""
     job_dir = root / "long"
     go = root / "go"
-    script = ("import os, sys, time\nprint('pid', os.getpid(), flush=True)\ni = 0\n"
-              "while not os.path.exists(sys.argv[1]) and i < 600:\n"
-              "    print('step', i, flush=True); i += 1; time.sleep(0.2)\n"
-              "print('step 5 and done', flush=True)\n")
+    script = (
+        "import os, sys, time\nprint('pid', os.getpid(), flush=True)\ni = 0\n"
+        "while not os.path.exists(sys.argv[1]) and i < 600:\n"
+        "    print('step', i, flush=True); i += 1; time.sleep(0.2)\n"
+        "print('step 5 and done', flush=True)\n"
+    )
     argv = [HOST_PY, "-c", script, str(go)]
     cfg = host_config(sshd, root, port=relay.port)
     lines: list[str] = []
@@ -297,8 +340,13 @@ def test_a_dead_controller_frees_the_lease(sshd, root):
         "with h.lease('flow-dead', 'doomed'):\n    print('held', flush=True); time.sleep(300)\n"
     )
     cfg = host_config(sshd, root)
-    proc = subprocess.Popen([os.sys.executable, "-c", script, cfg.model_dump_json()], stdout=subprocess.PIPE,
-                            text=True, cwd=ROOT, start_new_session=True)
+    proc = subprocess.Popen(
+        [os.sys.executable, "-c", script, cfg.model_dump_json()],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        start_new_session=True,
+    )
     assert proc.stdout.readline().strip() == "held"
     assert jobs.lease_holder(root)["owner"] == "flow-dead"
     os.killpg(proc.pid, signal.SIGKILL)
@@ -348,8 +396,14 @@ print("STATE", state.type.value)
 
 def test_a_flow_run_timeout_ends_the_remote_job(prefect_server, sshd, root):
     cfg = host_config(sshd, root)
-    proc = subprocess.run([sys.executable, "-c", TIMEOUT_FLOW, cfg.model_dump_json(), str(root / "job")], cwd=ROOT,
-                          env={**os.environ, **prefect_server}, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", TIMEOUT_FLOW, cfg.model_dump_json(), str(root / "job")],
+        cwd=ROOT,
+        env={**os.environ, **prefect_server},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "STATE FAILED" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
     job = jobs.Job(root / "job")
     assert job.pid() is not None, "the job never started before the flow's timeout"

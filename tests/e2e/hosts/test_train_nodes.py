@@ -31,8 +31,16 @@ from tests.helpers.procs import alive, end_group
 pytestmark = pytest.mark.e2e
 
 STEP_LOSS = re.compile(r"eagleflow\.train: epoch \d+ step \d+/\d+ lr \S+ loss (\S+)")
-TRAIN = {"batch_tokens": 128, "draft_vocab_size": 24, "warmup_steps": 2, "max_seq_len": 32, "num_threads": 1,
-         "log_every_steps": 1, "device": "cpu", "dtype": "float32"}
+TRAIN = {
+    "batch_tokens": 128,
+    "draft_vocab_size": 24,
+    "warmup_steps": 2,
+    "max_seq_len": 32,
+    "num_threads": 1,
+    "log_every_steps": 1,
+    "device": "cpu",
+    "dtype": "float32",
+}
 SYNTHETIC = """
 import json, sys
 from pathlib import Path
@@ -55,13 +63,24 @@ def deployment(prefect_server, tmp_path_factory):
     """nodes_flow.py served (Prefect's runner: it runs each flow run in a process of its own and, on a cancel,
     ends that process and calls the flow's on_cancellation hooks, as a worker does). Our own process group."""
     log = open(tmp_path_factory.mktemp("serve") / "serve.log", "w")
-    proc = subprocess.Popen([sys.executable, "tests/e2e/hosts/nodes_flow.py"], cwd=ROOT, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, **prefect_server, "PREFECT_RUNNER_POLL_FREQUENCY": "2"})
+    proc = subprocess.Popen(
+        [sys.executable, "tests/e2e/hosts/nodes_flow.py"],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, **prefect_server, "PREFECT_RUNNER_POLL_FREQUENCY": "2"},
+    )
     try:
         deadline = time.monotonic() + 300
-        while (found := api(prefect_server, "POST", "/deployments/filter",
-                            json={"deployments": {"name": {"any_": ["train-across-hosts-test"]}}}).json()) == []:
+        while (
+            found := api(
+                prefect_server,
+                "POST",
+                "/deployments/filter",
+                json={"deployments": {"name": {"any_": ["train-across-hosts-test"]}}},
+            ).json()
+        ) == []:
             assert proc.poll() is None and time.monotonic() < deadline, Path(log.name).read_text()[-3000:]
             time.sleep(1)
         yield found[0]
@@ -71,8 +90,17 @@ def deployment(prefect_server, tmp_path_factory):
 
 
 def _host(sshd, name: str, work_root: Path) -> dict:
-    return {"kind": "ssh", "name": name, "address": "127.0.0.1", "port": sshd.port, "key_path": str(sshd.user_key),
-            "known_hosts": str(sshd.known_hosts), "work_root": str(work_root), "python": HOST_PY, "stage_retries": 0}
+    return {
+        "kind": "ssh",
+        "name": name,
+        "address": "127.0.0.1",
+        "port": sshd.port,
+        "key_path": str(sshd.user_key),
+        "known_hosts": str(sshd.known_hosts),
+        "work_root": str(work_root),
+        "python": HOST_PY,
+        "stage_retries": 0,
+    }
 
 
 def _config(work: Path, hosts, root: Path, train: dict, across: bool, node: dict | None = None) -> Path:
@@ -81,13 +109,18 @@ def _config(work: Path, hosts, root: Path, train: dict, across: bool, node: dict
     work.mkdir(parents=True, exist_ok=True)
     (work / "prompts.jsonl").write_text('{"prompt": "x"}\n')
     tag = re.sub(r"[^A-Za-z0-9-]", "-", work.name)[-30:]
-    config = {"name": "nodes", "host": _host(hosts[0], f"a-{tag}", work / "a"),
-              "target": {"model_path": str(root / "target"), "aux_layer_ids": [1, 2, 3], "final_layer_id": 4},
-              "generate": {"prompts_path": str(work / "prompts.jsonl"), "num_samples": 40, "holdout": 32},
-              "train": {**TRAIN, **train}}
+    config = {
+        "name": "nodes",
+        "host": _host(hosts[0], f"a-{tag}", work / "a"),
+        "target": {"model_path": str(root / "target"), "aux_layer_ids": [1, 2, 3], "final_layer_id": 4},
+        "generate": {"prompts_path": str(work / "prompts.jsonl"), "num_samples": 40, "holdout": 32},
+        "train": {**TRAIN, **train},
+    }
     if across:
-        config["train_nodes"] = {"hosts": [{**_host(hosts[1], f"b-{tag}", work / "b"), **(node or {})}],
-                                 "master_port": free_port()}
+        config["train_nodes"] = {
+            "hosts": [{**_host(hosts[1], f"b-{tag}", work / "b"), **(node or {})}],
+            "master_port": free_port(),
+        }
     path = work / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -95,18 +128,26 @@ def _config(work: Path, hosts, root: Path, train: dict, across: bool, node: dict
 
 def _run(prefect_server: dict, deployment: dict, config: Path, extract: dict) -> str:
     """A flow run of the served deployment, as the UI's custom run makes one; its id."""
-    params = {"params": {"config_path": str(config), "overrides": {}}, "extract": extract,
-              "out": str(config.parent / "manifest.json")}
-    return api(prefect_server, "POST", f"/deployments/{deployment['id']}/create_flow_run",
-               json={"parameters": params}).json()["id"]
+    params = {
+        "params": {"config_path": str(config), "overrides": {}},
+        "extract": extract,
+        "out": str(config.parent / "manifest.json"),
+    }
+    return api(
+        prefect_server, "POST", f"/deployments/{deployment['id']}/create_flow_run", json={"parameters": params}
+    ).json()["id"]
 
 
 def _logs(prefect_server: dict, run_id: str) -> str:
     """The run's log lines that are not the stage's own (those are read from the hosts' stage.log files)."""
     lines, offset = [], 0
     while True:
-        page = api(prefect_server, "POST", "/logs/filter", json={
-            "logs": {"flow_run_id": {"any_": [run_id]}}, "sort": "TIMESTAMP_ASC", "limit": 200, "offset": offset}).json()
+        page = api(
+            prefect_server,
+            "POST",
+            "/logs/filter",
+            json={"logs": {"flow_run_id": {"any_": [run_id]}}, "sort": "TIMESTAMP_ASC", "limit": 200, "offset": offset},
+        ).json()
         lines += [r["message"] for r in page if not re.match(r"(\[\S+\] )?\d{4}-\d\d-\d\d ", r["message"])]
         if len(page) < 200:
             return "\n".join(lines)
@@ -135,8 +176,10 @@ def _processes_naming(text: str) -> list[int]:
 
 def test_two_hosts_train_the_one_host_drafter(prefect_server, deployment, two_hosts, synthetic, tmp_path):
     root, extract = synthetic
-    runs = {"one host, 2 ranks": _config(tmp_path / "one", two_hosts, root, {"epochs": 2, "nproc": 2}, across=False),
-            "two hosts, 1 rank each": _config(tmp_path / "two", two_hosts, root, {"epochs": 2, "nproc": 1}, across=True)}
+    runs = {
+        "one host, 2 ranks": _config(tmp_path / "one", two_hosts, root, {"epochs": 2, "nproc": 2}, across=False),
+        "two hosts, 1 rank each": _config(tmp_path / "two", two_hosts, root, {"epochs": 2, "nproc": 1}, across=True),
+    }
     curves, weights, manifests, logs = {}, {}, {}, {}
     for name, config in runs.items():
         run_id = _run(prefect_server, deployment, config, extract)
@@ -174,13 +217,14 @@ def _wait_training(work: Path, run_id: str, prefect_server: dict) -> tuple[Path,
 
 
 def _gone_within(dirs: list[Path], request: Path, limit_s: float) -> float:
-    from eagleflow.jobs import Job
+    from eagleflow.hosts.jobs import Job
 
     start = time.monotonic()
     while any(Job(d).running() for d in dirs) or _processes_naming(str(request)):
         assert time.monotonic() - start < limit_s, (
             f"left after {limit_s} s: jobs {[str(d) for d in dirs if Job(d).running()]}, processes "
-            f"{_processes_naming(str(request))}")
+            f"{_processes_naming(str(request))}"
+        )
         time.sleep(0.2)
     return time.monotonic() - start
 
@@ -190,8 +234,12 @@ def test_a_cancel_ends_both_nodes(prefect_server, deployment, two_hosts, synthet
     config = _config(tmp_path, two_hosts, root, {"epochs": 500, "nproc": 1}, across=True)
     run_id = _run(prefect_server, deployment, config, extract)
     stage, node_job = _wait_training(tmp_path, run_id, prefect_server)
-    api(prefect_server, "POST", f"/flow_runs/{run_id}/set_state",
-        json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True})
+    api(
+        prefect_server,
+        "POST",
+        f"/flow_runs/{run_id}/set_state",
+        json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True},
+    )
     took = _gone_within([stage, node_job], stage / "request.json", 30)
     print(f"\nboth nodes' jobs and ranks gone {took:.1f} s after the cancel")
     assert wait_flow_run(prefect_server, run_id, 120)["state"]["type"] == "CANCELLED"
@@ -223,13 +271,20 @@ def test_a_node_that_fails_ends_the_other_and_is_named(prefect_server, deploymen
     assert not (stage / "manifest.json").exists()
 
 
-def test_a_node_without_eagleflow_is_refused_before_anything_starts(prefect_server, deployment, two_hosts, synthetic,
-                                                                    tmp_path):
+def test_a_node_without_eagleflow_is_refused_before_anything_starts(
+    prefect_server, deployment, two_hosts, synthetic, tmp_path
+):
     """Node 1's host.python is not an eagleflow environment: the run stops when it takes node 1's lease, before a job
     starts on either node, naming node 1 and the fix."""
     root, extract = synthetic
-    config = _config(tmp_path, two_hosts, root, {"epochs": 500, "nproc": 1}, across=True,
-                     node={"python": str(tmp_path / "no-env" / "bin" / "python")})
+    config = _config(
+        tmp_path,
+        two_hosts,
+        root,
+        {"epochs": 500, "nproc": 1},
+        across=True,
+        node={"python": str(tmp_path / "no-env" / "bin" / "python")},
+    )
     run = wait_flow_run(prefect_server, _run(prefect_server, deployment, config, extract), 300)
     assert run["state"]["type"] == "FAILED", run["state"]
     message = run["state"]["message"]

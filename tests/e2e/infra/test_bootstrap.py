@@ -2,7 +2,7 @@
 127.0.0.1: a fresh venv on the loopback "host".
 
 Crosses: the config -> SSH (paramiko, verified host key) -> `python3 -m venv` there -> the project
-wheel built here, sent by SFTP, installed --no-deps -> `python -m eagleflow.hostfacts` there; then
+wheel built here, sent by SFTP, installed --no-deps -> `python -m eagleflow.hosts.facts` there; then
 the same as a Prefect flow under a real Prefect server, with its Markdown artifact. No packages are
 installed (packages=[]): the wheel alone, so the test needs no package index on the host side.
 The flow's test is here, last, because it needs the venv the tests before it bootstrapped.
@@ -51,8 +51,9 @@ def host_dir(tmp_path_factory) -> Path:
 
 
 def overrides(sshd, host_dir: Path, venv: str = "venv") -> dict[str, object]:
-    return sshd.host_overrides(**{"host.work_root": str(host_dir / "runs"),
-                                  "host.python": str(host_dir / venv / "bin" / "python")})
+    return sshd.host_overrides(
+        **{"host.work_root": str(host_dir / "runs"), "host.python": str(host_dir / venv / "bin" / "python")}
+    )
 
 
 def config_for(sshd, host_dir: Path, venv: str = "venv") -> RunConfig:
@@ -79,8 +80,9 @@ def test_first_bootstrap_creates_the_venv_installs_the_wheel_and_reports_the_hos
         rc, base_version, _ = host.exec(["python3", "-c", "import platform; print(platform.python_version())"])
         assert rc == 0
         # A real install into the venv, not the checkout: imported from a neutral directory.
-        rc, module_path, err = host.exec([config.host.python, "-c", "import os; os.chdir('/'); import eagleflow; "
-                                          "print(eagleflow.__file__)"])
+        rc, module_path, err = host.exec(
+            [config.host.python, "-c", "import os; os.chdir('/'); import eagleflow; print(eagleflow.__file__)"]
+        )
         assert rc == 0, err
         marker = host.read_text(f"{venv}/{WHEEL_MARKER}").strip()
         assert host.exists(f"{config.host.work_root}/.eagleflow/wheels/{first['wheel']['file']}")
@@ -128,12 +130,21 @@ def test_an_environment_in_use_is_not_touched(sshd, bootstrapped):
 
 def test_the_flow_reports_the_host_and_publishes_its_facts(prefect_server, sshd, host_dir, bootstrapped):
     sets = [f"--set={key}={value}" for key, value in overrides(sshd, host_dir).items()]
-    proc = subprocess.run([sys.executable, "-m", "flows.bootstrap", str(DEMO), "--no-packages", *sets],
-                          cwd=ROOT, env={**os.environ, **prefect_server}, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.bootstrap", str(DEMO), "--no-packages", *sets],
+        cwd=ROOT,
+        env={**os.environ, **prefect_server},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "already installed" in proc.stdout and f"eagleflow     {eagleflow.__version__}" in proc.stdout
-    found = httpx.post(f"{prefect_server['PREFECT_API_URL']}/artifacts/filter",
-                       json={"artifacts": {"key": {"any_": ["bootstrap-loopback"]}}}, timeout=10).json()
+    found = httpx.post(
+        f"{prefect_server['PREFECT_API_URL']}/artifacts/filter",
+        json={"artifacts": {"key": {"any_": ["bootstrap-loopback"]}}},
+        timeout=10,
+    ).json()
     assert found, "no bootstrap-loopback artifact"
     assert f"| eagleflow | {eagleflow.__version__} (" in found[0]["data"]
     assert "| gpus | none (no nvidia-smi) |" in found[0]["data"]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
@@ -30,5 +30,3 @@ def page(browser: Browser) -> Iterator[Page]:
     pg = ctx.new_page()
     yield pg
     ctx.close()
-
-

@@ -8,15 +8,23 @@ import re
 import time
 from pathlib import Path
 
-from playwright.sync_api import Error as PlaywrightError, Page
+from playwright.sync_api import Error as PlaywrightError
+from playwright.sync_api import Page
 
 from tests.conftest import ROOT
 from tests.e2e.conftest import api, wait_flow_run
 
 CHROMIUM = "/usr/bin/chromium"
 # A closed network: without these Chromium keeps trying Google's services (and is refused, many at a time).
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 SHOTS = ROOT / "test-output" / "ui"
 RUN_TIMEOUT_S = 900  # a benchmark-only run is about a minute here; the worker starts a flow process first
 
@@ -30,8 +38,13 @@ def shot(page: Page, name: str) -> Path:
 
 def prop(page: Page, label: str):
     """One field of Prefect's schema form, by its label ("Epochs (Optional)")."""
-    return page.locator(".schema-form-property").filter(has=page.locator(
-        ".schema-form-property__label", has_text=re.compile(rf"^{label}( \(Optional\))?$", re.I))).last
+    return (
+        page.locator(".schema-form-property")
+        .filter(
+            has=page.locator(".schema-form-property__label", has_text=re.compile(rf"^{label}( \(Optional\))?$", re.I))
+        )
+        .last
+    )
 
 
 def submit(page: Page, attempts: int = 5) -> str:
@@ -59,8 +72,12 @@ def task_runs(prefect_server: dict, run_id: str) -> dict[str, dict]:
 
 
 def artifact_of(prefect_server: dict, run_id: str, key: str) -> dict:
-    arts = api(prefect_server, "POST", "/artifacts/filter",
-               json={"artifacts": {"key": {"any_": [key]}, "flow_run_id": {"any_": [run_id]}}}).json()
+    arts = api(
+        prefect_server,
+        "POST",
+        "/artifacts/filter",
+        json={"artifacts": {"key": {"any_": [key]}, "flow_run_id": {"any_": [run_id]}}},
+    ).json()
     assert arts, f"no artifact {key} of flow run {run_id}"
     return arts[0]
 
@@ -106,5 +123,3 @@ def scroll_logs_to_end(page: Page, until: str, timeout_s: float = 180) -> list[s
             return rows
         page.mouse.wheel(0, 5000)
         page.wait_for_timeout(300)
-
-

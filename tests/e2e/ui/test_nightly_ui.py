@@ -1,5 +1,6 @@
 """The nightly retrain as the operator sees it in the Prefect UI (Debian's Chromium, Playwright): the
-nightly deployment's schedule (the demo config's: paused, so a worker left running starts no retrain), and the third night of the session's nightly
+nightly deployment's schedule (the demo config's: paused, so a worker left running starts no retrain), and the third
+night of the session's nightly
 (`nightly_runs`, tests/e2e/conftest.py; tests/e2e/flows/test_nightly.py) with its promotion decision in the
 run's log and artifacts, the very decision the gate took, its report with AL by night, and production's drafter
 history (what production serves since that night's deploy)."""
@@ -19,8 +20,12 @@ pytestmark = pytest.mark.e2e
 
 def test_the_nightly_schedule_and_a_promotion_decision_on_its_run_page(page, prefect_server, nightly_runs):
     base = prefect_server["PREFECT_API_URL"].removesuffix("/api")
-    deps = api(prefect_server, "POST", "/deployments/filter",
-               json={"deployments": {"name": {"any_": [deployment_name("nightly-e2e", "nightly")]}}}).json()
+    deps = api(
+        prefect_server,
+        "POST",
+        "/deployments/filter",
+        json={"deployments": {"name": {"any_": [deployment_name("nightly-e2e", "nightly")]}}},
+    ).json()
     assert [s["active"] for s in deps[0]["schedules"]] == [False]  # demo.yaml's schedule: active false
     page.goto(f"{base}/deployments/deployment/{deps[0]['id']}")
     schedule = page.locator(".deployment-schedule-card__content")
@@ -49,9 +54,11 @@ def test_the_nightly_schedule_and_a_promotion_decision_on_its_run_page(page, pre
     assert heading.lstrip("# ") in text and "the bars: speedup >=" in text
     shot(page, "2-nightly-promotion-decision")
 
-    # What production serves, and its history: the deploys of the nights (production.promote: deploy).
+    # What production serves, and its history: the deploys of the nights (production.promote: serve).
     history = artifact_of(prefect_server, run_id, "eagleflow-nightly-e2e-deployed")["data"]
     assert history.startswith("# Deployed: production serves" if nights[-1]["promoted"] else "# Rolled back"), history
     text = open_artifact_card(page, ui, run_id, "deployed")
-    assert "Production serves drafter" in text and "measured good on production" in text and "adopted" in text, text[:2000]
+    assert "Production serves drafter" in text and "measured good on production" in text and "adopted" in text, text[
+        :2000
+    ]
     shot(page, "2-nightly-deployed-history")

@@ -15,13 +15,13 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import yaml
 
-from eagleflow import httpget
+from eagleflow.util import http
 from tests.conftest import ROOT
 from tests.e2e.conftest import api, deployed_worker, run_cli
 from tests.e2e.ui.pages import artifact_of, open_run, prop, scroll_logs_to_end, shot, submit, task_runs, wait_final
@@ -44,10 +44,12 @@ def test_a_custom_run_of_the_pipeline_from_its_form(page, ui, prefect_server, fi
     page.goto(f"{ui['base']}/deployments/deployment/{dep['id']}/run")
     page.locator(".schema-form-property__label", has_text="Epochs").first.wait_for()
     # Typed fields with their descriptions, the config's values as their defaults.
-    for text in ("Training epochs over the generated data (train.epochs).",
-                 "Prompts to answer, held-out ones included (generate.num_samples).",
-                 "Sampling temperatures the benchmark measures, 0 greedy (benchmark.temperatures).",
-                 "The GPU host to run on"):
+    for text in (
+        "Training epochs over the generated data (train.epochs).",
+        "Prompts to answer, held-out ones included (generate.num_samples).",
+        "Sampling temperatures the benchmark measures, 0 greedy (benchmark.temperatures).",
+        "The GPU host to run on",
+    ):
         assert page.get_by_text(text).count(), text
     assert prop(page, "Epochs").locator("input").first.input_value() == "4"
     assert prop(page, "Num Samples").locator("input").first.input_value() == "320"
@@ -55,7 +57,9 @@ def test_a_custom_run_of_the_pipeline_from_its_form(page, ui, prefect_server, fi
     assert [x.input_value() for x in temps.locator("input").all()] == ["0", "0.7"]
     shot(page, "1-pipeline-custom-run-form")
     # The operator drops temperature 0.7 and measures one concurrency only.
-    temps.locator(".p-draggable-list__item").nth(1).locator(".schema-form-property-array-item__control > button").first.click()
+    temps.locator(".p-draggable-list__item").nth(1).locator(
+        ".schema-form-property-array-item__control > button"
+    ).first.click()
     prop(page, "Overrides").locator("textarea").first.fill('{"benchmark.concurrencies": [1]}')
     shot(page, "1-pipeline-custom-run-form-changed")
     run_id = submit(page)
@@ -74,29 +78,45 @@ def test_a_custom_run_of_the_pipeline_from_its_form(page, ui, prefect_server, fi
     shot(page, "1-pipeline-run-page")
 
 
-def test_a_failed_run_shows_its_root_cause_and_the_engine_log(page, ui, prefect_server, e2e_config, first_run,
-                                                               tmp_path):
+def test_a_failed_run_shows_its_root_cause_and_the_engine_log(
+    page, ui, prefect_server, e2e_config, first_run, tmp_path
+):
     # A target whose weights are cut in half: the engine dies while loading them.
     bad = tmp_path / "bad-target"
     shutil.copytree(ROOT / "demo" / "target", bad)
     shard = bad / "model.safetensors"
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     # Triggered from a shell, as an operator does (eagleflow trigger): through the deployment and its worker.
-    proc = run_cli(prefect_server, "trigger", "benchmark", str(e2e_config), "--drafter", first_run["drafter_dir"],
-                   "--set", "benchmark.concurrencies=[1]", "--set", f"target.model_path={bad}", "--wait", "--timeout", "900")
+    proc = run_cli(
+        prefect_server,
+        "trigger",
+        "benchmark",
+        str(e2e_config),
+        "--drafter",
+        first_run["drafter_dir"],
+        "--set",
+        "benchmark.concurrencies=[1]",
+        "--set",
+        f"target.model_path={bad}",
+        "--wait",
+        "--timeout",
+        "900",
+    )
     run = {"id": run_url(proc)[1]}
     done = wait_final(prefect_server, run["id"])
     assert done["state"]["type"] == "FAILED", done["state"]
     assert proc.returncode == 1 and "benchmark: Failed" in proc.stdout, proc.stdout[-3000:]
     # Three lines wherever a person reads the failure: what failed (stage, host), the root cause (the engine's
     # first traceback's last line), where the logs are (the failure artifact, the stage log on the host).
-    error = proc.stdout[proc.stdout.rindex("error: the flow run ended Failed: "):].strip().splitlines()
+    error = proc.stdout[proc.stdout.rindex("error: the flow run ended Failed: ") :].strip().splitlines()
     assert len(error) == 3 and "benchmark failed on localhost" in error[0], error
     assert error[1].startswith("cause: ") and "root cause: safetensors" in error[1], error
     assert "artifact eagleflow-e2e-benchmark-failure" in error[2] and "stage.log" in error[2], error
     status = run_cli(prefect_server, "status", str(e2e_config), "--limit", "1").stdout.splitlines()
     assert status[1].split()[:3] == [done["name"], "benchmark", "Failed"], status[:5]
-    assert status[2].startswith("    failed: StageFailed: benchmark failed") and status[3].startswith("    cause: "), status[:5]
+    assert status[2].startswith("    failed: StageFailed: benchmark failed") and status[3].startswith("    cause: "), (
+        status[:5]
+    )
     failed = task_runs(prefect_server, run["id"])["benchmark"]
     assert failed["state"]["type"] == "FAILED"
     message = failed["state"]["message"]
@@ -129,20 +149,36 @@ def test_a_failed_run_shows_its_root_cause_and_the_engine_log(page, ui, prefect_
 
 def run_url(proc) -> tuple[str, str]:
     """The run page `eagleflow trigger` printed first, and the flow run's id."""
-    m = re.match(r"flow run \S+ of benchmark/e2e-benchmark on pool eagleflow-ui: (http://\S+/runs/flow-run/(\S+))$",
-                 proc.stdout.splitlines()[0])
+    m = re.match(
+        r"flow run \S+ of benchmark/e2e-benchmark on pool eagleflow-ui: (http://\S+/runs/flow-run/(\S+))$",
+        proc.stdout.splitlines()[0],
+    )
     assert m, proc.stdout[:2000]
     return m.group(1), m.group(2)
 
 
 def test_a_drafter_benchmarked_from_a_shell_through_the_deployment_then_its_verdict_in_status(
-        ui, prefect_server, e2e_config, first_run):
-    proc = run_cli(prefect_server, "trigger", "benchmark", str(e2e_config), "--drafter", first_run["drafter_dir"],
-                   "--temperatures", "[0.0]", "--set", "benchmark.concurrencies=[1]", "--wait", "--timeout", "900")
+    ui, prefect_server, e2e_config, first_run
+):
+    proc = run_cli(
+        prefect_server,
+        "trigger",
+        "benchmark",
+        str(e2e_config),
+        "--drafter",
+        first_run["drafter_dir"],
+        "--temperatures",
+        "[0.0]",
+        "--set",
+        "benchmark.concurrencies=[1]",
+        "--wait",
+        "--timeout",
+        "900",
+    )
     assert proc.returncode == 0, proc.stdout[-3000:]
     url, run_id = run_url(proc)
     # the UI serves the run's page (to a browser: the server answers 404 to a deep link not asking for HTML)
-    assert httpget.get(url, headers={"Accept": "text/html"}, timeout=30).status_code == 200
+    assert http.get(url, headers={"Accept": "text/html"}, timeout=30).status_code == 200
     run = api(prefect_server, "GET", f"/flow_runs/{run_id}").json()
     assert run["deployment_id"] == ui["deployments"]["benchmark"]["id"] and run["state"]["type"] == "COMPLETED"
     params = run["parameters"]["params"]
@@ -157,11 +193,18 @@ def test_a_drafter_benchmarked_from_a_shell_through_the_deployment_then_its_verd
     assert verdict.startswith("verdict: ") and report.startswith("report: ")
     written = json.loads(Path(report.removeprefix("report: ")).read_text())
     assert written["kind"] == "benchmark" and verdict == f"verdict: {written['verdict']['summary']}"
-    assert (Path(report.removeprefix("report: ")).parent / "report.md").read_text().startswith(
-        "# eagleflow benchmark-only run `e2e`")
+    assert (
+        (Path(report.removeprefix("report: ")).parent / "report.md")
+        .read_text()
+        .startswith("# eagleflow benchmark-only run `e2e`")
+    )
     # what the operator reads next: the run, its verdict and its report, under the config
     status = run_cli(prefect_server, "status", str(e2e_config), "--limit", "1").stdout.splitlines()
-    assert status[0] == f"config e2e ({e2e_config})" and status[1].split()[:3] == [run["name"], "benchmark", "Completed"]
+    assert status[0] == f"config e2e ({e2e_config})" and status[1].split()[:3] == [
+        run["name"],
+        "benchmark",
+        "Completed",
+    ]
     assert status[2] == f"    {verdict}; {report}"
 
 
@@ -177,8 +220,7 @@ def test_a_bad_field_or_a_config_never_deployed_is_refused_before_any_run(ui, pr
     assert f"eagleflow deploy {other}" in proc.stdout
 
 
-def test_the_benchmark_deployment_measures_a_given_drafter_without_upstream_stages(page, ui, prefect_server,
-                                                                                  first_run):
+def test_the_benchmark_deployment_measures_a_given_drafter_without_upstream_stages(page, ui, prefect_server, first_run):
     dep = ui["deployments"]["benchmark"]
     page.goto(f"{ui['base']}/deployments/deployment/{dep['id']}/run")
     drafter = prop(page, "Drafter")
@@ -188,7 +230,9 @@ def test_the_benchmark_deployment_measures_a_given_drafter_without_upstream_stag
     drafter.locator("textarea, input").first.fill(first_run["drafter_dir"])
     prop(page, "Overrides").locator("textarea").first.fill('{"benchmark.concurrencies": [1]}')
     temps = prop(page, "Temperatures")
-    temps.locator(".p-draggable-list__item").nth(1).locator(".schema-form-property-array-item__control > button").first.click()
+    temps.locator(".p-draggable-list__item").nth(1).locator(
+        ".schema-form-property-array-item__control > button"
+    ).first.click()
     shot(page, "4-benchmark-custom-run-form")
     run_id = submit(page)
 
@@ -206,11 +250,17 @@ def test_the_benchmark_deployment_measures_a_given_drafter_without_upstream_stag
 
 
 def test_the_report_artifact_shows_its_plots(page, ui, prefect_server, first_run):
-    arts = api(prefect_server, "POST", "/artifacts/filter", json={"artifacts": {"key": {"any_": ["eagleflow-e2e"]}},
-                                                                  "sort": "CREATED_DESC"}).json()
+    arts = api(
+        prefect_server,
+        "POST",
+        "/artifacts/filter",
+        json={"artifacts": {"key": {"any_": ["eagleflow-e2e"]}}, "sort": "CREATED_DESC"},
+    ).json()
     page.goto(f"{ui['base']}/artifacts/artifact/{arts[-1]['id']}")  # the first run's
     for name in ("acceptance", "speedup", "curves"):
         page.wait_for_function(
-            "n => { const i = document.querySelector(`img[alt=${n}]`); return i && i.complete && i.naturalWidth > 300 }",
-            arg=name)
+            "n => { const i = document.querySelector(`img[alt=${n}]`); "
+            "return i && i.complete && i.naturalWidth > 300 }",
+            arg=name,
+        )
     shot(page, "5-report-artifact-plots")

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from eagleflow.config import load_config
-from eagleflow.manifest import stage_dir, stage_key
-from eagleflow.request import StageRequest
+from eagleflow.contracts.manifest import stage_dir, stage_key
+from eagleflow.contracts.request import StageRequest
 from tests.conftest import ROOT, free_port
 from tests.helpers.procs import group_members
 
@@ -35,16 +35,26 @@ def alive(pid: int) -> bool:
 
 
 def start_generate(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
-    cfg = load_config(ROOT / "configs" / "demo.yaml", {
-        "host.work_root": str(tmp_path / "runs"), "engine.port": free_port(),
-        "generate.num_samples": 1000, "generate.max_tokens": 512,
-        "engine.env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}})
+    cfg = load_config(
+        ROOT / "configs" / "demo.yaml",
+        {
+            "host.work_root": str(tmp_path / "runs"),
+            "engine.port": free_port(),
+            "generate.num_samples": 1000,
+            "generate.max_tokens": 512,
+            "engine.env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
+        },
+    )
     key = stage_key("generate", cfg, {})
     d = Path(stage_dir(cfg, "generate", key))
     d.mkdir(parents=True)
     (d / "request.json").write_text(StageRequest(stage="generate", key=key, dir=str(d), config=cfg).model_dump_json())
-    proc = subprocess.Popen([sys.executable, "-m", "eagleflow.stages.generate", str(d / "request.json")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "eagleflow.stages.generate", str(d / "request.json")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     return proc, d
 
 

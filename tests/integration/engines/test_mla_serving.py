@@ -16,8 +16,8 @@ if importlib.util.find_spec("vllm") is None:
     pytest.skip("vLLM is not installed in this interpreter (run under .hostenv/bin/python)", allow_module_level=True)
 
 from eagleflow.config import load_config  # noqa: E402
+from eagleflow.config.train import TrainConfig  # noqa: E402
 from eagleflow.drafter.checkpoint import save_checkpoint  # noqa: E402
-from eagleflow.drafter.config import TrainConfig  # noqa: E402
 from eagleflow.drafter.model import Eagle3Drafter  # noqa: E402
 from eagleflow.drafter.target import arch_for_target, read_target_head  # noqa: E402
 from eagleflow.drafter.vllm_export import export_vllm  # noqa: E402
@@ -40,7 +40,9 @@ def _mla_drafter(tmp, target_dir):
     assert arch.attention == "mla"
     torch.manual_seed(0)
     model = Eagle3Drafter(arch, target.embed_tokens)
-    save_checkpoint(tmp / "ckpt", model, DraftVocab(torch.arange(0, 1024, 2), arch.vocab_size), {"aux_layer_ids": AUX_IDS})
+    save_checkpoint(
+        tmp / "ckpt", model, DraftVocab(torch.arange(0, 1024, 2), arch.vocab_size), {"aux_layer_ids": AUX_IDS}
+    )
     return export_vllm(tmp / "ckpt", tmp / "drafter", AUX_IDS)
 
 
@@ -62,9 +64,17 @@ def test_the_mla_target_serves_with_an_mla_drafter_and_computes_what_transformer
     try:
         server.wait_healthy()
         before = server.snapshot()
-        r = httpx.post(f"{server.base_url}/v1/completions", timeout=300, json={
-            "model": cfg.target.served_model_name, "prompt": ids, "max_tokens": 48, "temperature": 0,
-            "prompt_logprobs": 0})
+        r = httpx.post(
+            f"{server.base_url}/v1/completions",
+            timeout=300,
+            json={
+                "model": cfg.target.served_model_name,
+                "prompt": ids,
+                "max_tokens": 48,
+                "temperature": 0,
+                "prompt_logprobs": 0,
+            },
+        )
         r.raise_for_status()
         after = server.snapshot()
     finally:
@@ -80,6 +90,6 @@ def test_the_mla_target_serves_with_an_mla_drafter_and_computes_what_transformer
     diff = sum(abs(a - b) for a, b in zip(hf_lp, engine_lp)) / len(hf_lp)
     # With the kernel on, this was 1.10 nats (7.2 at worst); with it off, 0.004 (bf16 noise).
     assert diff < 0.05, f"vLLM's prompt log-probs are {diff:.3f} nats off transformers' on average"
-    assert served["text"] == tok.decode(greedy[0, len(ids):], skip_special_tokens=True)
+    assert served["text"] == tok.decode(greedy[0, len(ids) :], skip_special_tokens=True)
     drafts = after.get(SPEC_DRAFTS, 0) - before.get(SPEC_DRAFTS, 0)
     assert drafts > 0, "the engine ran no EAGLE-3 draft step with the MLA drafter"

@@ -26,11 +26,11 @@ if importlib.util.find_spec("vllm") is None:
 
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from eagleflow.drafter.config import TrainConfig  # noqa: E402
+from eagleflow.config.train import TrainConfig  # noqa: E402
 from eagleflow.drafter.checkpoint import save_checkpoint  # noqa: E402
+from eagleflow.drafter.model import Eagle3Drafter  # noqa: E402
 from eagleflow.drafter.target import arch_for_target, read_target_head  # noqa: E402
 from eagleflow.drafter.vllm_export import export_vllm  # noqa: E402
-from eagleflow.drafter.model import Eagle3Drafter  # noqa: E402
 from eagleflow.drafter.vocab import DraftVocab  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 
@@ -45,8 +45,9 @@ DRAFT_VOCAB = 1024  # < the target's 2048, so the export carries d2t/t2d
 LIMIT_S = 110.0
 
 
-def _export(tmp: Path, name: str, hidden_size: int | None = None, target_dir: Path = DEMO_TARGET,
-            drafter_arch: str = "auto") -> Path:
+def _export(
+    tmp: Path, name: str, hidden_size: int | None = None, target_dir: Path = DEMO_TARGET, drafter_arch: str = "auto"
+) -> Path:
     """A drafter exported by the project's own code for the demo target (or, with `hidden_size`, for a
     model of another width: the same layer shape, another hidden size; or for `target_dir`)."""
     target = read_target_head(target_dir)
@@ -92,9 +93,14 @@ def built(tmp_path_factory) -> dict[str, Path]:
 
     shifted = _copy_dir(clean, tmp / "shifted")
     ids = [i - 1 for i in AUX_IDS]  # SpecForge/SGLang "output of layer i"
-    _edit_config(shifted, eagle_aux_hidden_state_layer_ids=ids,
-                 eagle_config={**json.loads((clean / "config.json").read_text())["eagle_config"],
-                               "eagle_aux_hidden_state_layer_ids": ids})
+    _edit_config(
+        shifted,
+        eagle_aux_hidden_state_layer_ids=ids,
+        eagle_config={
+            **json.loads((clean / "config.json").read_text())["eagle_config"],
+            "eagle_aux_hidden_state_layer_ids": ids,
+        },
+    )
 
     no_d2t = _copy_dir(clean, tmp / "no_d2t")
     tensors = load_file(str(no_d2t / "model.safetensors"))
@@ -107,22 +113,52 @@ def built(tmp_path_factory) -> dict[str, Path]:
     # A Kimi-K2.5-shaped multimodal wrapper around the demo's text model. vLLM's EAGLE proposer reads
     # `media_placeholder_token_id` from this class's config (llm_base_proposer.load_model).
     text = {**demo_cfg, "architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2"}
-    kimi = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
-            "text_config": text, "vision_config": {"model_type": "kimi_k25_vision"}, "image_token_id": 7}
+    kimi = {
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "model_type": "kimi_k25",
+        "text_config": text,
+        "vision_config": {"model_type": "kimi_k25_vision"},
+        "image_token_id": 7,
+    }
     kimi_bad = _target_variant(tmp, "kimi_no_placeholder", kimi)
     kimi_good = _target_variant(tmp, "kimi_ok", {**kimi, "media_placeholder_token_id": 7})
-    return {"clean": clean, "shifted": shifted, "wide": _export(tmp, "wide", hidden_size=384), "no_d2t": no_d2t,
-            "mixtral": mixtral, "kimi_bad": kimi_bad, "kimi_good": kimi_good, "tmp": tmp}
+    return {
+        "clean": clean,
+        "shifted": shifted,
+        "wide": _export(tmp, "wide", hidden_size=384),
+        "no_d2t": no_d2t,
+        "mixtral": mixtral,
+        "kimi_bad": kimi_bad,
+        "kimi_good": kimi_good,
+        "tmp": tmp,
+    }
 
 
-def _preflight(case: str, tmp: Path, target: Path, drafter: Path | None, expected: list[int] | None = AUX_IDS,
-               engine: dict | None = None, env: dict | None = None,
-               temperatures: str | None = None) -> tuple[int, list[dict], str]:
+def _preflight(
+    case: str,
+    tmp: Path,
+    target: Path,
+    drafter: Path | None,
+    expected: list[int] | None = AUX_IDS,
+    engine: dict | None = None,
+    env: dict | None = None,
+    temperatures: str | None = None,
+) -> tuple[int, list[dict], str]:
     """Run the CLI like the benchmark stage does; returns (exit code, findings, stdout)."""
     out = tmp / f"{case}.json"
-    argv = [sys.executable, "-m", "eagleflow.engines.preflight", "--engine-json",
-            json.dumps({"kind": "vllm", **(engine or {})}), "--target", str(target), "--disk-path", str(tmp),
-            "--json", str(out)]
+    argv = [
+        sys.executable,
+        "-m",
+        "eagleflow.engines.preflight",
+        "--engine-json",
+        json.dumps({"kind": "vllm", **(engine or {})}),
+        "--target",
+        str(target),
+        "--disk-path",
+        str(tmp),
+        "--json",
+        str(out),
+    ]
     if drafter is not None:
         argv += ["--drafter", f"new={drafter}"]
     if expected is not None:
@@ -130,8 +166,9 @@ def _preflight(case: str, tmp: Path, target: Path, drafter: Path | None, expecte
     if temperatures is not None:
         argv += ["--temperatures", temperatures]
     t0 = time.monotonic()
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=ROOT,
-                          env={**os.environ, **env} if env else None)
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, timeout=240, cwd=ROOT, env={**os.environ, **env} if env else None
+    )
     wall = time.monotonic() - t0
     print(f"preflight {case}: {wall:.1f} s\n{proc.stdout}")  # shown with -s
     assert wall < LIMIT_S, f"preflight {case} took {wall:.1f} s"
@@ -148,8 +185,16 @@ def test_clean_drafter_passes(built):
     assert rc == 0, stdout
     assert not [f for f in findings if f["level"] == "error"]
     checks = {f["check"] for f in findings}
-    assert {"engine", "target_arch", "whitelist", "drafter_arch[new]", "dimensions[new]", "aux_layer_ids[new]",
-            "disk", "gpu"} <= checks
+    assert {
+        "engine",
+        "target_arch",
+        "whitelist",
+        "drafter_arch[new]",
+        "dimensions[new]",
+        "aux_layer_ids[new]",
+        "disk",
+        "gpu",
+    } <= checks
     whitelist = next(f for f in findings if f["check"] == "whitelist")
     assert "no EAGLE-3 target model-type whitelist" in whitelist["message"]  # vLLM 0.32
     assert "CPU build" in next(f for f in findings if f["check"] == "gpu")["message"]
@@ -173,9 +218,16 @@ def test_the_cpu_builds_sampled_verify_fault_is_found_and_eagleflows_plugin_fixe
     divides the target's logits by uninitialised memory (docs/triage.md). eagleflow's vLLM plugin, installed with
     eagleflow in this environment, replaces the function in the engine; an engine told to load no plugin has the
     fault, which the preflight names with the fix: an error when the benchmark samples, a warning when not."""
+
     def sampled(case: str, temperatures: str, env: dict | None = None) -> tuple[int, dict]:
-        rc, findings, _ = _preflight(case, built["tmp"], DEMO_TARGET, built["clean"], temperatures=temperatures,
-                                     engine={"env": env} if env else None)
+        rc, findings, _ = _preflight(
+            case,
+            built["tmp"],
+            DEMO_TARGET,
+            built["clean"],
+            temperatures=temperatures,
+            engine={"env": env} if env else None,
+        )
         return rc, next(f for f in findings if f["check"] == "sampled_verify")
 
     rc, f = sampled("sampled-fixed", "0,0.7")
@@ -239,7 +291,6 @@ def test_multimodal_target_passes(built):
     assert any(f["check"] == "multimodal" and "get_language_model" in f["message"] for f in findings)
 
 
-
 # -- MLA targets: Kimi-K2.5 as published (tests/data/kimi-k25/config.json: the multimodal wrapper, its
 # DeepSeek-V3 text model nested, media_placeholder_token_id) and its text model alone -------------------
 
@@ -252,8 +303,9 @@ def _by_check(findings: list[dict]) -> dict[str, dict]:
 
 
 def test_kimi_k25_shaped_target(built):
-    rc, findings, stdout = _preflight("kimi_k25", built["tmp"], KIMI, None, expected=None,
-                                      engine={"extra_args": ROTARY_OFF})
+    rc, findings, stdout = _preflight(
+        "kimi_k25", built["tmp"], KIMI, None, expected=None, engine={"extra_args": ROTARY_OFF}
+    )
     assert rc == 0, stdout
     f = _by_check(findings)
     assert "KimiK25ForConditionalGeneration" in f["target_arch"]["message"] and f["target_arch"]["level"] == "ok"

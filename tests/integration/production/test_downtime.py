@@ -19,18 +19,18 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
 
-from eagleflow import httpget
 from eagleflow.config import ProductionConfig
 from eagleflow.production import ProductionError, end_owned_group, production_stopped
 from eagleflow.production.service import SettingsRecord
 from eagleflow.production.state import COMMANDS_LOG, GUARDIAN_LOG, RECORD, RESULT, WATCHING
+from eagleflow.util import http
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration
@@ -55,13 +55,20 @@ class Prod:
     first_start_s: float = 0.0  # how long its first start took here: bounds on later starts are relative to it
 
     def cfg(self, **over: object) -> ProductionConfig:
-        base = dict(kind="command", start_command=self.start_command, stop_command=self.stop_command,
-                    health_url=self.health_url, stop_timeout_s=60, restore_timeout_s=RESTORE_CAP_S, orphan_grace_s=3)
+        base = dict(
+            kind="command",
+            start_command=self.start_command,
+            stop_command=self.stop_command,
+            health_url=self.health_url,
+            stop_timeout_s=60,
+            restore_timeout_s=RESTORE_CAP_S,
+            orphan_grace_s=3,
+        )
         return ProductionConfig(**{**base, **over})
 
 
 def healthy(url: str) -> bool:
-    return httpget.answers(url, 3)
+    return http.answers(url, 3)
 
 
 def wait_healthy(url: str, timeout_s: float) -> float:
@@ -93,8 +100,11 @@ def carrying(token: str) -> list[int]:
 
 def files_outside(root: Path, state_dir: Path) -> set[str]:
     """Files under the test's tmp dir, except the state dir and the host lease's own .eagleflow dir."""
-    return {str(p.relative_to(root)) for p in root.rglob("*")
-            if p.is_file() and state_dir not in p.parents and ".eagleflow" not in p.parts}
+    return {
+        str(p.relative_to(root))
+        for p in root.rglob("*")
+        if p.is_file() and state_dir not in p.parents and ".eagleflow" not in p.parts
+    }
 
 
 def assert_clean(state_dir: Path, token: str, guardian: int, root: Path, before: set[str]) -> None:
@@ -125,15 +135,46 @@ def vllm_prod(d: Path) -> Prod:
     on a port of ours; not started yet."""
     port = free_port()
     pidfile = d / "prod.pid"
-    engine = [PY, "-m", "vllm.entrypoints.openai.api_server", "--model", str(ROOT / "demo" / "target"),
-              "--served-model-name", "prod", "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16",
-              "--max-model-len", "1024", "--enforce-eager"]
+    engine = [
+        PY,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(ROOT / "demo" / "target"),
+        "--served-model-name",
+        "prod",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        "1024",
+        "--enforce-eager",
+    ]
     return Prod(
-        port=port, pidfile=pidfile, health_url=f"http://127.0.0.1:{port}/health",
-        start_command=[PY, PRODSERVICE, "start", "--pidfile", str(pidfile), "--log", str(d / "prod.log"),
-                       "--port", str(port), "--env", "VLLM_CPU_KVCACHE_SPACE=1",
-                       # the dev routes production.pause 'sleep' drives (/sleep, /wake_up, /is_sleeping)
-                       "--env", "VLLM_SERVER_DEV_MODE=1", "--", *engine],
+        port=port,
+        pidfile=pidfile,
+        health_url=f"http://127.0.0.1:{port}/health",
+        start_command=[
+            PY,
+            PRODSERVICE,
+            "start",
+            "--pidfile",
+            str(pidfile),
+            "--log",
+            str(d / "prod.log"),
+            "--port",
+            str(port),
+            "--env",
+            "VLLM_CPU_KVCACHE_SPACE=1",
+            # the dev routes production.pause 'sleep' drives (/sleep, /wake_up, /is_sleeping)
+            "--env",
+            "VLLM_SERVER_DEV_MODE=1",
+            "--",
+            *engine,
+        ],
         stop_command=[PY, PRODSERVICE, "stop", "--pidfile", str(pidfile)],
     )
 
@@ -167,22 +208,38 @@ def guardian_pid(state_dir: Path) -> int:
 
 
 def standin_engine(env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([PY, "-c", "import time; time.sleep(600)"], env={**os.environ, **env},
-                            start_new_session=True)
+    return subprocess.Popen(
+        [PY, "-c", "import time; time.sleep(600)"], env={**os.environ, **env}, start_new_session=True
+    )
 
 
 def start_block(prod: Prod, state_dir: Path, work_root: Path) -> tuple[subprocess.Popen, str, int]:
     """The stand-in stage in a process (and process group) of its own; returns it, the token, its engine."""
-    proc = subprocess.Popen([PY, PRODSERVICE, "block", "--state-dir", str(state_dir), "--work-root", str(work_root),
-                             "--config", prod.cfg().model_dump_json()],
-                            stdout=subprocess.PIPE, text=True, start_new_session=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        [
+            PY,
+            PRODSERVICE,
+            "block",
+            "--state-dir",
+            str(state_dir),
+            "--work-root",
+            str(work_root),
+            "--config",
+            prod.cfg().model_dump_json(),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        cwd=ROOT,
+    )
     assert proc.stdout is not None
     for line in proc.stdout:
         if line.startswith("in-block "):
             _, token, engine = line.split()
             return proc, token, int(engine)
-    raise AssertionError(f"the block never started (exit {proc.wait()}); guardian log:\n"
-                         + (state_dir / GUARDIAN_LOG).read_text())
+    raise AssertionError(
+        f"the block never started (exit {proc.wait()}); guardian log:\n" + (state_dir / GUARDIAN_LOG).read_text()
+    )
 
 
 # -- with production (each case leaves production as it found it, but case 5, and `prod` restarts it) --
@@ -271,8 +328,13 @@ def test_3_sigkilled_stage_guardian_ends_engine_and_restores(prod: Prod, tmp_pat
 def test_4_controller_gone_guardian_ends_the_stage_and_restores(prod: Prod, tmp_path: Path) -> None:
     state_dir, before = tmp_path / "bench", files_outside(tmp_path, tmp_path / "bench")
     # The controller: the real lease process an SSH host uses, held until it dies.
-    lease = subprocess.Popen([PY, "-m", "eagleflow.jobs", "lease", str(tmp_path), "flow-run-1", "--what", "test"],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    lease = subprocess.Popen(
+        [PY, "-m", "eagleflow.hosts.jobs", "lease", str(tmp_path), "flow-run-1", "--what", "test"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     assert lease.stdout is not None and json.loads(lease.stdout.readline())["state"] == "held"
     block, token, engine = start_block(prod, state_dir, tmp_path)
     try:
@@ -314,8 +376,10 @@ def test_7_cancelled_stage_leaves_at_once_and_a_retry_waits_for_its_guardian(pro
             assert downtime.was_running and not healthy(prod.health_url)
             guardian = guardian_pid(state_dir)
         TIMES["7 cancelled (SIGTERM) -> retry entered"] = waited
-        print(f"\ncancelled stage left after {left_after:.1f} s; the retry entered after {waited:.1f} s "
-              f"(the first guardian's restore); {downtime.summary()}")
+        print(
+            f"\ncancelled stage left after {left_after:.1f} s; the retry entered after {waited:.1f} s "
+            f"(the first guardian's restore); {downtime.summary()}"
+        )
         assert downtime.result and downtime.result["ok"] and downtime.result["started"]
         assert waited < RESTORE_CAP_S and healthy(prod.health_url)
         assert_clean(state_dir, downtime.token, guardian, tmp_path, before)
@@ -331,8 +395,11 @@ def chat_in_background(prod: Prod) -> tuple[threading.Thread, dict]:
 
     def send() -> None:
         t0 = time.monotonic()
-        r = httpx.post(f"http://127.0.0.1:{prod.port}/v1/chat/completions", timeout=RESTORE_CAP_S, json={
-            "model": "prod", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4})
+        r = httpx.post(
+            f"http://127.0.0.1:{prod.port}/v1/chat/completions",
+            timeout=RESTORE_CAP_S,
+            json={"model": "prod", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4},
+        )
         got.update(status=r.status_code, at=time.monotonic(), took=time.monotonic() - t0)
 
     t = threading.Thread(target=send, daemon=True)
@@ -374,8 +441,13 @@ def test_9_a_drafter_switched_while_asleep_without_a_swap_is_loaded_by_a_restart
     state_dir, before = tmp_path / "bench", files_outside(tmp_path, tmp_path / "bench")
     pid_before = prod.pidfile.read_text()
     cfg = prod.cfg(pause="sleep", sleep_level=1).model_dump()
-    with production_stopped(SettingsRecord(**{k: v for k, v in cfg.items() if k in SettingsRecord.__dataclass_fields__},
-                                           drafter_link=str(link)), state_dir, work_root=tmp_path) as downtime:
+    with production_stopped(
+        SettingsRecord(
+            **{k: v for k, v in cfg.items() if k in SettingsRecord.__dataclass_fields__}, drafter_link=str(link)
+        ),
+        state_dir,
+        work_root=tmp_path,
+    ) as downtime:
         guardian = guardian_pid(state_dir)
         assert downtime.paused and downtime.paused["drafter"] == os.path.realpath(tmp_path / "d0")
         tmp = tmp_path / "drafter.new"

@@ -1,7 +1,7 @@
 """production.kind systemd set up wrong: a unit systemd does not know, polkit refusing the host user, no
 systemd to ask. Each is permanent: found by the check stage where it can be (before hours of generate), and
 where it cannot (polkit answers only when asked to stop), the stop fails at once with systemd's own words
-and the fix, in three lines a person reads (eagleflow.failure).
+and the fix, in three lines a person reads (eagleflow.contracts.failure).
 
 This machine runs no systemd (PID 1 is not systemd), so the real `systemctl` here answers "System has not
 been booted with systemd" and that case is tested with it. The unit and polkit cases need a systemd that
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from eagleflow.failure import stage_ending
+from eagleflow.contracts.failure import stage_ending
 from eagleflow.production import ProductionError, ProductionService
 from eagleflow.production.service import SettingsRecord
 from tests.integration.stages.test_check import run_check
@@ -50,8 +50,11 @@ def stand_in(tmp_path: Path, monkeypatch, case: str) -> None:
 
 
 def service() -> ProductionService:
-    return ProductionService(SettingsRecord(kind="systemd", unit="vllm-prod.service",
-                                            health_url="http://127.0.0.1:9/health", stop_timeout_s=60))
+    return ProductionService(
+        SettingsRecord(
+            kind="systemd", unit="vllm-prod.service", health_url="http://127.0.0.1:9/health", stop_timeout_s=60
+        )
+    )
 
 
 def three(exc: BaseException) -> list[str]:
@@ -68,15 +71,25 @@ def test_a_unit_systemd_does_not_know_is_found_by_the_check_and_fails_the_stop_a
         service().stop()
     took = time.monotonic() - t0
     lines = three(err.value)
-    assert lines[-2].startswith("error: stopping production failed: production.unit 'vllm-prod.service' is not a unit"), lines
+    assert lines[-2].startswith(
+        "error: stopping production failed: production.unit 'vllm-prod.service' is not a unit"
+    ), lines
     assert "not loaded" in lines[-2] and lines[-1].startswith("fix: set production.unit") and took < 10, (took, lines)
     print(f"\nFAULT | production.unit unknown | {took:.2f} s | {lines[-2]} / {lines[-1]}")
     # the check stage, run as the pipeline runs it, refuses the config before any work
-    proc, seconds, d = run_check(tmp_path, {"production.kind": "systemd", "production.unit": "vllm-prod.service",
-                                            "production.health_url": "http://127.0.0.1:9/health"})
+    proc, seconds, d = run_check(
+        tmp_path,
+        {
+            "production.kind": "systemd",
+            "production.unit": "vllm-prod.service",
+            "production.health_url": "http://127.0.0.1:9/health",
+        },
+    )
     last = proc.stdout.strip().splitlines()
     assert proc.returncode == 1 and not (d / "manifest.json").exists(), proc.stdout[-2000:]
-    assert last[-2].startswith("error: the run config does not fit this host: production.unit 'vllm-prod.service'"), last[-3:]
+    assert last[-2].startswith("error: the run config does not fit this host: production.unit 'vllm-prod.service'"), (
+        last[-3:]
+    )
     assert last[-1].startswith("fix: set production.unit"), last[-3:]
     print(f"FAULT | production.unit unknown, check stage | {seconds:.1f} s | {last[-2]}")
 
@@ -90,7 +103,10 @@ def test_polkit_refusing_the_stop_fails_at_once_with_systemds_words_and_the_fix(
     took = time.monotonic() - t0
     lines = three(err.value)
     assert "the host user may not stop vllm-prod.service: polkit refused it" in lines[-2], lines
-    assert "Interactive authentication required." in lines[-2] and "polkit rule" in lines[-1] and took < 10, (took, lines)
+    assert "Interactive authentication required." in lines[-2] and "polkit rule" in lines[-1] and took < 10, (
+        took,
+        lines,
+    )
     assert "Its output:" in "\n".join(lines[:-2])  # systemctl's whole output stays in the details
     print(f"\nFAULT | polkit refuses | {took:.2f} s | {lines[-2]} / {lines[-1]}")
 
@@ -101,13 +117,18 @@ def test_no_systemd_to_ask_is_found_by_the_check(tmp_path):
     if pid1 == "systemd":
         pytest.skip("this machine runs systemd")
     problem = service().unit_problem()
-    assert problem and "there is no systemd to ask" in problem and "Fix: production.kind systemd needs" in problem, problem
+    assert problem and "there is no systemd to ask" in problem and "Fix: production.kind systemd needs" in problem, (
+        problem
+    )
     t0 = time.monotonic()
     with pytest.raises(ProductionError) as err:
         service().stop()
     lines = three(err.value)
-    assert "there is no systemd to ask" in lines[-2] and lines[-1].startswith("fix: production.kind systemd needs"), lines
+    assert "there is no systemd to ask" in lines[-2] and lines[-1].startswith("fix: production.kind systemd needs"), (
+        lines
+    )
     assert time.monotonic() - t0 < 10
-    real = subprocess.run(["systemctl", "show", "--property=LoadState", "--value", "x.service"], capture_output=True,
-                          text=True)
+    real = subprocess.run(
+        ["systemctl", "show", "--property=LoadState", "--value", "x.service"], capture_output=True, text=True
+    )
     print(f"\nFAULT | no systemd (PID 1 {pid1}; systemctl said {real.stderr.strip().splitlines()[:1]}) | {lines[-2]}")

@@ -27,11 +27,21 @@ import pyarrow.parquet as pq
 import pytest
 
 from eagleflow.config import load_config
-from eagleflow.manifest import stage_dir, stage_key
-from eagleflow.request import StageRequest
-from tests.conftest import ROOT, free_port as any_free_port
+from eagleflow.contracts.manifest import stage_dir, stage_key
+from eagleflow.contracts.request import StageRequest
+from tests.conftest import ROOT
+from tests.conftest import free_port as any_free_port
 from tests.integration.production.test_downtime import (  # noqa: F401 - `prod` is this module's fixture too
-    PY, Prod, alive, carrying, healthy, prod, prod_server, standin_engine, vllm_prod, wait_healthy,
+    PY,
+    Prod,
+    alive,
+    carrying,
+    healthy,
+    prod,
+    prod_server,
+    standin_engine,
+    vllm_prod,
+    wait_healthy,
 )
 
 pytestmark = pytest.mark.integration
@@ -39,16 +49,33 @@ WINDOW = [PY, "-m", "eagleflow.production.window"]
 
 
 def open_window(prod: Prod, d: Path, work_root: Path, owner: str) -> dict:
-    out = subprocess.run([*WINDOW, "open", str(d), "--config", prod.cfg().model_dump_json(), "--work-root",
-                          str(work_root), "--owner", owner, "--stages", "extract,train"],
-                         capture_output=True, text=True, timeout=180, cwd=ROOT)
+    out = subprocess.run(
+        [
+            *WINDOW,
+            "open",
+            str(d),
+            "--config",
+            prod.cfg().model_dump_json(),
+            "--work-root",
+            str(work_root),
+            "--owner",
+            owner,
+            "--stages",
+            "extract,train",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def status(d: Path) -> dict:
-    return json.loads(subprocess.run([*WINDOW, "status", str(d)], capture_output=True, text=True, cwd=ROOT,
-                                     check=True).stdout)
+    return json.loads(
+        subprocess.run([*WINDOW, "status", str(d)], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    )
 
 
 def wait_closed(d: Path, timeout_s: float) -> dict:
@@ -88,23 +115,40 @@ def test_window_holder_killed_guardian_ends_its_stages_and_restores(prod: Prod, 
     assert carrying(rec["token"]) == [] and not alive(rec["pid"])
 
 
-def _start_generate(prod: Prod, tmp_path: Path, n: int, concurrency: int, **production: object
-                    ) -> tuple[Path, subprocess.Popen]:
+def _start_generate(
+    prod: Prod, tmp_path: Path, n: int, concurrency: int, **production: object
+) -> tuple[Path, subprocess.Popen]:
     """The generate stage of the demo config answered by production (`production`: its url or its replicas), started
     as its own process, its output in <stage dir>/stage.log: (stage dir, process)."""
-    cfg = load_config(ROOT / "configs" / "demo.yaml", {
-        "host.work_root": str(tmp_path / "runs"), "host.python": sys.executable, "engine.port": any_free_port(),
-        "target.served_model_name": "prod", "generate.server": "production", "generate.num_samples": n,
-        "generate.holdout": 4, "generate.shard_size": 16, "generate.concurrency": concurrency,
-        "generate.max_tokens": 96, "generate.server_wait_s": 240, "benchmark.num_prompts": 4,
-        "production": {**prod.cfg().model_dump(), **production}})
+    cfg = load_config(
+        ROOT / "configs" / "demo.yaml",
+        {
+            "host.work_root": str(tmp_path / "runs"),
+            "host.python": sys.executable,
+            "engine.port": any_free_port(),
+            "target.served_model_name": "prod",
+            "generate.server": "production",
+            "generate.num_samples": n,
+            "generate.holdout": 4,
+            "generate.shard_size": 16,
+            "generate.concurrency": concurrency,
+            "generate.max_tokens": 96,
+            "generate.server_wait_s": 240,
+            "benchmark.num_prompts": 4,
+            "production": {**prod.cfg().model_dump(), **production},
+        },
+    )
     key = stage_key("generate", cfg, {})
     d = Path(stage_dir(cfg, "generate", key))
     d.mkdir(parents=True)
     (d / "request.json").write_text(StageRequest(stage="generate", key=key, dir=str(d), config=cfg).model_dump_json())
     log = open(d / "stage.log", "w")
-    return d, subprocess.Popen([sys.executable, "-m", "eagleflow.stages.generate", str(d / "request.json")],
-                               stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    return d, subprocess.Popen(
+        [sys.executable, "-m", "eagleflow.stages.generate", str(d / "request.json")],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
 
 
 def _start_again(p: Prod) -> None:
@@ -144,8 +188,9 @@ def test_generate_from_production_survives_a_restart(prod: Prod, tmp_path: Path)
 def _served(metrics_url: str) -> float:
     """Requests a vLLM server has finished since it started (its own counter, read here, not by the stage)."""
     text = httpx.get(metrics_url, timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:request_success_total"))
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:request_success_total")
+    )
 
 
 def test_generate_spreads_over_replicas_leaves_a_stopped_one_and_takes_it_back(prod: Prod, tmp_path: Path) -> None:
@@ -198,8 +243,11 @@ def test_generate_spreads_over_replicas_leaves_a_stopped_one_and_takes_it_back(p
             assert c["sent"] == c["answered"] + c["moved"], c
         assert a_counts["answered"] + b_counts["answered"] == n  # every answer from exactly one replica
         assert _served(f"{urls[1]}/metrics") > 0  # the restarted b served again: taken back
-        ids = [i for s in sorted((d / "data").glob("shard-*.parquet"))
-               for i in pq.read_table(s, columns=["sample_id"]).column("sample_id").to_pylist()]
+        ids = [
+            i
+            for s in sorted((d / "data").glob("shard-*.parquet"))
+            for i in pq.read_table(s, columns=["sample_id"]).column("sample_id").to_pylist()
+        ]
         assert sorted(ids) == list(range(n))  # every sample, once
         assert "left" in text and "taken back" in text
     finally:

@@ -17,10 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eagleflow import httpget
 from eagleflow.config import RunConfig, load_config
-from eagleflow.manifest import stage_dir, stage_key
-from eagleflow.request import StageRequest
+from eagleflow.contracts.manifest import stage_dir, stage_key
+from eagleflow.contracts.request import StageRequest
+from eagleflow.util import http
 from tests.conftest import ROOT, free_port, processes_with_env, prod_service_config
 from tests.make_drafter import make_drafter
 
@@ -30,22 +30,35 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def drafters(tmp_path_factory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("drafters")
-    return {"new": make_drafter(tmp / "new", seed=0), "current": make_drafter(tmp / "current", seed=1),
-            "newer": make_drafter(tmp / "newer", seed=2)}
+    return {
+        "new": make_drafter(tmp / "new", seed=0),
+        "current": make_drafter(tmp / "current", seed=1),
+        "newer": make_drafter(tmp / "newer", seed=2),
+    }
 
 
 def healthy(url: str) -> bool:
     try:
-        return httpget.get(url, timeout=2).status_code == 200
+        return http.get(url, timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
 
 
 def bench_config(tmp: Path, overrides: dict) -> RunConfig:
-    return load_config(ROOT / "configs" / "demo.yaml", {
-        "host.work_root": str(tmp / "runs"), "host.python": sys.executable, "engine.port": free_port(),
-        "benchmark.num_prompts": 4, "benchmark.max_tokens": 24, "benchmark.warmup_requests": 1,
-        "benchmark.temperatures": [0.0, 0.7], "benchmark.concurrencies": [1, 2], **overrides})
+    return load_config(
+        ROOT / "configs" / "demo.yaml",
+        {
+            "host.work_root": str(tmp / "runs"),
+            "host.python": sys.executable,
+            "engine.port": free_port(),
+            "benchmark.num_prompts": 4,
+            "benchmark.max_tokens": 24,
+            "benchmark.warmup_requests": 1,
+            "benchmark.temperatures": [0.0, 0.7],
+            "benchmark.concurrencies": [1, 2],
+            **overrides,
+        },
+    )
 
 
 def start_stage(cfg: RunConfig) -> tuple[subprocess.Popen, Path]:
@@ -53,15 +66,26 @@ def start_stage(cfg: RunConfig) -> tuple[subprocess.Popen, Path]:
     d = Path(stage_dir(cfg, "benchmark", key))
     d.mkdir(parents=True)
     (d / "request.json").write_text(StageRequest(stage="benchmark", key=key, dir=str(d), config=cfg).model_dump_json())
-    proc = subprocess.Popen([sys.executable, "-m", "eagleflow.stages.benchmark", str(d / "request.json")],
-                            stdout=open(d / "stage.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "eagleflow.stages.benchmark", str(d / "request.json")],
+        stdout=open(d / "stage.log", "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     return proc, d
 
 
 def nightly_benchmark(tmp: Path, drafter: Path, current: Path) -> tuple[Path, dict]:
     """The benchmark stage as a nightly runs it (no production, the stopping rule on); its dir and metrics."""
-    cfg = bench_config(tmp, {"benchmark.drafter": str(drafter), "benchmark.current_drafter": str(current),
-                             "benchmark.precision": 0.5, "benchmark.min_requests": 2})
+    cfg = bench_config(
+        tmp,
+        {
+            "benchmark.drafter": str(drafter),
+            "benchmark.current_drafter": str(current),
+            "benchmark.precision": 0.5,
+            "benchmark.min_requests": 2,
+        },
+    )
     proc, d = start_stage(cfg)
     assert proc.wait(timeout=1200) == 0, (d / "stage.log").read_text()[-5000:]
     return d, json.loads((d / "manifest.json").read_text())["metrics"]
@@ -77,8 +101,14 @@ def test_every_variant_and_setting_is_measured_and_production_comes_back(tmp_pat
         while not healthy(production["health_url"]):
             assert time.monotonic() < deadline, (tmp_path / "prod.log").read_text()[-3000:]
             time.sleep(1)
-        cfg = bench_config(tmp_path, {"benchmark.drafter": str(drafters["new"]),
-                                      "benchmark.current_drafter": str(drafters["current"]), "production": production})
+        cfg = bench_config(
+            tmp_path,
+            {
+                "benchmark.drafter": str(drafters["new"]),
+                "benchmark.current_drafter": str(drafters["current"]),
+                "production": production,
+            },
+        )
         proc, d = start_stage(cfg)
         rc = proc.wait(timeout=1200)
         log = (d / "stage.log").read_text()
@@ -88,7 +118,8 @@ def test_every_variant_and_setting_is_measured_and_production_comes_back(tmp_pat
         # 3 variants x 2 temperatures x 2 concurrencies, each with throughput and latency.
         windows = m["windows"]
         assert sorted({(w["variant"], w["temperature"], w["concurrency"]) for w in windows}) == sorted(
-            (v, t, c) for v in ("baseline", "current", "drafter") for t in (0.0, 0.7) for c in (1, 2))
+            (v, t, c) for v in ("baseline", "current", "drafter") for t in (0.0, 0.7) for c in (1, 2)
+        )
         for w in windows:
             assert w["output_tokens"] == 4 * 24 and w["output_tok_s"] > 0
             assert w["ttft_ms"] > 0 and w["itl_ms"] > 0 and w["tpot_ms"] > 0 and w["e2e_ms"] > 0  # engine histograms
@@ -127,7 +158,10 @@ def test_every_variant_and_setting_is_measured_and_production_comes_back(tmp_pat
         first = {(w["variant"], w["temperature"], w["concurrency"]): w for w in windows}
         for w in m2["windows"]:
             if w["variant"] != "drafter":  # the very figures the first run measured
-                assert w["measured"] and w["round_seconds"] == first[(w["variant"], w["temperature"], w["concurrency"])]["round_seconds"]
+                assert (
+                    w["measured"]
+                    and w["round_seconds"] == first[(w["variant"], w["temperature"], w["concurrency"])]["round_seconds"]
+                )
                 continue
             assert w["stopped"] in ("precision", "all prompts") and len(w["round_drafts"]) == len(w["round_seconds"])
             if w["stopped"] == "precision":
@@ -143,7 +177,9 @@ def test_every_variant_and_setting_is_measured_and_production_comes_back(tmp_pat
         assert str(d2) in m3["reused"]["current"]
         assert sorted(p.name for p in d3.glob("engine-*.log")) == ["engine-drafter.log"]
         cur = [w for w in m3["windows"] if w["variant"] == "current"]
-        assert [w["round_seconds"] for w in cur] == [w["round_seconds"] for w in m2["windows"] if w["variant"] == "drafter"]
+        assert [w["round_seconds"] for w in cur] == [
+            w["round_seconds"] for w in m2["windows"] if w["variant"] == "drafter"
+        ]
     finally:
         subprocess.run(production["stop_command"], capture_output=True, timeout=60)
 
@@ -171,6 +207,8 @@ def test_an_engine_that_dies_while_loading_is_reported_within_10_s_with_its_root
     error = next(line for line in log.splitlines() if line.startswith("error:"))
     print(f"engine's worker died; the stage failed {reported:.1f} s later: {error[:300]}")
     assert rc == 1 and reported < 10
-    assert error.startswith("error: engine baseline") and "root cause: safetensors" in error and "SafetensorError" in error
+    assert (
+        error.startswith("error: engine baseline") and "root cause: safetensors" in error and "SafetensorError" in error
+    )
     assert "loading: Loading safetensors checkpoint shards" in log
     assert not (d / "manifest.json").exists()

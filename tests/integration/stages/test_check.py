@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from eagleflow.capacity import DEFAULT_ANSWER_TOKENS, state_bytes_per_token
+from eagleflow.capacity.costs import state_bytes_per_token
+from eagleflow.capacity.rates import DEFAULT_ANSWER_TOKENS
 from eagleflow.config import load_config
-from eagleflow.manifest import read_manifest
-from eagleflow.outputs import CheckMetrics
-from eagleflow.request import StageRequest
+from eagleflow.contracts.manifest import read_manifest
+from eagleflow.contracts.request import StageRequest
+from eagleflow.contracts.stage_records import CheckMetrics
 from tests.conftest import ROOT
 
 pytest.importorskip("transformers")
@@ -33,8 +34,13 @@ def run_check(tmp_path: Path, overrides: dict) -> tuple[subprocess.CompletedProc
     d.mkdir(parents=True)
     (d / "request.json").write_text(StageRequest(stage="check", key="k", dir=str(d), config=cfg).model_dump_json())
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "eagleflow.stages.check", str(d / "request.json")], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "eagleflow.stages.check", str(d / "request.json")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return proc, time.monotonic() - start, d
 
 
@@ -49,21 +55,30 @@ def test_the_demo_fits_and_its_plan_is_in_the_manifest(tmp_path):
 
 
 def test_states_that_outgrow_the_free_disk_are_refused_in_seconds(tmp_path):
-    # Enough one-line prompts that 1,194-token answers (the seeds' mean; max_tokens allows them) of the
+    # Enough one-line prompts that 1,194-token answers (the reference run's mean; max_tokens allows them) of the
     # demo target (4 x 192 bf16 states: 1,536 B a token) need 1.5x the filesystem's free space.
     free = shutil.disk_usage(tmp_path).free
     n = int(1.5 * free / (state_bytes_per_token(192, "bfloat16") * DEFAULT_ANSWER_TOKENS)) + 100
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"question {i}"}) + "\n" for i in range(n)))
-    proc, seconds, d = run_check(tmp_path, {
-        "generate.prompts_path": str(prompts), "generate.num_samples": n, "generate.max_tokens": 2048,
-        "engine.max_model_len": 4096, "extract.max_seq_len": 4096})
+    proc, seconds, d = run_check(
+        tmp_path,
+        {
+            "generate.prompts_path": str(prompts),
+            "generate.num_samples": n,
+            "generate.max_tokens": 2048,
+            "engine.max_model_len": 4096,
+            "extract.max_seq_len": 4096,
+        },
+    )
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert seconds < 60, f"the refusal took {seconds:.0f} s"
     assert "error: the run config does not fit this host:" in proc.stdout
-    # the cause, then its fix, on the last two lines (eagleflow.failure), for the control side
+    # the cause, then its fix, on the last two lines (eagleflow.contracts.failure), for the control side
     cause, fix = proc.stdout.strip().splitlines()[-2:]
-    assert cause.startswith("error: ") and fix.startswith("fix: ") and "the extraction will not fit the free disk" in cause
+    assert (
+        cause.startswith("error: ") and fix.startswith("fix: ") and "the extraction will not fit the free disk" in cause
+    )
     error = cause + fix
     needed, stated_free = (int(x.replace(",", "")) for x in re.findall(r"\(([\d,]+) bytes\)", error)[:2])
     assert needed > stated_free
@@ -83,9 +98,17 @@ def test_a_multimodal_wrapper_is_read_through_its_text_config(tmp_path):
         if f.name != "config.json":
             (wrapped / f.name).symlink_to(f)
     text = json.loads((demo / "config.json").read_text())
-    (wrapped / "config.json").write_text(json.dumps({
-        "architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", "text_config": text,
-        "vision_config": {"patch_size": 14}, "media_placeholder_token_id": 7}))
+    (wrapped / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["KimiK25ForConditionalGeneration"],
+                "model_type": "kimi_k25",
+                "text_config": text,
+                "vision_config": {"patch_size": 14},
+                "media_placeholder_token_id": 7,
+            }
+        )
+    )
     proc, _, d = run_check(tmp_path, {"target.model_path": str(wrapped)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     plan = CheckMetrics.of(read_manifest(d / "manifest.json")).plan
@@ -100,6 +123,7 @@ def test_an_mla_target_on_an_engine_kernel_that_would_serve_it_wrongly_is_refuse
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr
     assert "engine rotary" in out and "-rotary_embedding" in out and "engine.extra_args" in out, out[-3000:]
-    ok, _, _ = run_check(tmp_path / "ok", {"target.model_path": mla.target.model_path,
-                                           "engine.extra_args": mla.engine.extra_args})
+    ok, _, _ = run_check(
+        tmp_path / "ok", {"target.model_path": mla.target.model_path, "engine.extra_args": mla.engine.extra_args}
+    )
     assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]

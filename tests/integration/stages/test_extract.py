@@ -23,10 +23,10 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from eagleflow.config import load_config  # noqa: E402
+from eagleflow.contracts.manifest import Manifest, read_manifest  # noqa: E402
+from eagleflow.contracts.request import StageRequest  # noqa: E402
+from eagleflow.contracts.stage_records import ExtractMetrics, ExtractOutputs, GenerateOutputs  # noqa: E402
 from eagleflow.drafter.data import SequenceStore, read_index  # noqa: E402
-from eagleflow.manifest import Manifest, read_manifest  # noqa: E402
-from eagleflow.outputs import ExtractMetrics, ExtractOutputs, GenerateOutputs  # noqa: E402
-from eagleflow.request import StageRequest  # noqa: E402
 from tests.conftest import ROOT, free_port  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -41,15 +41,19 @@ def generate(tmp_path_factory) -> Manifest:
     lens = torch.randint(20, 120, (14,), generator=g).tolist()
     ids = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lens]
     masks = [[0] * 8 + [1] * (n - 8) for n in lens]
-    pq.write_table(pa.table({"split": ["train"] * 10 + ["holdout"] * 4, "input_ids": ids, "loss_mask": masks}),
-                   out / "shard-00000.parquet")
+    pq.write_table(
+        pa.table({"split": ["train"] * 10 + ["holdout"] * 4, "input_ids": ids, "loss_mask": masks}),
+        out / "shard-00000.parquet",
+    )
     outputs = GenerateOutputs(shards=["shard-00000.parquet"], num_train=10, num_holdout=4, num_tokens=sum(lens))
     return Manifest(stage="generate", key="g", dir=str(out), outputs=outputs.model_dump())
 
 
 def request(tmp_path: Path, generate: Manifest, name: str, **extract) -> StageRequest:
-    cfg = load_config(ROOT / "configs" / "demo.yaml", {"host.work_root": str(tmp_path / "runs"),
-                                                       **{f"extract.{k}": v for k, v in extract.items()}})
+    cfg = load_config(
+        ROOT / "configs" / "demo.yaml",
+        {"host.work_root": str(tmp_path / "runs"), **{f"extract.{k}": v for k, v in extract.items()}},
+    )
     stage_dir = tmp_path / name
     stage_dir.mkdir(parents=True, exist_ok=True)
     req = StageRequest(stage="extract", key=name, dir=str(stage_dir), config=cfg, upstream={"generate": generate})
@@ -58,8 +62,13 @@ def request(tmp_path: Path, generate: Manifest, name: str, **extract) -> StageRe
 
 
 def run_stage(req: StageRequest) -> Manifest:
-    proc = subprocess.run([sys.executable, "-m", "eagleflow.stages.extract", str(Path(req.dir) / "request.json")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "eagleflow.stages.extract", str(Path(req.dir) / "request.json")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return read_manifest(Path(req.dir) / "manifest.json")
 
@@ -116,7 +125,8 @@ def test_a_rerun_keeps_finished_shards_and_redoes_a_damaged_one(tmp_path, genera
     assert ExtractMetrics.of(second).tokens_extracted == entry["num_tokens"], "only the damaged shard ran again"
     assert damaged.stat().st_size == entry["bytes"]
     assert json.loads(Path(first.path("data/index.json")).read_text()) == json.loads(
-        Path(second.path("data/index.json")).read_text()), "the same inputs give the same files"
+        Path(second.path("data/index.json")).read_text()
+    ), "the same inputs give the same files"
 
 
 def test_train_refuses_a_truncated_shard_naming_it(tmp_path, hf_run):
@@ -135,8 +145,13 @@ def test_train_refuses_a_truncated_shard_naming_it(tmp_path, hf_run):
     stage_dir.mkdir()
     req = StageRequest(stage="train", key="t", dir=str(stage_dir), config=cfg, upstream={"extract": extract})
     (stage_dir / "request.json").write_text(req.model_dump_json())
-    proc = subprocess.run([sys.executable, "-m", "eagleflow.stages.train", str(stage_dir / "request.json")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "eagleflow.stages.train", str(stage_dir / "request.json")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert f"shard {victim} is truncated" in out and "delete the extract stage's manifest.json" in out
@@ -145,8 +160,13 @@ def test_train_refuses_a_truncated_shard_naming_it(tmp_path, hf_run):
     # An index edited to match the damage is caught too: the extract manifest pins the index's sha256.
     index["shards"][1]["bytes"] = victim.stat().st_size
     (copy / "data" / "index.json").write_text(json.dumps(index))
-    proc = subprocess.run([sys.executable, "-m", "eagleflow.stages.train", str(stage_dir / "request.json")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "eagleflow.stages.train", str(stage_dir / "request.json")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode != 0 and "index.json is not the index the extract stage wrote" in proc.stdout + proc.stderr
 
 
@@ -156,8 +176,9 @@ def test_vllm_backend_gives_the_states_hf_gives(tmp_path, generate, hf_run):
     transformers forward: every layer within bf16 rounding, the spool emptied."""
     spool = tmp_path / "spool"
     spool.mkdir()
-    req = request(tmp_path, generate, "vllm", backend="vllm", shard_bytes=256 << 10, spool_dir=str(spool),
-                  concurrency=4)
+    req = request(
+        tmp_path, generate, "vllm", backend="vllm", shard_bytes=256 << 10, spool_dir=str(spool), concurrency=4
+    )
     req.config.engine.port = free_port()
     (Path(req.dir) / "request.json").write_text(req.model_dump_json())
     m = run_stage(req)
@@ -189,16 +210,29 @@ def test_states_that_outgrow_the_free_disk_are_refused_before_anything_is_writte
         ids = pa.array([np.zeros(seq, dtype=np.int32)] * n, type=pa.list_(pa.int32()))
         gen_dir = work / "generate"
         gen_dir.mkdir()
-        pq.write_table(pa.table({"split": ["train"] * n, "input_ids": ids, "loss_mask": ids.cast(pa.list_(pa.int8()))}),
-                       gen_dir / "shard-00000.parquet")
-        gen = Manifest(stage="generate", key="g", dir=str(gen_dir), outputs=GenerateOutputs(
-            shards=["shard-00000.parquet"], num_train=n, num_holdout=0, num_tokens=n * seq).model_dump())
+        pq.write_table(
+            pa.table({"split": ["train"] * n, "input_ids": ids, "loss_mask": ids.cast(pa.list_(pa.int8()))}),
+            gen_dir / "shard-00000.parquet",
+        )
+        gen = Manifest(
+            stage="generate",
+            key="g",
+            dir=str(gen_dir),
+            outputs=GenerateOutputs(
+                shards=["shard-00000.parquet"], num_train=n, num_holdout=0, num_tokens=n * seq
+            ).model_dump(),
+        )
         req = request(work, gen, "refused", max_seq_len=seq, device="cpu")
         start = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "eagleflow.stages.extract", str(Path(req.dir) / "request.json")],
-                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-m", "eagleflow.stages.extract", str(Path(req.dir) / "request.json")],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 1 and time.monotonic() - start < 60, proc.stdout[-3000:]
-        last, fix = proc.stdout.strip().splitlines()[-2:]  # the cause, then its fix (eagleflow.failure)
+        last, fix = proc.stdout.strip().splitlines()[-2:]  # the cause, then its fix (eagleflow.contracts.failure)
         assert last.startswith("error: the extraction will not fit the free disk") and f"{n * seq:,} tokens" in last
         assert fix.startswith("fix: ") and "host.work_root" in fix, fix
         needed, stated_free = (int(x.replace(",", "")) for x in re.findall(r"\(([\d,]+) bytes", last)[:2])
@@ -241,11 +275,13 @@ json.dump(runs, open(os.path.join(out, "runs.json"), "w"))
 """
 
 
-def test_a_disk_that_fills_mid_extract_is_named_and_a_rerun_resumes_after_the_last_whole_shard(tmp_path, generate,
-                                                                                                hf_run):
+def test_a_disk_that_fills_mid_extract_is_named_and_a_rerun_resumes_after_the_last_whole_shard(
+    tmp_path, generate, hf_run
+):
     """The stage dir on a small filesystem of its own (tmpfs in a mount namespace) that another writer fills to
     ~300 KiB free once the first shard lands: the 256 KiB shards stop fitting mid-stage. The stage fails naming
-    the disk and what to do, leaves no manifest, and no shard it had not finished is in the index a rerun trusts; once space is freed, the
+    the disk and what to do, leaves no manifest, and no shard it had not finished is in the index a rerun trusts; once
+    space is freed, the
     rerun keeps the finished shards and ends with the states a clean run gives."""
     if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0:
         pytest.skip("no unprivileged mount namespace here (unshare -rm): a small filesystem cannot be made")
@@ -257,9 +293,25 @@ def test_a_disk_that_fills_mid_extract_is_named_and_a_rerun_resumes_after_the_la
     (tmp_path / "request.json").write_text(req.model_dump_json())
     out = tmp_path / "out"
     out.mkdir()
-    proc = subprocess.run(["unshare", "-rm", sys.executable, "-c", DISK_FULL_DRIVER, str(root),
-                           str(tmp_path / "request.json"), str(out), sys.executable, str(8 << 20), str(300 << 10)],
-                          capture_output=True, text=True, timeout=900, env={**os.environ, "ROOT": str(ROOT)})
+    proc = subprocess.run(
+        [
+            "unshare",
+            "-rm",
+            sys.executable,
+            "-c",
+            DISK_FULL_DRIVER,
+            str(root),
+            str(tmp_path / "request.json"),
+            str(out),
+            sys.executable,
+            str(8 << 20),
+            str(300 << 10),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "ROOT": str(ROOT)},
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     first, second = json.loads((out / "runs.json").read_text())
     last = first["out"].strip().splitlines()[-1]
@@ -274,5 +326,14 @@ def test_a_disk_that_fills_mid_extract_is_named_and_a_rerun_resumes_after_the_la
     assert 0 < ExtractMetrics.of(m).tokens_extracted < total, "the rerun redid only what was not finished"
     ref, got = states_by_ids(hf_run), states_by_ids(m)
     assert ref.keys() == got.keys() and all(torch.equal(ref[k], got[k]) for k in ref)
-    print("disk full:", last, "| finished before:", whole, "| rerun extracted",
-          ExtractMetrics.of(m).tokens_extracted, "of", total, "tokens")
+    print(
+        "disk full:",
+        last,
+        "| finished before:",
+        whole,
+        "| rerun extracted",
+        ExtractMetrics.of(m).tokens_extracted,
+        "of",
+        total,
+        "tokens",
+    )

@@ -20,12 +20,12 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from eagleflow.config import RunConfig, load_config  # noqa: E402
+from eagleflow.contracts.manifest import Manifest, read_manifest, stage_dir, stage_key, write_manifest  # noqa: E402
+from eagleflow.contracts.prompts import load_prompts  # noqa: E402
+from eagleflow.contracts.request import StageRequest  # noqa: E402
+from eagleflow.contracts.stage_records import ExtractOutputs, GenerateOutputs, PoolMetrics, SelectOutputs  # noqa: E402
 from eagleflow.drafter.data import SequenceStore, read_index  # noqa: E402
-from eagleflow.manifest import Manifest, read_manifest, stage_dir, stage_key, write_manifest  # noqa: E402
-from eagleflow.outputs import ExtractOutputs, GenerateOutputs, PoolMetrics, SelectOutputs  # noqa: E402
-from eagleflow.pool import batch_config, read_ledger  # noqa: E402
-from eagleflow.prompts import load_prompts  # noqa: E402
-from eagleflow.request import StageRequest  # noqa: E402
+from eagleflow.nightly.pool import batch_config, read_ledger  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -37,10 +37,16 @@ def run(stage: str, cfg: RunConfig, upstream: dict[str, Manifest], run_id: str, 
     if (d / "manifest.json").exists():
         return read_manifest(d / "manifest.json")
     d.mkdir(parents=True, exist_ok=True)
-    (d / "request.json").write_text(StageRequest(stage=stage, key=key, dir=str(d), config=cfg, upstream=upstream,
-                                                 run=run_id).model_dump_json())
-    proc = subprocess.run([sys.executable, "-m", f"eagleflow.stages.{stage}", str(d / "request.json")], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    (d / "request.json").write_text(
+        StageRequest(stage=stage, key=key, dir=str(d), config=cfg, upstream=upstream, run=run_id).model_dump_json()
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", f"eagleflow.stages.{stage}", str(d / "request.json")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return read_manifest(d / "manifest.json")
 
@@ -56,10 +62,16 @@ def answered(cfg: RunConfig, split: str) -> Manifest:
     g = torch.Generator().manual_seed(int(key[:6], 16))
     lens = torch.randint(20, 60, (n,), generator=g).tolist()
     ids = [torch.randint(0, 512, (k,), generator=g).tolist() for k in lens]
-    pq.write_table(pa.table({"split": [split] * n, "input_ids": ids, "loss_mask": [[0] * 4 + [1] * (k - 4) for k in lens]}),
-                   d / "data" / "shard-00000.parquet")
-    out = GenerateOutputs(shards=["data/shard-00000.parquet"], num_train=n if split == "train" else 0,
-                          num_holdout=n if split == "holdout" else 0, num_tokens=sum(lens))
+    pq.write_table(
+        pa.table({"split": [split] * n, "input_ids": ids, "loss_mask": [[0] * 4 + [1] * (k - 4) for k in lens]}),
+        d / "data" / "shard-00000.parquet",
+    )
+    out = GenerateOutputs(
+        shards=["data/shard-00000.parquet"],
+        num_train=n if split == "train" else 0,
+        num_holdout=n if split == "holdout" else 0,
+        num_tokens=sum(lens),
+    )
     m = Manifest(stage="generate", key=key, dir=str(d), outputs=out.model_dump())
     write_manifest(m)
     return m
@@ -81,10 +93,19 @@ def nights(tmp_path_factory) -> dict:
     source = tmp / "source"
     source.mkdir()
     lines = (ROOT / "demo" / "prompts.jsonl").read_text().splitlines(keepends=True)
-    cfg = load_config(ROOT / "configs" / "demo.yaml", {
-        "host.work_root": str(tmp / "runs"), "generate.num_samples": 16, "generate.holdout": 4,
-        "nightly.source": str(source), "nightly.new_samples": 6, "nightly.replay": 1.0,
-        "extract.device": "cpu", "benchmark.num_prompts": 4})
+    cfg = load_config(
+        ROOT / "configs" / "demo.yaml",
+        {
+            "host.work_root": str(tmp / "runs"),
+            "generate.num_samples": 16,
+            "generate.holdout": 4,
+            "nightly.source": str(source),
+            "nightly.new_samples": 6,
+            "nightly.replay": 1.0,
+            "extract.device": "cpu",
+            "benchmark.num_prompts": 4,
+        },
+    )
     (source / "a.jsonl").write_text("".join(lines[:20] + lines[:3]))  # three repeats, dropped by content
     out = {"cfg": cfg, "tmp": tmp, "1": night(cfg, "run-1", "n1")}
     (source / "b.jsonl").write_text("".join(lines[20:30]))
@@ -93,9 +114,11 @@ def nights(tmp_path_factory) -> dict:
     # What the trainer reads of night 2, before night 3 evicts the first night's states.
     m = out["2"]["pool"]
     index = read_index(m.path(ExtractOutputs.of(m).index), stage_dir=m.dir)
-    out["2-read"] = {"train": len(SequenceStore(index.split("train"), 4096)),
-                     "holdout": len(SequenceStore(index.split("holdout"), 4096)),
-                     "replayed": [str(x.path) for x in index.split("train") if x.select is not None]}
+    out["2-read"] = {
+        "train": len(SequenceStore(index.split("train"), 4096)),
+        "holdout": len(SequenceStore(index.split("holdout"), 4096)),
+        "replayed": [str(x.path) for x in index.split("train") if x.select is not None],
+    }
     one = read_ledger(Path(SelectOutputs.of(out["1"]["select"]).pool_dir)).batches[0].bytes
     budget = cfg.model_copy(update={"nightly": cfg.nightly.model_copy(update={"pool_budget_gib": 1.5 * one / 2**30})})
     out["3"] = night(budget, "run-3", "n3")
@@ -114,7 +137,9 @@ def test_later_nights_take_only_unused_prompts_and_replay_older_ones(nights):
     s1, s2 = (SelectOutputs.of(nights[k]["select"]) for k in ("1", "2"))
     assert not s2.first_night and s2.batch_count == 6 and s2.pool_batches == [s1.batch_id]
     assert s2.holdout_id == s1.holdout_id and s2.holdout_file == s1.holdout_file
-    first = {json.dumps(m) for m in load_prompts(s1.batch_file)} | {json.dumps(m) for m in load_prompts(s1.holdout_file)}
+    first = {json.dumps(m) for m in load_prompts(s1.batch_file)} | {
+        json.dumps(m) for m in load_prompts(s1.holdout_file)
+    }
     assert not first & {json.dumps(m) for m in load_prompts(s2.batch_file)}
     # the held-out stages are the same every night: the same extract stage, the same index entries
     assert nights["2"]["holdout"].dir == nights["1"]["holdout"].dir

@@ -37,8 +37,10 @@ def _cmd(stage_dir: Path) -> list[str]:
 
 def _final_state(stage_dir: Path, epoch: int) -> tuple[dict, dict]:
     ckpt = stage_dir / "checkpoints" / f"epoch-{epoch}"
-    return (load_file(str(ckpt / "model.safetensors")),
-            torch.load(ckpt / "trainer_state.pt", map_location="cpu", weights_only=False))
+    return (
+        load_file(str(ckpt / "model.safetensors")),
+        torch.load(ckpt / "trainer_state.pt", map_location="cpu", weights_only=False),
+    )
 
 
 def _max_diff(a: dict, b: dict) -> float:
@@ -52,8 +54,16 @@ def test_sigkill_mid_epoch_then_resume_reaches_the_uninterrupted_checkpoint(tmp_
     moments agree to 1e-6 (bit-identical here). Restarting the epoch, dropping the optimizer state or
     the data position would each show up as a different step count or different weights."""
     root = write_synthetic(tmp_path / "syn", n_train=300, n_hold=6)
-    train = {"epochs": 2, "batch_tokens": 64, "draft_vocab_size": 24, "warmup_steps": 2, "max_seq_len": 32,
-             "num_threads": 1, "checkpoint_every_steps": 10, "log_every_steps": 1000}
+    train = {
+        "epochs": 2,
+        "batch_tokens": 64,
+        "draft_vocab_size": 24,
+        "warmup_steps": 2,
+        "max_seq_len": 32,
+        "num_threads": 1,
+        "checkpoint_every_steps": 10,
+        "log_every_steps": 1000,
+    }
     whole, killed = _stage(tmp_path, root, "whole", train), _stage(tmp_path, root, "killed", train)
     subprocess.run(_cmd(whole), check=True, capture_output=True, text=True, timeout=900)
 
@@ -101,8 +111,15 @@ def test_two_ranks_follow_the_one_rank_curve(tmp_path):
     """train.nproc 2: the stage launches torchrun, DDP over gloo. The same global batch at one rank
     with 2 accumulation micro-batches gives the same per-step losses and final weights."""
     root = write_synthetic(tmp_path / "syn", n_train=120, n_hold=6)
-    train = {"epochs": 2, "batch_tokens": 128, "draft_vocab_size": 24, "warmup_steps": 2, "max_seq_len": 32,
-             "num_threads": 1, "log_every_steps": 1}
+    train = {
+        "epochs": 2,
+        "batch_tokens": 128,
+        "draft_vocab_size": 24,
+        "warmup_steps": 2,
+        "max_seq_len": 32,
+        "num_threads": 1,
+        "log_every_steps": 1,
+    }
     runs = {"one": {"nproc": 1, "grad_accum_steps": 2}, "two": {"nproc": 2, "grad_accum_steps": 1}}
     curves, weights, metrics = {}, {}, {}
     for name, kw in runs.items():
@@ -142,8 +159,20 @@ def test_ending_the_stage_ends_both_ranks(tmp_path, sig):
     ranks must still end (a training rank dies of its broken output pipe; a stuck, silent one of the
     parent-death signal the stage sets): no rank trains on, unseen, holding its device."""
     root = write_synthetic(tmp_path / "syn", n_train=120, n_hold=6)
-    d = _stage(tmp_path, root, "two", {"epochs": 500, "batch_tokens": 128, "draft_vocab_size": 24,
-                                       "max_seq_len": 32, "num_threads": 1, "log_every_steps": 1, "nproc": 2})
+    d = _stage(
+        tmp_path,
+        root,
+        "two",
+        {
+            "epochs": 500,
+            "batch_tokens": 128,
+            "draft_vocab_size": 24,
+            "max_seq_len": 32,
+            "num_threads": 1,
+            "log_every_steps": 1,
+            "nproc": 2,
+        },
+    )
     request = str(d / "request.json")
     log_path = tmp_path / "stage.log"
     with open(log_path, "w") as log_file:

@@ -10,7 +10,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from eagleflow.drafter.checkpoint import (  # noqa: E402
-    CHECKPOINT_META, CHECKPOINT_STATE, CHECKPOINT_WEIGHTS, load_checkpoint, save_checkpoint,
+    CHECKPOINT_META,
+    CHECKPOINT_STATE,
+    CHECKPOINT_WEIGHTS,
+    load_checkpoint,
+    save_checkpoint,
 )
 from eagleflow.drafter.errors import FormatError  # noqa: E402
 from eagleflow.drafter.vocab import DraftVocab  # noqa: E402

@@ -1,4 +1,4 @@
-"""Training settings (eagleflow.drafter.config.TrainConfig): the removed wall-clock budget is refused
+"""Training settings (eagleflow.config.train.TrainConfig): the removed wall-clock budget is refused
 with the fix named; training is bounded by epochs and max_steps, time_limit_s is a safety cap."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from eagleflow.drafter.config import TrainConfig
+from eagleflow.config.train import TrainConfig
 
 
 def test_time_budget_s_is_refused_naming_the_fix():

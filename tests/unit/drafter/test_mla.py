@@ -12,18 +12,29 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from eagleflow.drafter.config import TrainConfig  # noqa: E402
+from eagleflow.config.train import TrainConfig  # noqa: E402
+from eagleflow.drafter.arch import DrafterArch  # noqa: E402
+from eagleflow.drafter.attention import MLAAttention  # noqa: E402
 from eagleflow.drafter.errors import FormatError  # noqa: E402
-from eagleflow.drafter.model import DrafterArch, MLAAttention  # noqa: E402
 from eagleflow.drafter.target import arch_for_target, resolve_drafter_arch  # noqa: E402
 from eagleflow.drafter.vllm_export import VLLM_MLA_ARCHITECTURE, vllm_config, vllm_weight_names  # noqa: E402
 from eagleflow.drafter.vocab import DraftVocab  # noqa: E402
 from tests.helpers.drafter import H, V, assert_unroll_matches_kv_cache, make_model, target_head  # noqa: E402
 
 # A tiny MLA layer: 4 heads, latent 16, rotary 4 of 12 query/key dims, values 6 wide.
-MLA = dict(attention="mla", num_attention_heads=4, num_key_value_heads=4, head_dim=12, kv_lora_rank=16,
-           qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6, norm_before_fc=False, fc_norm=True,
-           rms_norm_eps=1e-6)
+MLA = dict(
+    attention="mla",
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    head_dim=12,
+    kv_lora_rank=16,
+    qk_nope_head_dim=8,
+    qk_rope_head_dim=4,
+    v_head_dim=6,
+    norm_before_fc=False,
+    fc_norm=True,
+    rms_norm_eps=1e-6,
+)
 
 
 def mla_model(q_lora_rank=10, **kw):
@@ -50,9 +61,21 @@ def test_mla_attention_matches_transformers_deepseek_v3(q_lora_rank):
 
     model = mla_model(q_lora_rank)
     ours: MLAAttention = model.layers[0].self_attn
-    cfg = DeepseekV3Config(hidden_size=2 * H, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=q_lora_rank,
-                           kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6, rope_interleave=True,
-                           rms_norm_eps=1e-6, rope_theta=10000.0, vocab_size=V, num_hidden_layers=1)
+    cfg = DeepseekV3Config(
+        hidden_size=2 * H,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=q_lora_rank,
+        kv_lora_rank=16,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=4,
+        v_head_dim=6,
+        rope_interleave=True,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        vocab_size=V,
+        num_hidden_layers=1,
+    )
     cfg._attn_implementation = "eager"
     ref = DeepseekV3Attention(cfg, layer_idx=0).eval()
     sd = {k: v for k, v in ours.state_dict().items() if k != "o_proj.weight"}
@@ -82,8 +105,15 @@ def test_mla_arch_checks():
         make_model(fc_norm=True)  # a llama drafter
 
 
-DEEPSEEK = {"kv_lora_rank": 512, "q_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 64, "v_head_dim": 32,
-            "num_attention_heads": 4, "intermediate_size": 48}
+DEEPSEEK = {
+    "kv_lora_rank": 512,
+    "q_lora_rank": 64,
+    "qk_nope_head_dim": 32,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 32,
+    "num_attention_heads": 4,
+    "intermediate_size": 48,
+}
 
 
 def test_drafter_arch_resolution():
@@ -95,8 +125,15 @@ def test_drafter_arch_resolution():
     target = target_head()
     target.config = dict(DEEPSEEK)
     arch = arch_for_target(target, TrainConfig(), V)
-    assert (arch.attention, arch.kv_lora_rank, arch.qk_rope_head_dim, arch.qk_nope_head_dim, arch.v_head_dim,
-            arch.q_lora_rank, arch.num_key_value_heads) == ("mla", 512, 64, 32, 32, 64, 4)
+    assert (
+        arch.attention,
+        arch.kv_lora_rank,
+        arch.qk_rope_head_dim,
+        arch.qk_nope_head_dim,
+        arch.v_head_dim,
+        arch.q_lora_rank,
+        arch.num_key_value_heads,
+    ) == ("mla", 512, 64, 32, 32, 64, 4)
     assert arch.fc_norm and not arch.norm_before_fc  # train.norm_before_fc -> per-state norms
     assert arch_for_target(target, TrainConfig(drafter_arch="llama"), V).attention == "llama"
     target.config = {**DEEPSEEK, "q_lora_rank": None}  # DeepSeek-V2-Lite: vLLM needs one, 3 * kv_lora_rank
@@ -184,8 +221,16 @@ def test_mla_vllm_config_is_a_deepseek_v2_config():
     assert cfg["architectures"] == [VLLM_MLA_ARCHITECTURE] and cfg["model_type"] == "deepseek_v2"
     assert cfg["fc_norm"] is True and "norm_before_fc" not in cfg
     hf = DeepseekV2Config(**{k: v for k, v in json.loads(json.dumps(cfg)).items() if k != "model_type"})
-    for key in ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-                "num_attention_heads", "hidden_size", "intermediate_size"):
+    for key in (
+        "kv_lora_rank",
+        "q_lora_rank",
+        "qk_nope_head_dim",
+        "qk_rope_head_dim",
+        "v_head_dim",
+        "num_attention_heads",
+        "hidden_size",
+        "intermediate_size",
+    ):
         assert getattr(hf, key) == cfg[key], key
     # the default rotation, as YaRN with factor 1 (the only rope config vLLM 0.26's MLA drafter loads)
     assert hf.rope_parameters["rope_type"] == "yarn" and hf.rope_parameters["factor"] == 1.0

@@ -106,7 +106,7 @@ def test_the_ttt_block_mask_from_block_arithmetic_is_create_block_masks(t, tq, b
 
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    from eagleflow.drafter.model import ttt_block_mask
+    from eagleflow.drafter.attention import ttt_block_mask
 
     def dense(num, idx, cols):  # ordered (counts, indices) -> [B, 1, nq, cols] bool
         out = torch.zeros(*num.shape, cols, dtype=torch.bool)
@@ -126,9 +126,13 @@ def test_the_ttt_block_mask_from_block_arithmetic_is_create_block_masks(t, tq, b
         got = ttt_block_mask(qpos, t, steps_done, mask_mod)
         cols = -(-kv_len // 128)
         assert got.seq_lengths == ref.seq_lengths
-        assert torch.equal(dense(got.kv_num_blocks, got.kv_indices, cols), dense(ref.kv_num_blocks, ref.kv_indices, cols))
-        assert torch.equal(dense(got.full_kv_num_blocks, got.full_kv_indices, cols),
-                           dense(ref.full_kv_num_blocks, ref.full_kv_indices, cols))
+        assert torch.equal(
+            dense(got.kv_num_blocks, got.kv_indices, cols), dense(ref.kv_num_blocks, ref.kv_indices, cols)
+        )
+        assert torch.equal(
+            dense(got.full_kv_num_blocks, got.full_kv_indices, cols),
+            dense(ref.full_kv_num_blocks, ref.full_kv_indices, cols),
+        )
         q, k, v = torch.randn(batch, 2, tq, 16), torch.randn(batch, 2, kv_len, 16), torch.randn(batch, 2, kv_len, 16)
         assert torch.equal(flex_attention(q, k, v, block_mask=got), flex_attention(q, k, v, block_mask=ref))
 
@@ -140,13 +144,28 @@ def test_the_fused_unrolls_attention_is_the_reference_forward(monkeypatch, arch)
     block arithmetic, GQA in the kernel) against `ttt` (the CPU path), forward, on CPU: flex attention runs its
     eager reference here. Compiling it is torch's business, the keys, mask and layout are ours. Rows cross
     128-blocks, a query window starts mid-sequence. The GPU suite runs the compiled kernel (tests/gpu)."""
-    import eagleflow.drafter.model as model_mod
     from torch.nn.attention.flex_attention import flex_attention
 
-    monkeypatch.setattr(model_mod, "_compiled_flex", flex_attention)
-    kw = dict(num_attention_heads=4, num_key_value_heads=2) if arch == "gqa" else dict(
-        attention="mla", num_attention_heads=4, num_key_value_heads=4, head_dim=12, kv_lora_rank=16,
-        qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6, norm_before_fc=False, fc_norm=True, q_lora_rank=10)
+    import eagleflow.drafter.attention as attention_mod
+
+    monkeypatch.setattr(attention_mod, "_compiled_flex", flex_attention)
+    kw = (
+        dict(num_attention_heads=4, num_key_value_heads=2)
+        if arch == "gqa"
+        else dict(
+            attention="mla",
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            head_dim=12,
+            kv_lora_rank=16,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=4,
+            v_head_dim=6,
+            norm_before_fc=False,
+            fc_norm=True,
+            q_lora_rank=10,
+        )
+    )
     model = make_model(**kw)
     attn = model.layers[0].self_attn
     t, tq, steps = 200, 150, 3

@@ -10,10 +10,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from eagleflow.drafter.data import Batch  # noqa: E402
+from eagleflow.drafter.losses import LOSSES, _lk_eager, loss_named  # noqa: E402
 from eagleflow.drafter.objective import (  # noqa: E402
-    StepStats, _lk_eager, engine_walk, label_counts, label_positions, ttt_loss,
+    StepStats,
+    engine_walk,
+    label_counts,
+    label_positions,
+    ttt_loss,
 )
-from tests.helpers.drafter import H, V, Oracle, make_model, target_head  # noqa: E402
+from tests.helpers.drafter import H, Oracle, V, make_model, target_head  # noqa: E402
 
 
 def test_labels_are_the_targets_distribution_at_p_plus_1_plus_i():
@@ -41,8 +46,13 @@ def test_label_positions_and_acceptance_chain():
     batch = Batch(ids, mask, torch.tensor([7]), torch.zeros(1, 8, 3 * H), torch.zeros(1, 8, H))
     # assistant input token (mask) and a next token inside the sequence (j <= len-2 = 5)
     assert label_positions(batch)[0].tolist() == [False, False, False, True, True, True, False, False]
-    stats = StepStats(3, correct=torch.tensor([9.0, 6, 3]), count=torch.tensor([10.0, 10, 10]),
-                      chain_accepted=torch.tensor([9.0, 5, 2]), chain_count=10)
+    stats = StepStats(
+        3,
+        correct=torch.tensor([9.0, 6, 3]),
+        count=torch.tensor([10.0, 10, 10]),
+        chain_accepted=torch.tensor([9.0, 5, 2]),
+        chain_count=10,
+    )
     s = stats.summary(0.8)
     assert s["accept_pos_uniform"] == [0.9, 0.5, 0.2]
     assert s["acceptance_length_uniform"] == pytest.approx(2.6)
@@ -117,15 +127,19 @@ def test_kl_loss_is_soft_ce_minus_entropy_with_the_same_gradient():
     b, t = 2, 16
     mask = torch.ones(b, t, dtype=torch.bool)
     mask[:, :3] = False
-    batch = Batch(torch.randint(0, V, (b, t)), mask, torch.tensor([t, t - 3]), torch.randn(b, t, 3 * H),
-                  torch.randn(b, t, H))
+    batch = Batch(
+        torch.randint(0, V, (b, t)), mask, torch.tensor([t, t - 3]), torch.randn(b, t, 3 * H), torch.randn(b, t, H)
+    )
     grads = {}
     for kind in ("soft_ce", "kl"):
         model.zero_grad()
         loss, stats = ttt_loss(model, target, torch.arange(V), batch, 3, 0.8, loss_kind=kind)
         loss.backward()
-        grads[kind] = (loss.item(), stats.summary(0.8)["loss_per_step"],
-                       [p.grad.clone() for p in model.parameters() if p.grad is not None])
+        grads[kind] = (
+            loss.item(),
+            stats.summary(0.8)["loss_per_step"],
+            [p.grad.clone() for p in model.parameters() if p.grad is not None],
+        )
     jvalid = label_positions(batch)
     logp = torch.log_softmax(target.logits(batch.final[jvalid]), -1)
     entropy = -(logp.exp() * logp).sum(-1)
@@ -173,3 +187,11 @@ def test_lk_loss_of_a_ttt_unroll_trains_and_reads_zero_for_a_perfect_drafter():
     loss, stats = ttt_loss(model, target, torch.arange(V), batch, k, 0.8, loss_kind="lk", lk_eta=3.0)
     loss.backward()
     assert 0 < loss.item() and all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_a_loss_is_named_once_and_an_unknown_name_lists_the_choices():
+    from eagleflow.config.train import TrainConfig
+
+    assert set(LOSSES) == set(TrainConfig.model_fields["loss"].annotation.__args__)
+    with pytest.raises(ValueError, match=r"unknown train.loss 'tv'; expected one of \['kl', 'lk', 'soft_ce'\]"):
+        loss_named("tv")

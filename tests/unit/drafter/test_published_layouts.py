@@ -35,7 +35,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from safetensors.torch import save_file  # noqa: E402
 
-from eagleflow.drafter.config import TrainConfig  # noqa: E402
+from eagleflow.config.train import TrainConfig  # noqa: E402
 from eagleflow.drafter.data import read_index  # noqa: E402
 from eagleflow.drafter.errors import FormatError  # noqa: E402
 from eagleflow.drafter.target import read_target_head  # noqa: E402
@@ -60,17 +60,22 @@ def vocab_tensors() -> dict[str, torch.Tensor]:
 
 
 def llama_layer(prefix: str) -> dict[str, torch.Tensor]:
-    t = {f"{prefix}self_attn.q_proj.weight": rnd(HEADS * HD, 2 * H),
-         f"{prefix}self_attn.k_proj.weight": rnd(KV_HEADS * HD, 2 * H),
-         f"{prefix}self_attn.v_proj.weight": rnd(KV_HEADS * HD, 2 * H),
-         f"{prefix}self_attn.o_proj.weight": rnd(H, HEADS * HD)}
+    t = {
+        f"{prefix}self_attn.q_proj.weight": rnd(HEADS * HD, 2 * H),
+        f"{prefix}self_attn.k_proj.weight": rnd(KV_HEADS * HD, 2 * H),
+        f"{prefix}self_attn.v_proj.weight": rnd(KV_HEADS * HD, 2 * H),
+        f"{prefix}self_attn.o_proj.weight": rnd(H, HEADS * HD),
+    }
     return {**t, **mlp_and_norms(prefix)}
 
 
 def mlp_and_norms(prefix: str) -> dict[str, torch.Tensor]:
-    return {f"{prefix}mlp.gate_proj.weight": rnd(INTER, H), f"{prefix}mlp.up_proj.weight": rnd(INTER, H),
-            f"{prefix}mlp.down_proj.weight": rnd(H, INTER),
-            **{f"{prefix}{n}.weight": rnd(H) + 1 for n in ("input_layernorm", "hidden_norm", "post_attention_layernorm")}}
+    return {
+        f"{prefix}mlp.gate_proj.weight": rnd(INTER, H),
+        f"{prefix}mlp.up_proj.weight": rnd(INTER, H),
+        f"{prefix}mlp.down_proj.weight": rnd(H, INTER),
+        **{f"{prefix}{n}.weight": rnd(H) + 1 for n in ("input_layernorm", "hidden_norm", "post_attention_layernorm")},
+    }
 
 
 def heads(fc_norm: bool = False, input_norm: bool = False) -> dict[str, torch.Tensor]:
@@ -82,44 +87,91 @@ def heads(fc_norm: bool = False, input_norm: bool = False) -> dict[str, torch.Te
     return t
 
 
-LLAMA_CONFIG = {"hidden_size": H, "intermediate_size": INTER, "num_attention_heads": HEADS,
-                "num_key_value_heads": KV_HEADS, "head_dim": HD, "rms_norm_eps": 1e-5, "hidden_act": "silu",
-                "max_position_embeddings": 2048, "num_hidden_layers": 1, "vocab_size": V, "tie_word_embeddings": False}
+LLAMA_CONFIG = {
+    "hidden_size": H,
+    "intermediate_size": INTER,
+    "num_attention_heads": HEADS,
+    "num_key_value_heads": KV_HEADS,
+    "head_dim": HD,
+    "rms_norm_eps": 1e-5,
+    "hidden_act": "silu",
+    "max_position_embeddings": 2048,
+    "num_hidden_layers": 1,
+    "vocab_size": V,
+    "tie_word_embeddings": False,
+}
 
 
 def vllm_llama(fc_norm: bool) -> tuple[dict, dict]:
     """As vLLM's llama_eagle3 loads it (RedHatAI's speculator exports, eagleflow's own)."""
-    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", **LLAMA_CONFIG, "draft_vocab_size": VD,
-           "target_hidden_size": H, "norm_before_residual": True, "norm_before_fc": not fc_norm, "fc_norm": fc_norm,
-           "norm_output": fc_norm, "eagle_config": {"eagle_aux_hidden_state_layer_ids": AUX, "use_aux_hidden_state": True}}
+    cfg = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        **LLAMA_CONFIG,
+        "draft_vocab_size": VD,
+        "target_hidden_size": H,
+        "norm_before_residual": True,
+        "norm_before_fc": not fc_norm,
+        "fc_norm": fc_norm,
+        "norm_output": fc_norm,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": AUX, "use_aux_hidden_state": True},
+    }
     return cfg, {**llama_layer("layers.0."), **heads(fc_norm=fc_norm, input_norm=not fc_norm), **vocab_tensors()}
 
 
 def specforge_midlayer(eagle31: bool) -> tuple[dict, dict]:
     """As SpecForge saves it (configs/llama3-8B-eagle3.json; with eagle31, configs/qwen3-30B-A3B-eagle3.1.json's
     fc_norm and norm_output)."""
-    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", **LLAMA_CONFIG, "draft_vocab_size": VD,
-           "pad_token_id": 0, "torch_dtype": "bfloat16",
-           "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in AUX], "use_aux_hidden_state": True}}
+    cfg = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        **LLAMA_CONFIG,
+        "draft_vocab_size": VD,
+        "pad_token_id": 0,
+        "torch_dtype": "bfloat16",
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in AUX], "use_aux_hidden_state": True},
+    }
     if eagle31:
         cfg.update(fc_norm=True, norm_output=True)
-    return cfg, {**llama_layer("midlayer."), **heads(fc_norm=eagle31), "embed_tokens.weight": rnd(V, H),
-                 **vocab_tensors()}
+    return cfg, {
+        **llama_layer("midlayer."),
+        **heads(fc_norm=eagle31),
+        "embed_tokens.weight": rnd(V, H),
+        **vocab_tensors(),
+    }
 
 
 def speculators_eagle3(full_vocab: bool) -> tuple[dict, dict]:
     """As speculators 0.9.0 saves an Eagle3DraftModel (its config.json made by the class itself)."""
-    layer = {"model_type": "llama", **LLAMA_CONFIG, "attention_bias": False, "mlp_bias": False,
-             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
-    cfg = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "speculators_version": "0.9.0",
-           "draft_vocab_size": V if full_vocab else VD, "target_hidden_size": None,
-           "eagle_aux_hidden_state_layer_ids": AUX, "norm_before_residual": False, "norm_before_fc": False,
-           "fc_norm": False, "norm_output": False, "embed_requires_grad": False,
-           "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
-                                  "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3,
-                                                        "verifier_accept_k": 1, "accept_tolerance": 0.0}],
-                                  "verifier": {"name_or_path": "demo/target", "architectures": ["LlamaForCausalLM"]}},
-           "transformer_layer_config": layer}
+    layer = {
+        "model_type": "llama",
+        **LLAMA_CONFIG,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+    }
+    cfg = {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": "0.9.0",
+        "draft_vocab_size": V if full_vocab else VD,
+        "target_hidden_size": None,
+        "eagle_aux_hidden_state_layer_ids": AUX,
+        "norm_before_residual": False,
+        "norm_before_fc": False,
+        "fc_norm": False,
+        "norm_output": False,
+        "embed_requires_grad": False,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [
+                {"proposal_type": "greedy", "speculative_tokens": 3, "verifier_accept_k": 1, "accept_tolerance": 0.0}
+            ],
+            "verifier": {"name_or_path": "demo/target", "architectures": ["LlamaForCausalLM"]},
+        },
+        "transformer_layer_config": layer,
+    }
     tensors = {**llama_layer("layers.0."), **heads(), "embed_tokens.weight": rnd(V, H)}
     if full_vocab:
         tensors["lm_head.weight"] = rnd(V, H)
@@ -131,21 +183,40 @@ def speculators_eagle3(full_vocab: bool) -> tuple[dict, dict]:
 def vllm_mla(q_lora: bool) -> tuple[dict, dict]:
     """As vLLM's deepseek_eagle3 loads it (q_lora) or SGLang's deepseek_eagle3 also would (no q_lora)."""
     d = MLA_DIMS
-    cfg = {"architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": H,
-           "intermediate_size": INTER, "num_attention_heads": HEADS, "num_key_value_heads": HEADS, "rms_norm_eps": 1e-6,
-           "max_position_embeddings": 2048, "num_hidden_layers": 1, "vocab_size": V, "draft_vocab_size": VD,
-           "target_hidden_size": H, "fc_norm": True, "norm_before_residual": False,
-           **{**d, "q_lora_rank": d["q_lora_rank"] if q_lora else None},
-           "eagle_config": {"eagle_aux_hidden_state_layer_ids": AUX, "use_aux_hidden_state": True}}
+    cfg = {
+        "architectures": ["Eagle3DeepseekV2ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "hidden_size": H,
+        "intermediate_size": INTER,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": HEADS,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 2048,
+        "num_hidden_layers": 1,
+        "vocab_size": V,
+        "draft_vocab_size": VD,
+        "target_hidden_size": H,
+        "fc_norm": True,
+        "norm_before_residual": False,
+        **{**d, "q_lora_rank": d["q_lora_rank"] if q_lora else None},
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": AUX, "use_aux_hidden_state": True},
+    }
     p = "layers.0.self_attn."
-    attn = {f"{p}kv_a_proj_with_mqa.weight": rnd(d["kv_lora_rank"] + d["qk_rope_head_dim"], 2 * H),
-            f"{p}kv_a_layernorm.weight": rnd(d["kv_lora_rank"]) + 1,
-            f"{p}kv_b_proj.weight": rnd(HEADS * (d["qk_nope_head_dim"] + d["v_head_dim"]), d["kv_lora_rank"]),
-            f"{p}o_proj.weight": rnd(H, HEADS * d["v_head_dim"])}
+    attn = {
+        f"{p}kv_a_proj_with_mqa.weight": rnd(d["kv_lora_rank"] + d["qk_rope_head_dim"], 2 * H),
+        f"{p}kv_a_layernorm.weight": rnd(d["kv_lora_rank"]) + 1,
+        f"{p}kv_b_proj.weight": rnd(HEADS * (d["qk_nope_head_dim"] + d["v_head_dim"]), d["kv_lora_rank"]),
+        f"{p}o_proj.weight": rnd(H, HEADS * d["v_head_dim"]),
+    }
     qk = HEADS * (d["qk_nope_head_dim"] + d["qk_rope_head_dim"])
     if q_lora:
-        attn.update({f"{p}q_a_proj.weight": rnd(d["q_lora_rank"], 2 * H),
-                     f"{p}q_a_layernorm.weight": rnd(d["q_lora_rank"]) + 1, f"{p}q_b_proj.weight": rnd(qk, d["q_lora_rank"])})
+        attn.update(
+            {
+                f"{p}q_a_proj.weight": rnd(d["q_lora_rank"], 2 * H),
+                f"{p}q_a_layernorm.weight": rnd(d["q_lora_rank"]) + 1,
+                f"{p}q_b_proj.weight": rnd(qk, d["q_lora_rank"]),
+            }
+        )
     else:
         attn[f"{p}q_proj.weight"] = rnd(qk, 2 * H)
     return cfg, {**attn, **mlp_and_norms("layers.0."), **heads(fc_norm=True), **vocab_tensors()}
@@ -221,16 +292,20 @@ def test_a_published_layout_warm_starts_onto_the_drafter_its_loader_would_build(
 def test_an_mla_drafter_without_q_lora_is_refused_naming_what_vllm_cannot_load(tmp_path, synthetic):
     cfg, tensors = vllm_mla(False)  # SGLang's deepseek_eagle3 loads it, vLLM's does not
     public = write(tmp_path / "public", cfg, tensors)
-    with pytest.raises(FormatError, match="without q_a_proj / q_lora_rank .* vLLM 0.32 loads MLA drafters only with "
-                                          "q_lora_rank"):
+    with pytest.raises(
+        FormatError, match="without q_a_proj / q_lora_rank .* vLLM 0.32 loads MLA drafters only with q_lora_rank"
+    ):
         warm_started(synthetic, public, tmp_path)
 
 
 def test_a_model_prefix_is_read_as_sglang_reads_it(tmp_path, synthetic):
     """SGLang's llama loader takes `model.midlayer.*` (vLLM would fail on the prefix): read here as the same layer."""
     cfg, tensors = specforge_midlayer(False)
-    public = write(tmp_path / "public", cfg, {(f"model.{k}" if k.startswith("midlayer.") else k): v
-                                              for k, v in tensors.items()})
+    public = write(
+        tmp_path / "public", cfg, {(f"model.{k}" if k.startswith("midlayer.") else k): v for k, v in tensors.items()}
+    )
     trainer = warm_started(synthetic, public, tmp_path)
-    torch.testing.assert_close(trainer.model.state_dict()["layers.0.self_attn.q_proj.weight"],
-                               tensors["midlayer.self_attn.q_proj.weight"].float())
+    torch.testing.assert_close(
+        trainer.model.state_dict()["layers.0.self_attn.q_proj.weight"],
+        tensors["midlayer.self_attn.q_proj.weight"].float(),
+    )

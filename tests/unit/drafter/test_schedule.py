@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from eagleflow.drafter.config import TrainConfig
+from eagleflow.config.train import TrainConfig
 from eagleflow.drafter.schedule import lr_at
 
 
@@ -26,11 +26,18 @@ def test_linear_is_a_straight_line_and_cosine_is_not():
     cosine = linear.model_copy(update={"lr_schedule": "cosine"})
     assert [lr_at(linear, s, 100, 0.0) for s in (25, 50, 75)] == pytest.approx([0.75, 0.5, 0.25])
     assert [lr_at(cosine, s, 100, 0.0) for s in (25, 50, 75)] == pytest.approx(
-        [0.5 * (1 + math.cos(math.pi * p)) for p in (0.25, 0.5, 0.75)])
+        [0.5 * (1 + math.cos(math.pi * p)) for p in (0.25, 0.5, 0.75)]
+    )
     assert lr_at(cosine, 25, 100, 0.0) > lr_at(linear, 25, 100, 0.0)
 
 
 def test_a_race_against_the_clock_follows_the_clock():
-    cfg = TrainConfig(learning_rate=1.0, min_lr_ratio=0.0, warmup_steps=0, lr_schedule="linear", time_limit_s=100,
-                      on_time_limit="stop")
+    cfg = TrainConfig(
+        learning_rate=1.0,
+        min_lr_ratio=0.0,
+        warmup_steps=0,
+        lr_schedule="linear",
+        time_limit_s=100,
+        on_time_limit="stop",
+    )
     assert lr_at(cfg, 10, 1000, 50.0) == pytest.approx(0.5)  # half the time gone, 1% of the steps

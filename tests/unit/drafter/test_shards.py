@@ -14,8 +14,15 @@ from safetensors import safe_open
 import eagleflow.drafter.shards as shards
 from eagleflow.drafter.data import SequenceStore, read_index
 from eagleflow.drafter.errors import DataError
-from eagleflow.drafter.shards import (ShardError, ShardPlan, ShardWriter, blocks_sha256, check_shard, quantize_fp8,
-                                      verify_full)
+from eagleflow.drafter.shards import (
+    ShardError,
+    ShardPlan,
+    ShardWriter,
+    blocks_sha256,
+    check_shard,
+    quantize_fp8,
+    verify_full,
+)
 
 H = 32
 
@@ -31,11 +38,12 @@ def write_shard(path: Path, lens: list[int], storage: str = "bfloat16", seed: in
 
 def write_index(root: Path, records: dict[str, tuple]) -> Path:
     (root / "data").mkdir(exist_ok=True)
-    entries = [{"file": f"data/{name}", "split": split, "num_seqs": n_seq, "num_tokens": n_tok, **rec.__dict__}
-               for name, (split, n_seq, n_tok, rec) in records.items()]
+    entries = [
+        {"file": f"data/{name}", "split": split, "num_seqs": n_seq, "num_tokens": n_tok, **rec.__dict__}
+        for name, (split, n_seq, n_tok, rec) in records.items()
+    ]
     path = root / "data" / "index.json"
-    path.write_text(json.dumps({"shards": entries, "aux_layer_ids": [1, 2, 3], "final_layer_id": 4,
-                                "hidden_size": H}))
+    path.write_text(json.dumps({"shards": entries, "aux_layer_ids": [1, 2, 3], "final_layer_id": 4, "hidden_size": H}))
     return path
 
 
@@ -86,8 +94,11 @@ def test_a_truncated_shard_is_refused_before_training_reads_it_naming_the_file(t
     path = tmp_path / "data" / "shard-00000-train-0000.safetensors"
     index = write_index(tmp_path, {path.name: ("train", 2, 60, record)})
     os.truncate(path, record.bytes - 100)
-    with pytest.raises(DataError, match=r"shard .*shard-00000-train-0000.safetensors is truncated: "
-                                        r"\d+ bytes on disk, \d+ written; delete the extract stage's manifest.json"):
+    with pytest.raises(
+        DataError,
+        match=r"shard .*shard-00000-train-0000.safetensors is truncated: "
+        r"\d+ bytes on disk, \d+ written; delete the extract stage's manifest.json",
+    ):
         read_index(index, stage_dir=tmp_path)
     assert verify_full(index) and "truncated" in verify_full(index)[0]
 

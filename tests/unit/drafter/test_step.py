@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from eagleflow.drafter.config import TrainConfig  # noqa: E402
+from eagleflow.config.train import TrainConfig  # noqa: E402
 from eagleflow.drafter.data import collate  # noqa: E402
 from eagleflow.drafter.step import autocast_for, make_optimizer, train_step  # noqa: E402
 from tests.helpers.drafter import make_model, tiny_trainer, write_synthetic  # noqa: E402
@@ -28,8 +28,9 @@ def test_train_step_is_the_trainers_step(tmp_path):
     assert stats.summary(0.8)["loss"] == pytest.approx(stats_trainer.summary(0.8)["loss"], rel=1e-6)
     assert float(norm) == pytest.approx(float(norm_trainer), rel=1e-6)
     moved = 0
-    for (name, p1), p2, p0 in zip(ours.model.named_parameters(), theirs.model.parameters(),
-                                  tiny_trainer(tmp_path / "c", root).model.parameters()):
+    for (name, p1), p2, p0 in zip(
+        ours.model.named_parameters(), theirs.model.parameters(), tiny_trainer(tmp_path / "c", root).model.parameters()
+    ):
         torch.testing.assert_close(p1, p2, atol=1e-7, rtol=1e-6, msg=name)
         moved += int(not torch.equal(p1, p0))
     assert moved > 0  # the step did change the weights
@@ -80,4 +81,3 @@ def test_muon_takes_the_layer_matrices_and_adamw_the_rest():
     assert float(sv.max() / sv.min()) < 2.0
     opt.zero_grad()
     assert model.fc.weight.grad is None
-

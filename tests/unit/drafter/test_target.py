@@ -17,11 +17,20 @@ from tests.helpers.drafter import H, V  # noqa: E402
 
 
 def test_read_target_head(tmp_path):
-    cfg = {"hidden_size": H, "vocab_size": V, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64}
+    cfg = {
+        "hidden_size": H,
+        "vocab_size": V,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": True,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 64,
+    }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     emb = torch.randn(V, H).to(torch.bfloat16)
-    save_file({"model.embed_tokens.weight": emb, "model.norm.weight": torch.ones(H)}, str(tmp_path / "model.safetensors"))
+    save_file(
+        {"model.embed_tokens.weight": emb, "model.norm.weight": torch.ones(H)}, str(tmp_path / "model.safetensors")
+    )
     head = read_target_head(tmp_path)
     assert torch.equal(head.lm_head, emb.float()) and head.rms_norm_eps == 1e-6  # tied: lm_head is the embedding
     cfg["tie_word_embeddings"] = False

@@ -48,10 +48,10 @@ def test_resume_restores_rng_and_continues_mid_epoch(tmp_path):
     first = tiny_trainer(tmp_path / "run", root, checkpoint_every_steps=3)
     torch.rand(7), random.random()  # the generators move on during training
     stats = StepStats(3, tokens=123)
-    first._save_step_checkpoint(epoch=1, batch_index=3, step=3, train_s=1.5, epoch_s=1.5, epoch_stats=stats, lr=1e-3)
+    first._save_step(epoch=1, batch_index=3, step=3, train_s=1.5, epoch_s=1.5, epoch_stats=stats, lr=1e-3)
     expected = (torch.rand(5), random.random())
     second = tiny_trainer(tmp_path / "run", root, checkpoint_every_steps=3)  # seeds again
-    at = second._resume()
+    at = second.checkpoints.resume(second.model, second.optimizer)
     assert (torch.rand(5).tolist(), random.random()) == (expected[0].tolist(), expected[1])
     assert (at.epoch, at.batch_index, at.step, at.train_seconds) == (1, 3, 3, 1.5)
     assert StepStats.from_vector(3, at.epoch_stats).tokens == 123
@@ -110,7 +110,8 @@ def test_time_limit_fails_after_a_step_checkpoint_and_a_rerun_reaches_the_uninte
     result = rerun.train()
     assert (result.steps, result.bounded_by) == (expected.steps, "epochs")
     assert [(e.epoch, e.step, e.complete, e.train["tokens"]) for e in result.epochs] == [
-        (e.epoch, e.step, e.complete, e.train["tokens"]) for e in expected.epochs]
+        (e.epoch, e.step, e.complete, e.train["tokens"]) for e in expected.epochs
+    ]
     for got, want in zip(result.epochs, expected.epochs):
         assert got.train["loss"] == pytest.approx(want.train["loss"], rel=1e-6)
         assert got.validation["acceptance_length"] == pytest.approx(want.validation["acceptance_length"], rel=1e-6)

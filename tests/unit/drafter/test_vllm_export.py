@@ -65,9 +65,17 @@ def test_export_names_land_on_vllm_parameters(tmp_path):
             mapped.update("model." + n for n in llama_eagle3.LlamaModel.hf_to_vllm_mapper.apply_list([name]))
     layer = "model.layers.0."
     vllm_params = {
-        "model.fc.weight", "model.input_norm.weight", "model.norm.weight", "lm_head.weight", "draft_id_to_target_id",
-        layer + "self_attn.qkv_proj.weight", layer + "self_attn.o_proj.weight",
-        layer + "mlp.gate_up_proj.weight", layer + "mlp.down_proj.weight",
-        layer + "input_layernorm.weight", layer + "hidden_norm.weight", layer + "post_attention_layernorm.weight",
+        "model.fc.weight",
+        "model.input_norm.weight",
+        "model.norm.weight",
+        "lm_head.weight",
+        "draft_id_to_target_id",
+        layer + "self_attn.qkv_proj.weight",
+        layer + "self_attn.o_proj.weight",
+        layer + "mlp.gate_up_proj.weight",
+        layer + "mlp.down_proj.weight",
+        layer + "input_layernorm.weight",
+        layer + "hidden_norm.weight",
+        layer + "post_attention_layernorm.weight",
     }
     assert mapped == vllm_params

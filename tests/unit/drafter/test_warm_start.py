@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from safetensors.torch import save_file  # noqa: E402
 
-from eagleflow.drafter.config import TrainConfig  # noqa: E402
+from eagleflow.config.train import TrainConfig  # noqa: E402
 from eagleflow.drafter.data import collate, read_index  # noqa: E402
 from eagleflow.drafter.errors import FormatError  # noqa: E402
 from eagleflow.drafter.objective import ttt_loss  # noqa: E402
@@ -18,13 +18,24 @@ from eagleflow.drafter.target import read_target_head  # noqa: E402
 from eagleflow.drafter.vocab import DraftVocab  # noqa: E402
 from eagleflow.drafter.warm_start import check_warm_start, read_public_drafter  # noqa: E402
 from tests.helpers.drafter import (  # noqa: E402
-    H, V, make_model, public_tensors, target_head, write_public_drafter, write_synthetic,
+    H,
+    V,
+    make_model,
+    public_tensors,
+    target_head,
+    write_public_drafter,
+    write_synthetic,
 )
 
 
-@pytest.mark.parametrize("layout,norm_before_fc,norm_before_residual", [
-    ("vllm", True, True), ("eagle", False, False), ("speculators", False, True),
-])
+@pytest.mark.parametrize(
+    "layout,norm_before_fc,norm_before_residual",
+    [
+        ("vllm", True, True),
+        ("eagle", False, False),
+        ("speculators", False, True),
+    ],
+)
 def test_warm_start_from_public_drafters(tmp_path, layout, norm_before_fc, norm_before_residual):
     """Each layout is detected from its keys; weights land on the same parameters; the public draft
     vocabulary (d2t/t2d) is kept, so its lm_head rows still mean the same target ids. Crosses
@@ -34,8 +45,13 @@ def test_warm_start_from_public_drafters(tmp_path, layout, norm_before_fc, norm_
     root = write_synthetic(tmp_path / "syn")
     index = read_index(root / "data" / "index.json", stage_dir=root)
     target = read_target_head(root / "target")
-    model = make_model(seed=3, draft_vocab_size=16, norm_before_fc=norm_before_fc,
-                       norm_before_residual=norm_before_residual, intermediate_size=40)
+    model = make_model(
+        seed=3,
+        draft_vocab_size=16,
+        norm_before_fc=norm_before_fc,
+        norm_before_residual=norm_before_residual,
+        intermediate_size=40,
+    )
     vocab = DraftVocab(torch.tensor([0, 2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 33, 35, 37, 39]), V)
     public = write_public_drafter(tmp_path / "public", layout, model, vocab)
     assert read_public_drafter(public).layout == layout
@@ -43,7 +59,10 @@ def test_warm_start_from_public_drafters(tmp_path, layout, norm_before_fc, norm_
     trainer = Trainer(cfg, target, index, tmp_path / "train", [1, 2, 3]).setup()
     arch = trainer.model.arch
     assert (arch.norm_before_fc, arch.norm_before_residual, arch.intermediate_size) == (
-        norm_before_fc, norm_before_residual, 40)
+        norm_before_fc,
+        norm_before_residual,
+        40,
+    )
     assert torch.equal(trainer.vocab.draft_to_target, vocab.draft_to_target)
     bf16 = {n: t.to(torch.bfloat16).float() for n, t in model.state_dict().items()}
     got = trainer.model.state_dict()
@@ -58,11 +77,14 @@ def test_warm_start_from_public_drafters(tmp_path, layout, norm_before_fc, norm_
 
 
 @pytest.mark.parametrize("layout", ["vllm", "eagle", "speculators"])
-@pytest.mark.parametrize("override,field,values", [
-    ({"hidden_size": 48}, "hidden_size", ("48", f"{H}")),
-    ({"vocab_size": 64}, "vocab_size", ("64", f"{V}")),
-    ({"num_hidden_layers": 2}, "num_hidden_layers", ("2", "1 decoder layer")),
-])
+@pytest.mark.parametrize(
+    "override,field,values",
+    [
+        ({"hidden_size": 48}, "hidden_size", ("48", f"{H}")),
+        ({"vocab_size": 64}, "vocab_size", ("64", f"{V}")),
+        ({"num_hidden_layers": 2}, "num_hidden_layers", ("2", "1 decoder layer")),
+    ],
+)
 def test_warm_start_mismatch_names_file_field_and_values(tmp_path, layout, override, field, values):
     target = target_head()
     target.config = {"num_hidden_layers": 4}

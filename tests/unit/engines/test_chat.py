@@ -9,8 +9,9 @@ from eagleflow.engines.chat import parse_choice
 def test_answer_without_content_is_an_error():
     assert parse_choice(0, {"choices": [{"message": {"content": None}, "finish_reason": "length"}]}).error
     assert parse_choice(0, {"oops": 1}).error
-    r = parse_choice(0, {"choices": [{"message": {"content": "x", "reasoning_content": "r"}}],
-                         "usage": {"completion_tokens": 3}})
+    r = parse_choice(
+        0, {"choices": [{"message": {"content": "x", "reasoning_content": "r"}}], "usage": {"completion_tokens": 3}}
+    )
     assert (r.error, r.content, r.reasoning, r.completion_tokens) == (None, "x", "r", 3)
     assert parse_choice(0, {"choices": [{"message": {"content": None, "reasoning": "r"}}]}).reasoning == "r"
 
@@ -34,14 +35,21 @@ def _server(replies: list[bytes | None]) -> tuple[int, list[int]]:
                 while b"\r\n\r\n" not in data:
                     data += conn.recv(65536)
                 head, _, body = data.partition(b"\r\n\r\n")
-                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
-                                  if line.lower().startswith(b"content-length")))
+                length = int(
+                    next(
+                        line.split(b":")[1]
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length")
+                    )
+                )
                 while len(body) < length:
                     body += conn.recv(65536)
                 seen.append(len(body))
                 if reply is not None:
-                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n"
-                                 b"content-length: %d\r\n\r\n%s" % (len(reply), reply))
+                    conn.sendall(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                        b"content-length: %d\r\n\r\n%s" % (len(reply), reply)
+                    )
         sock.close()
 
     threading.Thread(target=serve, daemon=True).start()
@@ -53,11 +61,19 @@ def test_a_connection_closed_before_the_answer_is_retried():
 
     from eagleflow.engines.chat import chat_all
 
-    ok = json.dumps({"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}],
-                     "usage": {"completion_tokens": 1}}).encode()
+    ok = json.dumps(
+        {"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}], "usage": {"completion_tokens": 1}}
+    ).encode()
     port, seen = _server([None, ok])
-    results, _ = chat_all(f"http://127.0.0.1:{port}", "m", [[{"role": "user", "content": "hi"}]], max_tokens=4,
-                          temperature=0, concurrency=1, timeout_s=10)
+    results, _ = chat_all(
+        f"http://127.0.0.1:{port}",
+        "m",
+        [[{"role": "user", "content": "hi"}]],
+        max_tokens=4,
+        temperature=0,
+        concurrency=1,
+        timeout_s=10,
+    )
     assert (results[0].error, results[0].content, results[0].attempts) == (None, "hi", 2)
     assert len(seen) == 2 and seen[0] == seen[1]  # the same request, sent again
 
@@ -66,6 +82,13 @@ def test_a_connection_that_keeps_breaking_fails_after_the_retries():
     from eagleflow.engines.chat import RETRIES, chat_all
 
     port, _ = _server([None] * (RETRIES + 1))
-    results, _ = chat_all(f"http://127.0.0.1:{port}", "m", [[{"role": "user", "content": "hi"}]], max_tokens=4,
-                          temperature=0, concurrency=1, timeout_s=10)
+    results, _ = chat_all(
+        f"http://127.0.0.1:{port}",
+        "m",
+        [[{"role": "user", "content": "hi"}]],
+        max_tokens=4,
+        temperature=0,
+        concurrency=1,
+        timeout_s=10,
+    )
     assert results[0].attempts == RETRIES + 1 and f"failed {RETRIES + 1} times" in results[0].error

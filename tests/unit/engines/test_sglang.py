@@ -8,30 +8,49 @@ import pytest
 pytest.importorskip("prometheus_client")
 
 from eagleflow.config import EngineConfig  # noqa: E402
+from eagleflow.contracts.request import StageError  # noqa: E402
 from eagleflow.engines import server_class  # noqa: E402
 from eagleflow.engines.launch import LaunchSpec  # noqa: E402
 from eagleflow.engines.sglang import SglangServer, acceptance_from_log  # noqa: E402
-from eagleflow.request import StageError  # noqa: E402
 
 
 def test_sglang_launch_command_has_the_eagle3_flags():
-    engine = EngineConfig(kind="sglang", tensor_parallel_size=8, max_model_len=32768, gpu_memory_utilization=0.85,
-                          reasoning_parser="kimi_k2", trust_remote_code=True)
-    spec = LaunchSpec(python="/py", model="/m", served_model_name="kimi", dtype="bfloat16", engine=engine, port=30000,
-                      speculative={"method": "eagle3", "model": "/d", "num_speculative_tokens": 3})
+    engine = EngineConfig(
+        kind="sglang",
+        tensor_parallel_size=8,
+        max_model_len=32768,
+        gpu_memory_utilization=0.85,
+        reasoning_parser="kimi_k2",
+        trust_remote_code=True,
+    )
+    spec = LaunchSpec(
+        python="/py",
+        model="/m",
+        served_model_name="kimi",
+        dtype="bfloat16",
+        engine=engine,
+        port=30000,
+        speculative={"method": "eagle3", "model": "/d", "num_speculative_tokens": 3},
+    )
     assert server_class(spec.engine.kind) is SglangServer
     argv = server_class(spec.engine.kind).argv_for(spec)
     assert argv[:3] == ["/py", "-m", "sglang.launch_server"]
     flag = lambda f: argv[argv.index(f) + 1]  # noqa: E731
     assert (flag("--tp-size"), flag("--context-length"), flag("--mem-fraction-static")) == ("8", "32768", "0.85")
     assert (flag("--speculative-algorithm"), flag("--speculative-draft-model-path")) == ("EAGLE3", "/d")
-    assert (flag("--speculative-num-steps"), flag("--speculative-eagle-topk"), flag("--speculative-num-draft-tokens")) == ("3", "1", "4")
+    assert (
+        flag("--speculative-num-steps"),
+        flag("--speculative-eagle-topk"),
+        flag("--speculative-num-draft-tokens"),
+    ) == ("3", "1", "4")
     assert "--trust-remote-code" in argv and "--speculative-config" not in argv
 
 
 def test_sglang_acceptance_from_its_decode_log_lines():
-    window = ("[2026-11-29 10:00:01] Decode batch. #running-req: 1, #token: 97, token usage: 0.00, accept len: 3.00, "
-              "gen throughput (token/s): 49.95\n[2026-11-29 10:00:02] Decode batch. #running-req: 1, accept len: 2.00\n")
+    window = (
+        "[2026-11-29 10:00:01] Decode batch. #running-req: 1, #token: 97, token usage: 0.00, accept len: 3.00, "
+        "gen throughput (token/s): 49.95\n[2026-11-29 10:00:02] Decode batch. #running-req: 1, accept len: 2.00\n"
+    )
     acc = acceptance_from_log(window, None, 3)
     assert acc["mean_acceptance_length"] == pytest.approx(2.5) and acc["acceptance_rate"] == pytest.approx(0.5)
     assert acc["per_position_acceptance"] is None

@@ -10,11 +10,11 @@ import pytest
 pytest.importorskip("prometheus_client")
 
 from eagleflow.config import EngineConfig  # noqa: E402
+from eagleflow.contracts.request import StageError  # noqa: E402
 from eagleflow.engines import server_class  # noqa: E402
 from eagleflow.engines.launch import LaunchSpec  # noqa: E402
 from eagleflow.engines.metrics import parse_metrics  # noqa: E402
 from eagleflow.engines.vllm import VllmServer, acceptance_from_deltas  # noqa: E402
-from eagleflow.request import StageError  # noqa: E402
 
 METRICS = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
 # TYPE vllm:spec_decode_num_drafts_total counter
@@ -46,9 +46,15 @@ def test_no_drafts_means_the_drafter_was_not_used():
 
 
 def test_launch_command_quotes_nothing_and_carries_speculative_config():
-    spec = LaunchSpec(python="/py", model="/m", served_model_name="m", dtype="bfloat16",
-                      engine=EngineConfig(tensor_parallel_size=8, reasoning_parser="kimi_k2", tool_call_parser="kimi_k2"),
-                      port=8000, speculative={"method": "eagle3", "model": "/d x", "num_speculative_tokens": 3})
+    spec = LaunchSpec(
+        python="/py",
+        model="/m",
+        served_model_name="m",
+        dtype="bfloat16",
+        engine=EngineConfig(tensor_parallel_size=8, reasoning_parser="kimi_k2", tool_call_parser="kimi_k2"),
+        port=8000,
+        speculative={"method": "eagle3", "model": "/d x", "num_speculative_tokens": 3},
+    )
     assert server_class(spec.engine.kind) is VllmServer
     argv = server_class(spec.engine.kind).argv_for(spec)
     assert argv[:3] == ["/py", "-m", "vllm.entrypoints.openai.api_server"]
@@ -60,13 +66,22 @@ def test_launch_command_quotes_nothing_and_carries_speculative_config():
 def test_a_capture_launch_asks_for_the_hidden_states_method_without_prefix_caching():
     from eagleflow.engines.launch import StateCapture
 
-    spec = LaunchSpec(python="py", model="/m", served_model_name="t", dtype="bfloat16",
-                      engine=EngineConfig(tensor_parallel_size=8), port=8000,
-                      capture=StateCapture(layer_ids=[2, 30, 58, 61], spool_dir="/dev/shm/s"))
+    spec = LaunchSpec(
+        python="py",
+        model="/m",
+        served_model_name="t",
+        dtype="bfloat16",
+        engine=EngineConfig(tensor_parallel_size=8),
+        port=8000,
+        capture=StateCapture(layer_ids=[2, 30, 58, 61], spool_dir="/dev/shm/s"),
+    )
     argv = VllmServer.argv_for(spec)
     spec_cfg = json.loads(argv[argv.index("--speculative-config") + 1])
-    assert spec_cfg == {"method": "extract_hidden_states", "num_speculative_tokens": 1,
-                        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58, 61]}}}
+    assert spec_cfg == {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58, 61]}},
+    }
     kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
     assert kv["kv_connector_module_path"] == "eagleflow.engines.hidden_states_connector"
     assert kv["kv_connector_extra_config"] == {"shared_storage_path": "/dev/shm/s"}
@@ -76,7 +91,14 @@ def test_a_capture_launch_asks_for_the_hidden_states_method_without_prefix_cachi
 def test_sglang_refuses_a_capture_launch():
     from eagleflow.engines.launch import StateCapture
 
-    spec = LaunchSpec(python="py", model="/m", served_model_name="t", dtype="bfloat16",
-                      engine=EngineConfig(kind="sglang"), port=8000, capture=StateCapture([1, 2, 3, 4], "/s"))
+    spec = LaunchSpec(
+        python="py",
+        model="/m",
+        served_model_name="t",
+        dtype="bfloat16",
+        engine=EngineConfig(kind="sglang"),
+        port=8000,
+        capture=StateCapture([1, 2, 3, 4], "/s"),
+    )
     with pytest.raises(ValueError, match="SGLang has no hidden-states capture"):
         server_class("sglang").argv_for(spec)

@@ -12,21 +12,32 @@ REAL_LOG = (ROOT / "tests" / "data" / "vllm-dies-loading.log").read_text()
 
 
 def test_root_cause_prefers_the_first_traceback():
-    log = "\n".join(["INFO loading", "(EngineCore pid=1) Traceback (most recent call last):",
-                     "(EngineCore pid=1) ValueError: hidden size mismatch", "APIServer Traceback (most recent call last):",
-                     "RuntimeError: Engine core initialization failed"])
+    log = "\n".join(
+        [
+            "INFO loading",
+            "(EngineCore pid=1) Traceback (most recent call last):",
+            "(EngineCore pid=1) ValueError: hidden size mismatch",
+            "APIServer Traceback (most recent call last):",
+            "RuntimeError: Engine core initialization failed",
+        ]
+    )
     out = root_cause_excerpt(log)
     assert out.splitlines()[0].endswith("Traceback (most recent call last):")
     assert "hidden size mismatch" in out and "initialization failed" not in out
-    long_tb = "\n".join(["Traceback (most recent call last):"] + [f'  File "x.py", line {i}' for i in range(100)]
-                        + ["ValueError: " + "y" * 5000])
+    long_tb = "\n".join(
+        ["Traceback (most recent call last):"]
+        + [f'  File "x.py", line {i}' for i in range(100)]
+        + ["ValueError: " + "y" * 5000]
+    )
     tail = root_cause_excerpt(long_tb).splitlines()
     assert tail[-1].startswith("ValueError: yyy") and len(tail[-1]) < 500 and len(tail) <= 25
 
 
 def test_root_cause_line_is_the_workers_exception_not_the_api_servers_wrapper():
     line = root_cause_line(REAL_LOG)
-    assert line is not None and line.startswith("safetensors._safetensors_rust.SafetensorError: Error while deserializing")
+    assert line is not None and line.startswith(
+        "safetensors._safetensors_rust.SafetensorError: Error while deserializing"
+    )
     assert "Engine core initialization failed" in REAL_LOG  # the wrapper is there, and not chosen
 
 

@@ -16,8 +16,14 @@ from eagleflow.hosts.base import HostError
 
 def test_exec_runs_from_home_with_the_host_env():
     host = LocalHost(env={"EAGLEFLOW_TEST_VAR": "from-host-env"})
-    rc, out, err = host.exec([sys.executable, "-c", "import os, sys; print(os.getcwd()); "
-                              "print(os.environ['EAGLEFLOW_TEST_VAR']); print('oops', file=sys.stderr); sys.exit(3)"])
+    rc, out, err = host.exec(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys; print(os.getcwd()); "
+            "print(os.environ['EAGLEFLOW_TEST_VAR']); print('oops', file=sys.stderr); sys.exit(3)",
+        ]
+    )
     assert rc == 3 and out.splitlines() == [os.path.expanduser("~"), "from-host-env"] and err.strip() == "oops"
     assert host.label == "localhost (this machine)"
 
@@ -45,7 +51,10 @@ def test_a_failing_stage_names_its_status_and_last_lines(tmp_path):
     lines: list[str] = []
     log = tmp_path / "stage.log"
     with pytest.raises(StageFailed) as err:
-        LocalHost().run([sys.executable, "-c", "print('working'); print('error: the disk is full'); exit(3)"],
-                        log=lines.append, log_path=str(log))
+        LocalHost().run(
+            [sys.executable, "-c", "print('working'); print('error: the disk is full'); exit(3)"],
+            log=lines.append,
+            log_path=str(log),
+        )
     assert err.value.returncode == 3 and "the disk is full" in str(err.value)
     assert lines == ["working", "error: the disk is full"] and Path(log).read_text().splitlines() == lines

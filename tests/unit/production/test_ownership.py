@@ -13,8 +13,9 @@ from eagleflow.production import TOKEN_ENV, end_owned, end_owned_group, owned, o
 
 
 def standin_engine(env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env={**os.environ, **env},
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"], env={**os.environ, **env}, start_new_session=True
+    )
 
 
 def test_owned_and_end_owned_group_touch_only_the_token() -> None:

@@ -14,8 +14,10 @@ from pydantic import ValidationError
 from safetensors.torch import save_file
 
 from eagleflow.config import ProductionConfig
+from eagleflow.config.production import LEVEL1_RAM_HEADROOM
+from eagleflow.config.production import choose_sleep_level as choose_level
 from eagleflow.production.downtime import Downtime
-from eagleflow.production.pause import LEVEL1_RAM_HEADROOM, base_url, choose_level, judge, preflight
+from eagleflow.production.pause import base_url, judge, preflight
 from eagleflow.production.service import settings_dict
 from eagleflow.production.swap import incompatible
 
@@ -43,11 +45,15 @@ def test_the_preflight_says_why_production_is_stopped_instead() -> None:
 
 def drafter(d: Path, hidden: int = 8, arch: str = "LlamaForCausalLMEagle3") -> Path:
     d.mkdir(parents=True)
-    (d / "config.json").write_text(json.dumps({"architectures": [arch], "hidden_size": hidden,
-                                               "draft_vocab_size": 32}))
-    save_file({"fc.weight": torch.zeros(hidden, 3 * hidden, dtype=torch.bfloat16),
-               "lm_head.weight": torch.zeros(32, hidden, dtype=torch.bfloat16),
-               "d2t": torch.zeros(32, dtype=torch.int64)}, str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps({"architectures": [arch], "hidden_size": hidden, "draft_vocab_size": 32}))
+    save_file(
+        {
+            "fc.weight": torch.zeros(hidden, 3 * hidden, dtype=torch.bfloat16),
+            "lm_head.weight": torch.zeros(32, hidden, dtype=torch.bfloat16),
+            "d2t": torch.zeros(32, dtype=torch.int64),
+        },
+        str(d / "model.safetensors"),
+    )
     return d
 
 
@@ -76,14 +82,28 @@ def test_a_swap_needs_production_asleep_and_the_record_carries_the_pause_setting
 
 def test_the_reports_line_says_woken_or_why_it_was_stopped_instead(tmp_path: Path) -> None:
     d = Downtime(tmp_path, "t", was_running=True, kind="command")
-    d.result = {"ok": True, "was_running": True, "started": False, "healthy_after_s": 7.9,
-                "resumed": {"level": 1, "swap_s": 3.8, "swapped_in": "/p/drafters/1", "probe_al": 3.38}}
-    assert d.summary() == ("production woken from sleep level 1, healthy after 7.9 s, drafter /p/drafters/1 swapped "
-                           "in (3.8 s), its drafter drafts (probe AL 3.38)")
-    d.result = {"ok": True, "was_running": True, "started": True, "healthy_after_s": 70.1,
-                "pause_fallback": "production's drafter accepts nothing after the wake"}
-    assert d.summary() == ("production restored, healthy after 70.1 s (stopped and started: production's drafter "
-                           "accepts nothing after the wake)")
+    d.result = {
+        "ok": True,
+        "was_running": True,
+        "started": False,
+        "healthy_after_s": 7.9,
+        "resumed": {"level": 1, "swap_s": 3.8, "swapped_in": "/p/drafters/1", "probe_al": 3.38},
+    }
+    assert d.summary() == (
+        "production woken from sleep level 1, healthy after 7.9 s, drafter /p/drafters/1 swapped "
+        "in (3.8 s), its drafter drafts (probe AL 3.38)"
+    )
+    d.result = {
+        "ok": True,
+        "was_running": True,
+        "started": True,
+        "healthy_after_s": 70.1,
+        "pause_fallback": "production's drafter accepts nothing after the wake",
+    }
+    assert d.summary() == (
+        "production restored, healthy after 70.1 s (stopped and started: production's drafter "
+        "accepts nothing after the wake)"
+    )
 
 
 def test_the_wake_is_judged_against_the_probe_before_the_sleep() -> None:

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from eagleflow.config import load_config
-from eagleflow.hostfacts import ENGINE_DISTRIBUTIONS, version_of
-from eagleflow.outputs import CheckMetrics
-from eagleflow.request import StageError, StageRequest
+from eagleflow.contracts.request import StageError, StageRequest
+from eagleflow.contracts.stage_records import CheckMetrics
+from eagleflow.hosts.facts import ENGINE_DISTRIBUTIONS, version_of
 from eagleflow.stages import check
 from tests.conftest import ROOT
 

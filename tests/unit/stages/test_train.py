@@ -13,15 +13,21 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from eagleflow.manifest import stage_key  # noqa: E402
-from eagleflow.outputs import ExportMetrics, TrainMetrics, TrainOutputs  # noqa: E402
-from eagleflow.request import StageError  # noqa: E402
+from eagleflow.contracts.manifest import stage_key  # noqa: E402
+from eagleflow.contracts.request import StageError  # noqa: E402
+from eagleflow.contracts.stage_records import ExportMetrics, TrainMetrics, TrainOutputs  # noqa: E402
 from eagleflow.stages import export as export_stage  # noqa: E402
 from eagleflow.stages import train as train_stage  # noqa: E402
 from tests.helpers.drafter import V, extract_manifest, stage_request, write_synthetic  # noqa: E402
 
-TRAIN = {"epochs": 2, "batch_tokens": 128, "draft_vocab_size": 24, "warmup_steps": 2, "max_seq_len": 32,
-         "num_threads": 1}
+TRAIN = {
+    "epochs": 2,
+    "batch_tokens": 128,
+    "draft_vocab_size": 24,
+    "warmup_steps": 2,
+    "max_seq_len": 32,
+    "num_threads": 1,
+}
 
 
 def test_train_and_export_stages(tmp_path):
@@ -40,8 +46,10 @@ def test_train_and_export_stages(tmp_path):
     assert (metrics.bounded_by, metrics.steps) == ("epochs", metrics.epochs[-1].step)
     assert all(e.complete and e.train.tokens > 0 and e.validation is not None for e in metrics.epochs)
     assert metrics.best.epoch == metrics.best_epoch == outputs.best_epoch
-    assert metrics.best.acceptance_length == next(e for e in metrics.epochs
-                                                  if e.epoch == metrics.best_epoch).validation.acceptance_length
+    assert (
+        metrics.best.acceptance_length
+        == next(e for e in metrics.epochs if e.epoch == metrics.best_epoch).validation.acceptance_length
+    )
     assert outputs.aux_layer_ids == [1, 2, 3] and outputs.arch["draft_vocab_size"] == 24
     assert set(manifest.hashes) == {f"{outputs.best}/model.safetensors"}
 

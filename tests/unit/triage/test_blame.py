@@ -3,14 +3,21 @@ and in which order. The probes themselves run against real vLLM in tests/e2e/flo
 
 from __future__ import annotations
 
-from eagleflow.outputs import BackendProbe, BackendRun, LayerMatch, PlumbingProbe, VerifyProbe
+from eagleflow.contracts.benchmark_records import BackendProbe, BackendRun, LayerMatch, PlumbingProbe, VerifyProbe
 from eagleflow.triage.blame import decide
 from eagleflow.triage.verify import lossless, prefix_share
 
 
 def verify(healthy: bool = True) -> VerifyProbe:
-    return VerifyProbe(prompts=8, method="ngram", acceptance_rate=0.79 if healthy else 0.06, copy_rate=0.3,
-                       agreement=1.0 if healthy else 0.02, healthy=healthy, reason="r")
+    return VerifyProbe(
+        prompts=8,
+        method="ngram",
+        acceptance_rate=0.79 if healthy else 0.06,
+        copy_rate=0.3,
+        agreement=1.0 if healthy else 0.02,
+        healthy=healthy,
+        reason="r",
+    )
 
 
 def plumbing(shift: bool = False, foreign: bool = False) -> PlumbingProbe:
@@ -18,27 +25,49 @@ def plumbing(shift: bool = False, foreign: bool = False) -> PlumbingProbe:
     if foreign:
         layers = [LayerMatch(layer_id=i, rel_err=0.9, cosine=0.4, best_id=None, best_rel_err=0.8) for i in ids]
     elif shift:  # asked for k, captured k - 1: id 2 holds trained id 1, id 3 trained id 2; id 1 holds layer 0
-        layers = [LayerMatch(layer_id=1, rel_err=0.7, cosine=0.7, best_id=None, best_rel_err=0.7),
-                  LayerMatch(layer_id=2, rel_err=0.5, cosine=0.8, best_id=1, best_rel_err=0.01),
-                  LayerMatch(layer_id=3, rel_err=0.4, cosine=0.9, best_id=2, best_rel_err=0.01),
-                  LayerMatch(layer_id=4, rel_err=0.01, cosine=0.99, best_id=4, best_rel_err=0.01)]
+        layers = [
+            LayerMatch(layer_id=1, rel_err=0.7, cosine=0.7, best_id=None, best_rel_err=0.7),
+            LayerMatch(layer_id=2, rel_err=0.5, cosine=0.8, best_id=1, best_rel_err=0.01),
+            LayerMatch(layer_id=3, rel_err=0.4, cosine=0.9, best_id=2, best_rel_err=0.01),
+            LayerMatch(layer_id=4, rel_err=0.01, cosine=0.99, best_id=4, best_rel_err=0.01),
+        ]
     else:
         layers = [LayerMatch(layer_id=i, rel_err=0.01, cosine=0.9999, best_id=i, best_rel_err=0.01) for i in ids]
-    return PlumbingProbe(reference="x", sequences=8, tokens=2000, layers=layers,
-                         healthy=not (shift or foreign), reason="r")
+    return PlumbingProbe(
+        reference="x", sequences=8, tokens=2000, layers=layers, healthy=not (shift or foreign), reason="r"
+    )
 
 
 def backends(restore: bool) -> BackendProbe:
-    default = BackendRun(target_backend="FLASHINFER_MLA", draft_backend="FLASHINFER_MLA", first_position_acceptance=0.02)
-    runs = [BackendRun(target_backend="TRITON_MLA", draft_backend="default",
-                       first_position_acceptance=0.6 if restore else 0.03)]
-    return BackendProbe(default=default, offered={"target": ["FLASHINFER_MLA", "TRITON_MLA"], "draft": []}, runs=runs,
-                        restores=runs[0] if restore else None, reason="r")
+    default = BackendRun(
+        target_backend="FLASHINFER_MLA", draft_backend="FLASHINFER_MLA", first_position_acceptance=0.02
+    )
+    runs = [
+        BackendRun(
+            target_backend="TRITON_MLA", draft_backend="default", first_position_acceptance=0.6 if restore else 0.03
+        )
+    ]
+    return BackendProbe(
+        default=default,
+        offered={"target": ["FLASHINFER_MLA", "TRITON_MLA"], "draft": []},
+        runs=runs,
+        restores=runs[0] if restore else None,
+        reason="r",
+    )
 
 
 def blame(**kw):
-    args = dict(suspect=True, lossless=[], min_agreement=0.9, verify=verify(), plumbing=plumbing(), backends=None,
-                other_target=None, drafter_facts=[], skipped=[])
+    args = dict(
+        suspect=True,
+        lossless=[],
+        min_agreement=0.9,
+        verify=verify(),
+        plumbing=plumbing(),
+        backends=None,
+        other_target=None,
+        drafter_facts=[],
+        skipped=[],
+    )
     return decide(**{**args, **kw})
 
 
@@ -92,8 +121,9 @@ def test_prefix_share():
 
 
 def test_a_sampled_path_that_rejects_what_greedy_accepts_is_the_verify_step_at_temperature():
-    v = verify().model_copy(update={"sampled_temperature": 0.01, "sampled_acceptance_rate": 0.0,
-                                    "sampled_healthy": False, "healthy": False})
+    v = verify().model_copy(
+        update={"sampled_temperature": 0.01, "sampled_acceptance_rate": 0.0, "sampled_healthy": False, "healthy": False}
+    )
     b = blame(verify=v)
     assert b.blame == "verify step" and b.culprit == "verify step (at temperature > 0; sound when greedy)"
 

@@ -17,8 +17,9 @@ def test_dimension_checks():
     assert _levels(check_dimensions("new", target, good, shapes, "d")) == ["ok"]
     no_d2t = check_dimensions("new", target, good, {k: v for k, v in shapes.items() if k != "d2t"}, "d")
     assert _levels(no_d2t) == ["error"] and "no d2t" in no_d2t[0].message
-    full = check_dimensions("new", target, {**good, "draft_vocab_size": 2048},
-                            {**shapes, "lm_head.weight": [2048, 192]}, "d")
+    full = check_dimensions(
+        "new", target, {**good, "draft_vocab_size": 2048}, {**shapes, "lm_head.weight": [2048, 192]}, "d"
+    )
     assert _levels(full) == ["error"] and "unexpected" in full[0].message
     wrong_vocab = check_dimensions("new", {**target, "vocab_size": 4096}, good, shapes, "d")
     assert "vocab_size is 2048, the target's is 4096" in wrong_vocab[0].message

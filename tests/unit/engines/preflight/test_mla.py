@@ -8,14 +8,18 @@ from __future__ import annotations
 import json
 
 from eagleflow.engines.preflight.mla import (
-    attention_head_size, captures_final_layer, check_engine_version, is_mla, selected_backend,
+    attention_head_size,
+    captures_final_layer,
+    check_engine_version,
+    is_mla,
+    selected_backend,
 )
 from tests.conftest import ROOT
 
 KIMI = json.loads((ROOT / "tests" / "data" / "kimi-k25" / "config.json").read_text())
 
 # DeepseekV2Model.forward before vLLM PR 46973: aux states captured only before each layer, inside the loop.
-DEEPSEEK_BEFORE_FIX = '''
+DEEPSEEK_BEFORE_FIX = """
 class DeepseekV2Model(nn.Module):
     def forward(self, input_ids, positions, intermediate_tensors, inputs_embeds=None):
         aux_hidden_states = []
@@ -27,17 +31,18 @@ class DeepseekV2Model(nn.Module):
         if len(aux_hidden_states) > 0:
             return hidden_states, aux_hidden_states
         return hidden_states
-'''
+"""
 
 # The same after the fix (vLLM 0.32 deepseek_v2.py): one more capture after the loop.
 DEEPSEEK_AFTER_FIX = DEEPSEEK_BEFORE_FIX.replace(
     "        hidden_states, _ = self.norm(hidden_states, residual)\n",
     "        if self.end_layer in self.aux_hidden_state_layers:\n"
     "            aux_hidden_states.append(hidden_states + residual)\n"
-    "        hidden_states, _ = self.norm(hidden_states, residual)\n")
+    "        hidden_states, _ = self.norm(hidden_states, residual)\n",
+)
 
 # vLLM 0.32 llama.py: captured after each layer as id idx + 1.
-LLAMA = '''
+LLAMA = """
 class LlamaModel(nn.Module):
     def forward(self, input_ids, positions, intermediate_tensors, inputs_embeds=None):
         aux_hidden_states: list[torch.Tensor] = []
@@ -46,7 +51,7 @@ class LlamaModel(nn.Module):
             hidden_states, residual = layer(positions, hidden_states, residual)
             self._maybe_add_hidden_state(aux_hidden_states, idx + 1, hidden_states, residual)
         return hidden_states, aux_hidden_states
-'''
+"""
 
 
 def test_the_final_state_is_capturable_only_after_the_fix():

@@ -8,11 +8,15 @@ import importlib.util
 from pathlib import Path
 
 from eagleflow.engines.preflight.vllm_source import (
-    check_drafter_options, check_whitelist, find_eagle3_whitelist, find_image_token_rule, whitelist_admits,
+    check_drafter_options,
+    check_whitelist,
+    find_eagle3_whitelist,
+    find_image_token_rule,
+    whitelist_admits,
 )
 
 # SpeculativeConfig._verify_args of vLLM ~0.11 (vllm/config/speculative.py), as the Kimi-K2 report met it.
-OLD_SPECULATIVE_SOURCE = '''
+OLD_SPECULATIVE_SOURCE = """
 class SpeculativeConfig:
     def _verify_args(self) -> Self:
         if self.num_speculative_tokens <= 0:
@@ -31,10 +35,10 @@ class SpeculativeConfig:
                 f"Got {self.target_model_config.hf_text_config.model_type=}"
             )
         return self
-'''
+"""
 
 # vLLM ~0.10 (vllm/config.py): "qwen" admitted only beside a speculators-format drafter.
-OLDER_CONFIG_SOURCE = '''
+OLDER_CONFIG_SOURCE = """
 class SpeculativeConfig:
     def _verify_args(self):
         eagle3_target_supported = ["llama"]
@@ -43,9 +47,9 @@ class SpeculativeConfig:
             eagle3_target_supported.append("qwen")
         if self.method == "eagle3" and not any(m in t for m in eagle3_target_supported):
             raise ValueError(f"Eagle3 is only supported for {eagle3_target_supported} models.")
-'''
+"""
 
-PROPOSER_SNIPPET = '''
+PROPOSER_SNIPPET = """
 class SpecDecodeBaseProposer:
     def load_model(self, target_model):
         if supports_multimodal(target_model):
@@ -59,7 +63,7 @@ class SpecDecodeBaseProposer:
                 self.model.config.image_token_index = target_model.config.media_placeholder_token_id
             else:
                 self.model.config.image_token_index = target_model.config.image_token_index
-'''
+"""
 
 
 def test_old_whitelist_is_found_in_source_text():
@@ -67,7 +71,11 @@ def test_old_whitelist_is_found_in_source_text():
     assert wl is not None and wl.model_types == ["llama", "qwen", "minicpm", "gpt_oss"] and wl.conditional == []
     finding = check_whitelist(OLD_SPECULATIVE_SOURCE, "vllm/config/speculative.py", "kimi_k2", "0.11.0")
     assert finding.level == "error"
-    assert "'kimi_k2'" in finding.message and "gpt_oss" in finding.message and "Eagle3 is only supported" in finding.message
+    assert (
+        "'kimi_k2'" in finding.message
+        and "gpt_oss" in finding.message
+        and "Eagle3 is only supported" in finding.message
+    )
     # The old rule is a substring match: qwen3_moe and llama4 passed it.
     assert check_whitelist(OLD_SPECULATIVE_SOURCE, "x", "qwen3_moe", "0.11.0").level == "ok"
     assert whitelist_admits(["llama"], "llama4") and not whitelist_admits(["llama"], "deepseek_v3")
@@ -93,9 +101,11 @@ def test_no_whitelist_passes():
 def test_image_token_rule_from_proposer_source():
     rule = find_image_token_rule(PROPOSER_SNIPPET)
     assert rule is not None
-    assert rule.by_class == {"Qwen2_5_VLForConditionalGeneration": "config.image_token_id",
-                             "PixtralForConditionalGeneration": "config.vision_config.image_token_id",
-                             "KimiK25ForConditionalGeneration": "config.media_placeholder_token_id"}
+    assert rule.by_class == {
+        "Qwen2_5_VLForConditionalGeneration": "config.image_token_id",
+        "PixtralForConditionalGeneration": "config.vision_config.image_token_id",
+        "KimiK25ForConditionalGeneration": "config.media_placeholder_token_id",
+    }
     assert rule.default == "config.image_token_index"
     assert find_image_token_rule("def load_model(self):\n    pass\n") is None
 
@@ -106,10 +116,13 @@ class LlamaModel(nn.Module):
     def __init__(self, *, vllm_config, prefix=""):
         self.norm_before_fc = getattr(self.config, "norm_before_fc", False)
 """
-DRAFTER_AFTER = DRAFTER_BEFORE + """
+DRAFTER_AFTER = (
+    DRAFTER_BEFORE
+    + """
         self.norm_output = getattr(self.config, "norm_output", False)
         self.fc_norm = getattr(self.config, "fc_norm", False)
 """
+)
 
 
 def test_a_drafter_option_the_engine_never_reads_is_an_error_naming_it_and_the_fix():

@@ -1,0 +1,34 @@
+"""The extraction backends' registry: every name the config accepts has one entry, and the plan, the production
+window and the stage read what each takes of the host from it."""
+
+from __future__ import annotations
+
+import pytest
+
+from eagleflow.config import ExtractConfig, RunConfig, load_config
+from eagleflow.extraction import OPENERS
+from eagleflow.extraction.backends import BACKENDS, backend_of
+from tests.conftest import ROOT
+
+
+def config(**extract) -> RunConfig:
+    return load_config(ROOT / "configs" / "demo.yaml", {f"extract.{k}": v for k, v in extract.items()})
+
+
+def test_every_configurable_backend_is_registered():
+    assert set(BACKENDS) == set(ExtractConfig.model_fields["backend"].annotation.__args__) == set(OPENERS)
+
+
+def test_what_each_backend_takes_of_the_host():
+    assert backend_of(config(backend="vllm", device="cpu")).uses_gpus(config(backend="vllm", device="cpu"))
+    hf_cpu = config(backend="hf", device="cpu")
+    assert not backend_of(hf_cpu).uses_gpus(hf_cpu) and not backend_of(hf_cpu).loads_engine
+    hf_auto = config(backend="hf", device="auto")
+    assert backend_of(hf_auto).uses_gpus(hf_auto)  # 'auto' picks CUDA on a GPU host: it counts
+
+
+def test_an_unknown_backend_names_the_choices():
+    cfg = config()
+    object.__setattr__(cfg.extract, "backend", "sglang")  # past validation, as a config from a newer version
+    with pytest.raises(ValueError, match=r"unknown extract.backend 'sglang'; expected one of \['hf', 'vllm'\]"):
+        backend_of(cfg)

