@@ -21,7 +21,7 @@ demo: envs
 # of it (the nightly's two nights and their page, SSH, production host, bootstrap), each with its own
 # Prefect server. The e2e suites wait on Prefect, engine starts and flows more than they compute, so they
 # share 2 cores well (docs/benchmarks.md has the times). Their outputs follow the first's; any failing fails.
-E2E_APART := tests/e2e/flows/test_nightly.py tests/e2e/ui/test_nightly_ui.py tests/e2e/flows/test_promote_drafter.py tests/e2e/flows/test_pipeline_ssh.py \
+E2E_APART := tests/e2e/flows/test_nightly.py tests/e2e/flows/test_nightly_evidence.py tests/e2e/ui/test_nightly_ui.py tests/e2e/flows/test_promote_drafter.py tests/e2e/flows/test_pipeline_ssh.py \
              tests/e2e/flows/test_production_host.py tests/e2e/hosts tests/e2e/infra
 # OMP_WAIT_POLICY=PASSIVE: with the three side by side, every trainer, extractor and CPU engine runs its own
 # 2 OpenMP threads on the same 2 cores, and an OpenMP thread that waits spins by default, on a core another

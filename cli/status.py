@@ -177,6 +177,8 @@ def _run_lines(client: Any, run: Any, flows: dict[Any, str]) -> list[str]:
         lines.append(f"    {verdict}report: {result['report']}")
     if run.state and run.state.type.value in ("FAILED", "CRASHED"):
         lines += [f"    {line}" for line in _cause(run)]
+    elif result is None and run.state and run.state.type.value == "COMPLETED" and run.state.message:
+        lines.append(f"    {run.state.message.splitlines()[0][:400]}")  # a nightly with nothing new says so
     for t in sorted(tasks, key=lambda t: t.start_time or t.expected_start_time or run.created):
         stage = t.task_key.split("-")[0] if t.task_key else t.name
         name = task_label(t)

@@ -147,7 +147,7 @@ def follow(client: Any, run_id: Any, pool: str, timeout_s: float | None) -> int:
         return 1
     result = run_records(client, run_id)[1]
     if result is None:
-        print("completed, no report: nothing ran past the selection of new prompts (the run's log says why)")
+        print(f"completed, no report: {run.state.message or 'nothing ran past the selection of new prompts'}")
         return 0
     if result.get("verdict"):
         print(f"verdict: {result['verdict']}")

@@ -172,7 +172,11 @@ def main_cli(
     if not state.is_completed():
         print(f"error: the flow run ended {state.name}: {state.message}")
         return 1
-    (show or _show_report)(state.result())
+    result = state.result()
+    if result is None and state.message:  # a nightly with nothing new: its state message says so
+        print(state.message)
+        return 0
+    (show or _show_report)(result)
     return 0
 
 

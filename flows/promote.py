@@ -20,6 +20,7 @@ from pydantic import Field
 
 from eagleflow import EagleflowError
 from eagleflow.config import ConfigError, RunConfig
+from eagleflow.contracts.failure import split_message, three_lines
 from eagleflow.hosts import Host
 from eagleflow.nightly.promotion import PromotionGate, judge_canary
 from flows.host_slot import host_slot, stop_jobs_of_run
@@ -50,16 +51,62 @@ class SwitchOutcome:
     reasons: list[str] = field(default_factory=list)
 
 
+def try_canary(host: Host, config: RunConfig, label: str) -> tuple[dict[str, Any] | None, str | None]:
+    """Production's figures through the canary, or None and why it could not measure (production unreachable at
+    production.url, an API key that cannot be read, the job failing): a drafter nobody measured must not stay."""
+    try:
+        return canary(host, config, label), None
+    except EagleflowError as exc:  # a failed job reads as three lines: its cause is what to say
+        lines = str(exc).splitlines()
+        cause = next((x.removeprefix("cause: ") for x in lines if x.startswith("cause: ")), None)
+        return None, cause or split_message(str(exc))[0]
+
+
+def measure_restored(host: Host, config: RunConfig, history: str, why: str) -> dict[str, Any]:
+    """The canary on the drafter a rollback restored; when it cannot measure, production serves that drafter (the
+    last good one) unmeasured: the history says so and the flow fails in three lines with the canary's cause."""
+    restored, failure = try_canary(host, config, "restored drafter")
+    if restored is not None:
+        return restored
+    after = show_served(host, config)
+    publish_history(config, after, f"{history}; the restored drafter is unmeasured")
+    raise RolledBack(
+        three_lines(
+            f"production on {host.name} serves drafter {after['serving']} again, unmeasured",
+            f"{why} the canary could not measure the restored drafter: {failure}".strip(),
+            "check that production answers at production.url with its API key (production.api_key_secret or "
+            "production.api_key_env), then measure it again: eagleflow rollback CONFIG (the link stays where it is)",
+            [],
+        )
+    )
+
+
 def switch_in_window(
     host: Host, config: RunConfig, windows: Windows, drafter_dir: str, record: dict[str, Any] | None
 ) -> dict[str, Any]:
     """Switch production's drafter inside the (open or new) window and give production back with it: this load
     is the new drafter's, and its measurement's. Returns what was deployed before. When production does not
-    come back with it, the window's guardian has rolled it back (production healthy): RolledBack, saying why."""
+    come back with it, the window's guardian has rolled it back (production healthy): RolledBack, saying why. When
+    production was not serving before the window, nothing can measure the new drafter: the link goes back to the last
+    good one at once (production is left as it was, down) and RolledBack says so."""
     before = show_served(host, config)
     switch_drafter(host, config, drafter_dir, windows.hold("switch"), record)
     windows.close()
     back = windows.records[-1]
+    if not back.was_running and config.production.kind != "none":
+        why = "production was not serving when the switch began, so nothing could measure the new drafter"
+        rollback_drafter(host, config, why, None, windows.hold("rollback"))
+        windows.close()
+        after = show_served(host, config)
+        publish_history(config, after, f"Rolled back: production was down, {drafter_dir} was never measured")
+        raise RolledBack(
+            three_lines(
+                f"{drafter_dir} was not put into production on {host.name}",
+                f"{why}; its link is back on drafter {after['serving']} ({after['source']})",
+                "start production (its own unit or command), check it answers at production.url, then promote again",
+                [f"{host.name}:{back.dir}"] if back.dir else [],
+            )
+        )
     if back.rolled_back:
         after = show_served(host, config)
         publish_history(config, after, f"Rolled back: production did not come back with {drafter_dir}")
@@ -85,7 +132,7 @@ def roll_back(
     get_run_logger().warning("%s serves below the bar on production: %s; rolling back", drafter_dir, why)
     back = rollback_drafter(host, config, why, figures, windows.hold("rollback"))
     windows.close()
-    restored = canary(host, config, "restored drafter")
+    restored = measure_restored(host, config, f"Rolled back: {drafter_dir} ({why})", f"{why}; and")
     after = confirm_drafter(host, config, restored, back.get("record"))
     publish_history(config, after, f"Rolled back: {drafter_dir} served below the bar on production")
     still = judge_canary(restored, None, gate, config.production.canary_tolerance)
@@ -109,7 +156,19 @@ def switch_and_verify(
     """Deploy, measure production with the canary, keep the drafter or roll back (`eagleflow promote`)."""
     before = switch_in_window(host, config, windows, drafter_dir, record)
     bar = previous_canary(before, before["serving"] if before["state"] == "good" else before["last_good"])
-    figures = canary(host, config, "new drafter")
+    figures, failure = try_canary(host, config, "new drafter")
+    if figures is None:
+        why = f"its canary could not measure it: {failure}"
+        after = roll_back(host, config, windows, drafter_dir, why, None, gate)
+        raise RolledBack(
+            three_lines(
+                f"{drafter_dir} was not kept in production on {host.name}: rolled back to drafter {after['serving']}",
+                why,
+                "check that production answers at production.url with its API key (production.api_key_secret or "
+                "production.api_key_env), then promote again",
+                [],
+            )
+        )
     reasons = judge_canary(figures, bar, gate, config.production.canary_tolerance)
     if not reasons:
         after = confirm_drafter(host, config, figures, record)
@@ -169,7 +228,7 @@ def rollback(params: RollbackParams) -> dict[str, Any]:
         show_served(host, config)
         with production_windows(host, config) as windows:
             back = rollback_drafter(host, config, params.why, None, windows.hold("rollback"))
-        restored = canary(host, config, "restored drafter")
+        restored = measure_restored(host, config, f"Rolled back by hand: {params.why}", "")
         after = confirm_drafter(host, config, restored, back.get("record"))
         publish_history(config, after, f"Rolled back by hand: {params.why}")
     return {"serving": True, "canary": restored, "deployed": after}

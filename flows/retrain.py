@@ -24,9 +24,11 @@ from __future__ import annotations
 import datetime as dt
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from prefect import flow, get_run_logger
+from prefect.states import Completed, State
 
 from eagleflow.config import RunConfig
 from eagleflow.contracts.benchmark_records import BenchmarkMetrics
@@ -39,8 +41,8 @@ from eagleflow.contracts.stage_records import (
     TrainMetrics,
 )
 from eagleflow.hosts import Host
-from eagleflow.nightly.pool import batch_config, benchmark_on, continuing_train_config
-from eagleflow.nightly.promotion import PromotionGate, PromotionRecord, promotion_record_path
+from eagleflow.nightly.pool import batch_config, benchmark_on, continuing_train_config, full_length, whole_pool_config
+from eagleflow.nightly.promotion import Decision, PromotionGate, PromotionRecord, decide, promotion_record_path
 from eagleflow.reporting.report import Report, build_report
 from flows.host_slot import host_slot, stop_jobs_of_run
 from flows.params import RetrainParams, main_cli
@@ -101,10 +103,12 @@ def run_night(host: Host, config: RunConfig, windows: Windows) -> Night:
     runs["extract"] = windows.run(
         extract, {"generate": runs["generate"].manifest}, config=new, label=f"extract: batch {sel.batch_id}"
     )
+    # No drafter to continue: tonight is a full run, and a full run trains on all the data, not a replay sample.
+    pool_config = config if sel.first_night or promoted else whole_pool_config(config)
     runs["pool"] = run_cached(
         pool,
         host,
-        config,
+        pool_config,
         {
             "select": runs["select"].manifest,
             "holdout": runs["extract: holdout"].manifest,
@@ -129,7 +133,43 @@ def run_night(host: Host, config: RunConfig, windows: Windows) -> Night:
         night.tonight = tonight
     else:
         runs["benchmark"] = windows.run(benchmark, bench_in, config=tonight)
+        night.tonight = tonight
     return night
+
+
+def night_report(config: RunConfig, night: Night) -> Report:
+    return build_report(config.name, {s: r.manifest for s, r in night.runs.items()}, {}, kind="nightly")
+
+
+def decide_on_evidence(
+    host: Host,
+    config: RunConfig,
+    night: Night,
+    gate: PromotionGate,
+    label: str,
+    rerun: Callable[[RunConfig, str], StageRun],
+) -> Decision:
+    """The gate's decision on tonight's benchmark; while its intervals overlap its bars, the new drafter measured
+    again (`rerun(config)`: every held-out prompt, no early stop) up to nightly.decision_reruns times."""
+    promoted = read_promoted(host, config)
+    decision = decide(night_report(config, night), promoted, gate)
+    for n in range(config.nightly.decision_reruns):
+        if not decision.undecided:
+            break
+        get_run_logger().warning(
+            "the promotion gate is undecided (%s): measuring the new drafter again, every held-out prompt (%d of %d)",
+            decision.decided_by,
+            n + 1,
+            config.nightly.decision_reruns,
+        )
+        night.runs["benchmark"] = rerun(full_length(night.tonight), f"{label}: again ({n + 1})")
+        decision = decide(night_report(config, night), promoted, gate)
+    return decision
+
+
+def read_promoted(host: Host, config: RunConfig) -> PromotionRecord | None:
+    path = promotion_record_path(config.host.work_root, config.name)
+    return PromotionRecord.model_validate_json(host.read_text(path)) if host.exists(path) else None
 
 
 def night_record(night: Night) -> NightRecord:
@@ -149,6 +189,8 @@ def night_record(night: Night) -> NightRecord:
         new_samples=GenerateOutputs.of(runs["generate"].manifest).num_train,
         new_tokens=pm.new_tokens,
         replay_sequences=pm.replay_sequences,
+        trained_on="the whole pool" if pm.whole_pool or night.selection.first_night else "tonight's batch + replay",
+        train_sequences=pm.new_sequences + pm.replay_sequences,
         pool_samples=pm.samples,
         pool_bytes=pm.pool_bytes,
         evicted=pm.evicted,
@@ -165,8 +207,9 @@ def night_record(night: Night) -> NightRecord:
 
 
 @flow(name="retrain", log_prints=True, on_cancellation=[stop_jobs_of_run], on_crashed=[stop_jobs_of_run])
-def retrain(params: RetrainParams = RetrainParams()) -> Report | None:
-    """Tonight's report (None: no new prompt, nothing ran past select); the promotion decision is an artifact."""
+def retrain(params: RetrainParams = RetrainParams()) -> Report | State:
+    """Tonight's report, or a Completed state saying nothing was new (its state message, which `eagleflow status`,
+    `eagleflow trigger --wait` and the run's page in the UI show); the promotion decision is an artifact."""
     config = params.load()
     gate = PromotionGate(min_speedup=params.min_speedup, min_acceptance_length=params.min_acceptance_length)
     deploy = config.production.promote == "serve"
@@ -175,15 +218,25 @@ def retrain(params: RetrainParams = RetrainParams()) -> Report | None:
             night = run_night(host, config, windows)
             sel = night.selection
             if "export" not in night.runs:
-                get_run_logger().warning(
-                    "no unused prompt in the source (%d distinct, all used or held out): nothing "
-                    "new to train on tonight; append prompts to %s",
-                    sel.source_prompts,
-                    config.nightly.source or config.generate.prompts_path,
+                said = (
+                    f"nothing new tonight: the source's {sel.source_prompts} distinct prompts are all used or held "
+                    f"out, so nothing was trained or measured; production keeps its drafter. Append prompts to "
+                    f"{config.nightly.source or config.generate.prompts_path}"
                 )
-                return None
+                get_run_logger().warning("%s", said)
+                return Completed(message=said)
             if deploy:
                 promoted = deploy_night(host, config, night, windows, gate)
+            else:
+                inputs = {"export": night.runs["export"].manifest, "extract": night.runs["pool"].manifest}
+                decide_on_evidence(
+                    host,
+                    config,
+                    night,
+                    gate,
+                    "benchmark",
+                    lambda cfg, label: windows.run(benchmark, inputs, config=cfg, label=label),
+                )
         nights, picture = record_night(host, config, sel.pool_dir, night_record(night))
         report = publish_report(
             host,
@@ -195,12 +248,17 @@ def retrain(params: RetrainParams = RetrainParams()) -> Report | None:
             plots={"al-by-night": picture} if picture else None,
         )
         if not deploy:
-            promoted = promote(host, config, report, gate).promote
-        record_promotion(host, sel.pool_dir, nights[-1].run, promoted)
+            decision = promote(host, config, report, gate)
+            promoted, decided_by = decision.promote, decision.decided_by
+        else:
+            promoted, decided_by = promoted
+        record_promotion(host, sel.pool_dir, nights[-1].run, promoted, decided_by)
         return report
 
 
-def deploy_night(host: Host, config: RunConfig, night: Night, windows: Windows, gate: PromotionGate) -> bool:
+def deploy_night(
+    host: Host, config: RunConfig, night: Night, windows: Windows, gate: PromotionGate
+) -> tuple[bool, str]:
     """production.promote 'serve': tonight's drafter goes into production before production comes back, so the
     one load that restores production is also its measurement. The benchmark then measures it on production
     (paired with the references measured or reused in the window), the gate decides on those figures, and a
@@ -221,7 +279,16 @@ def deploy_night(host: Host, config: RunConfig, night: Night, windows: Windows, 
         # Unmeasured, it does not stay: production goes back to the drafter that was measured good.
         roll_back(host, config, windows, drafter, f"its benchmark on production failed: {exc}"[:500], None, gate)
         raise
-    preview = build_report(config.name, {s: r.manifest for s, r in runs.items()}, {}, kind="nightly")
+    inputs = {"export": runs["export"].manifest, "extract": runs["pool"].manifest}
+    decide_on_evidence(
+        host,
+        config,
+        night,
+        gate,
+        "benchmark: on production",
+        lambda cfg, label: run_cached(benchmark, host, benchmark_on(cfg, "production"), inputs, label=label),
+    )
+    preview = night_report(config, night)
     decision = promote(host, config, preview, gate)
     d = preview.drafter
     figures = {
@@ -242,11 +309,15 @@ def deploy_night(host: Host, config: RunConfig, night: Night, windows: Windows, 
         )
     else:
         roll_back(host, config, windows, drafter, "; ".join(decision.reasons), figures, gate)
-    return decision.promote
+    return decision.promote, decision.decided_by
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    return main_cli(retrain, __doc__, params_cls=RetrainParams, argv=argv, prog=prog)
+    gate_flags = {
+        "--min-speedup": "promote only when the speedup's 95% interval lies at or above this (default 1.0)",
+        "--min-acceptance-length": "promote only when the AL's 95% interval lies at or above this (default 1.5)",
+    }
+    return main_cli(retrain, __doc__, params_cls=RetrainParams, extra_args=gate_flags, argv=argv, prog=prog)
 
 
 if __name__ == "__main__":

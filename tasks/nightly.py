@@ -11,8 +11,8 @@ from prefect.cache_policies import NO_CACHE
 from eagleflow.config import RunConfig
 from eagleflow.contracts.stage_records import NightRecord
 from eagleflow.hosts import Host
+from eagleflow.nightly.pool import NIGHTS
 
-NIGHTS = "nights.json"
 PICTURE = "al-by-night.png"
 
 
@@ -42,9 +42,9 @@ def record_night(
 
 
 @task(name="record-promotion", cache_policy=NO_CACHE)
-def record_promotion(host: Host, pool_dir: str, run: str, promoted: bool) -> None:
+def record_promotion(host: Host, pool_dir: str, run: str, promoted: bool, decided_by: str | None = None) -> None:
     nights = read_nights(host, pool_dir)
     for n in nights:
         if n.run == run:
-            n.promoted = promoted
+            n.promoted, n.decided_by = promoted, decided_by
     host.write_text(f"{pool_dir}/{NIGHTS}", json.dumps([n.model_dump(mode="json") for n in nights], indent=2))

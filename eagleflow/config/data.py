@@ -131,6 +131,20 @@ class NightlyConfig(_Strict):
         description="Older nights' sequences replayed per new sequence (a seeded sample): old data keeps "
         "the drafter from drifting to the newest night's prompts. 0: the new batch only.",
     )
+    whole_pool: bool = Field(
+        False,
+        description="Train on the whole pool (every batch it keeps, the held-out split excepted) instead of tonight's "
+        "batch and a replay sample. The nightly sets it on a night with no promoted drafter to continue: such a night "
+        "trains as a full run does, so it sees all the data a full run would.",
+    )
+    decision_reruns: int = Field(
+        1,
+        ge=0,
+        le=3,
+        description="Measurements of the new drafter the promotion gate may ask for beyond the night's first when its "
+        "95% intervals neither clear nor miss its bars (each with every held-out prompt, no early stop). Still "
+        "undecided after them: production keeps what it serves.",
+    )
     train_steps: int = Field(
         200,
         ge=1,

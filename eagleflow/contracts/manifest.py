@@ -143,6 +143,8 @@ def stage_settings(stage: str, config: RunConfig) -> dict[str, Any]:
             "replay": c["nightly"]["replay"],
             "budget": c["nightly"]["pool_budget_gib"],
             "seed": c["generate"]["seed"],
+            # only when set: every pool stage keyed before it existed keeps its key
+            **({"whole_pool": True} if c["nightly"].get("whole_pool") else {}),
         },
     }[stage]
 

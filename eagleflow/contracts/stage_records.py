@@ -201,7 +201,8 @@ class PoolMetrics(MetricsRecord):
 
     new_sequences: int = Field(description="Train sequences of tonight's batch.")
     new_tokens: int
-    replay_sequences: int = Field(description="Sequences sampled from earlier nights' batches.")
+    replay_sequences: int = Field(description="Sequences of earlier nights' batches: a sample, or all of them.")
+    whole_pool: bool = Field(False, description="Trained on the whole pool (nightly.whole_pool), not a replay sample.")
     replay_tokens: int
     holdout_sequences: int
     batches: int = Field(description="Batches whose states the pool keeps after tonight (tonight's included).")
@@ -227,6 +228,12 @@ class NightRecord(BaseModel):
     new_samples: int = Field(0, description="Samples generated tonight (the new batch only).")
     new_tokens: int = Field(0, description="Train tokens extracted tonight.")
     replay_sequences: int = 0
+    trained_on: str | None = Field(
+        None,
+        description="What tonight trained on: 'tonight's batch + replay' (continuing the promoted drafter) or 'the "
+        "whole pool' (a full run: no promoted drafter to continue).",
+    )
+    train_sequences: int | None = Field(None, description="Train sequences tonight's training saw.")
     pool_samples: int = Field(0, description="Samples whose states the pool keeps after tonight.")
     pool_bytes: int = 0
     evicted: list[str] = Field(default_factory=list)
@@ -244,3 +251,4 @@ class NightRecord(BaseModel):
     benchmark_requests: int | None = Field(None, description="Requests tonight's benchmark sent (all variants).")
     baseline: str | None = Field(None, description="How the baseline was had: measured tonight, or reused (when).")
     promoted: bool | None = None
+    decided_by: str | None = Field(None, description="The interval that decided the promotion (or why not).")

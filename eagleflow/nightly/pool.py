@@ -6,11 +6,15 @@ Where it lives on the host: `<work_root>/nightly/<run name>/`
     batches/<id>.jsonl     each night's new prompts (<id>: the hash of their contents)
     ledger.json            the batches in the pool, oldest first: their prompts' hashes, the generate
                            and extract stages that made their data, bytes, and whether evicted
+    nights.json            the record of nights (NightRecord), written when a night has trained and measured
 
 A night (flows.retrain): the `select` stage reads the prompt source (a JSONL file, or a directory of
 JSONL files the team appends to), drops repeats by content, and takes the first prompts in source order
 that are neither held out nor in any batch of the ledger (evicted ones included: a prompt is used
-once). generate and extract then run on that batch alone (their keys follow its contents, so every
+once). A batch whose night failed before it was recorded in nights.json is not used: the next night drops it from
+the ledger and takes its prompts again as new (its generate and extract stages are cache hits), so a failed night
+costs the pool nothing and a failed first night still gets its full first batch. generate and extract then run on
+that batch alone (their keys follow its contents, so every
 earlier night's stages stay cache hits). The `pool` stage records the batch in the ledger, evicts the
 oldest batches' states beyond the disk budget, and writes the night's training index: the new batch,
 a seeded replay sample of older batches' sequences, and the held-out sequences.
@@ -67,6 +71,25 @@ class Ledger(BaseModel):
 
     def live(self) -> list[PoolBatch]:
         return [b for b in self.batches if b.evicted is None]
+
+
+NIGHTS = "nights.json"  # in the pool directory: the record of nights, one NightRecord a night
+
+
+def recorded_batches(pool: Path) -> set[str]:
+    """The batches whose night was recorded (nights.json): the nights that trained and measured."""
+    path = pool / NIGHTS
+    if not path.is_file():
+        return set()
+    return {n["batch"] for n in json.loads(path.read_text()) if n.get("batch")}
+
+
+def drop_unfinished(ledger: Ledger, recorded: set[str], run: str) -> list[PoolBatch]:
+    """Take out of `ledger` the batches whose night failed (never recorded, and not this flow run's own: a retry
+    of a run takes its batch again); return them. Their prompts are then unused, chosen again as new."""
+    gone = [b for b in ledger.batches if b.id not in recorded and not (run and b.run == run)]
+    ledger.batches = [b for b in ledger.batches if b not in gone]
+    return gone
 
 
 def pool_dir(work_root: str, run_name: str) -> Path:
@@ -199,4 +222,20 @@ def benchmark_on(config: RunConfig, drafter_on: str) -> RunConfig:
     'none' inside the production window, the references only; 'production' once production serves it)."""
     data = config.model_dump(mode="json")
     data["benchmark"]["drafter_on"] = drafter_on
+    return RunConfig.model_validate(data)
+
+
+def whole_pool_config(config: RunConfig) -> RunConfig:
+    """A night with no promoted drafter to continue: the pool stage indexes the whole pool (every batch it keeps),
+    so the full run that night trains on all the data, as the first night does."""
+    data = config.model_dump(mode="json")
+    data["nightly"]["whole_pool"] = True
+    return RunConfig.model_validate(data)
+
+
+def full_length(config: RunConfig) -> RunConfig:
+    """The benchmark once more, every held-out prompt and no early stop: what the promotion gate asks for when the
+    night's first measurement left its intervals overlapping its bars (nightly.decision_reruns)."""
+    data = config.model_dump(mode="json")
+    data["benchmark"]["precision"] = None
     return RunConfig.model_validate(data)

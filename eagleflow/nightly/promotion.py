@@ -1,4 +1,5 @@
-"""The nightly retrain's promotion gate: a new drafter replaces the promoted one only if it is better.
+"""The nightly retrain's promotion gate: a new drafter replaces what production serves only if it is better
+beyond noise.
 
 Pure: `decide(report, promoted, gate)` says yes or no, with every reason; the Prefect task only reads
 the record on the host, calls it and writes the new record. The promoted record lives at
@@ -7,6 +8,8 @@ drafter when `benchmark.current_drafter` is not set.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -37,6 +40,10 @@ class Decision(BaseModel):
     promote: bool
     reasons: list[str] = Field(description="Why not (empty when promoted).")
     record: PromotionRecord | None = Field(None, description="The record to write when promoted.")
+    undecided: bool = Field(
+        False, description="No test failed beyond noise but one did not pass beyond it either: the intervals overlap."
+    )
+    decided_by: str = Field("", description="The comparison and interval that decided, as a person reads it.")
 
 
 def promotion_record_path(work_root: str, run_name: str) -> str:
@@ -48,57 +55,82 @@ def promotion_history_path(work_root: str, run_name: str) -> str:
     return f"{work_root.rstrip('/')}/promoted/{run_name}.history.json"
 
 
+Outcome = Literal["pass", "fail", "undecided"]
+
+
+def _against(name: str, value: float, ci: list[float] | None, bar: float, bar_name: str) -> tuple[Outcome, str]:
+    """`value` (its 95% interval `ci`) against `bar`: beyond noise above it (the interval's lower end above), below
+    it (the upper end at or below), or neither. Without an interval the point decides, and says so."""
+    lo, hi = (ci[0], ci[1]) if ci else (value, value)
+    shown = f"{name} {value:.2f}" + (f" (95% interval {lo:.2f}-{hi:.2f})" if ci else " (no interval: one round)")
+    if lo > bar or (lo >= bar and not ci):
+        return "pass", f"{shown} above {bar_name} {bar:.2f}"
+    if hi <= bar and not (ci and lo == hi == bar):
+        return "fail", f"{shown} not above {bar_name} {bar:.2f}"
+    return "undecided", f"{shown} overlaps {bar_name} {bar:.2f}"
+
+
 def decide(report: Report, promoted: PromotionRecord | None, gate: PromotionGate) -> Decision:
-    """Promote the report's drafter iff it clears the gate, the engine side is not suspect, it serves at
-    least as fast as production's current drafter in the same benchmark (when that one was measured at
-    another time: accepts at least as much), and its acceptance is not below the promoted drafter's (all
-    beyond noise, where the benchmark's rounds give a 95% interval)."""
-    al = report.drafter.mean_acceptance_length or 0.0
-    reasons = []
-    if report.speedup < gate.min_speedup:
-        reasons.append(f"speedup {report.speedup:.2f} < {gate.min_speedup}")
-    if al < gate.min_acceptance_length:
-        reasons.append(f"mean acceptance length {al:.2f} < {gate.min_acceptance_length}")
+    """Promote the report's drafter only on evidence: it is better than what production serves beyond the 95%
+    interval (faster than the current drafter on the same prompts in the same benchmark; when the current drafter
+    was measured at another time, a higher acceptance length, the figure that does not move with the load; with
+    no current drafter, faster than no speculation), its interval's lower end clears the floors (the gate's speedup
+    and acceptance length), and the engine side is not suspect. A comparison whose interval overlaps its bar
+    makes the decision undecided: the night measures again (nightly.decision_reruns) or keeps what production
+    serves. `decided_by` names the interval that decided."""
+    d = report.drafter
+    al, al_ci = d.mean_acceptance_length or 0.0, d.al_interval
+    head = report.verdict.headline if report.verdict is not None else None
+    speedup = head.drafter_vs_baseline if head is not None and head.drafter_vs_baseline is not None else report.speedup
+    speedup_ci = head.drafter_vs_baseline_ci if head is not None else None
+    checks: list[tuple[Outcome, str]] = [
+        _against("speedup over no speculation", speedup, speedup_ci, gate.min_speedup, "the gate's floor"),
+        _against("mean acceptance length", al, al_ci, gate.min_acceptance_length, "the gate's floor"),
+    ]
     if report.verdict is not None and report.verdict.integration_suspect:
-        reasons.append(
-            "the benchmark found the engine integration suspect (serving acceptance far below the "
-            "offline estimate): fix the engine side before promoting"
+        checks.append(
+            (
+                "fail",
+                "the benchmark found the engine integration suspect (serving acceptance far below "
+                "the offline estimate): fix the engine side before promoting",
+            )
         )
     current = report.current  # production's drafter, in this benchmark (measured now, or reused from a night before)
-    head = report.verdict.headline if report.verdict is not None else None
     paired = head.drafter_vs_current if head is not None else None
-    paired_ci = head.drafter_vs_current_ci if head is not None else None
-    if current is not None and current.measured is not None:
+    if current is not None and current.measured is not None and current.mean_acceptance_length is not None:
         # Measured at another time (reused from a night before): its speed was that hour's load, production's own
-        # traffic included, and a ratio of two hours' speeds is the load's, not the drafters'. Acceptance length
-        # depends on the drafter and the prompts only: the drafters compare on that.
-        cur_al = current.mean_acceptance_length
-        if cur_al is not None and (al_ci[1] if (al_ci := report.drafter.al_interval) else al) < cur_al:
-            reasons.append(
-                f"mean acceptance length {al:.2f} < the current drafter's {cur_al:.2f} ({current.measured})"
-                + (f" (95% interval {al_ci[0]:.2f}-{al_ci[1]:.2f})" if al_ci else "")
+        # traffic included. Acceptance length depends on the drafter and the prompts only: the drafters compare on
+        # that, the current drafter's interval's upper end the bar.
+        cur_ci = current.al_interval
+        bar = cur_ci[1] if cur_ci else current.mean_acceptance_length
+        checks.append(_against("mean acceptance length", al, al_ci, bar, f"the current drafter's ({current.measured})"))
+    elif current is not None and paired is not None:
+        # the same prompts, round by round, in the same benchmark: the figure production's users feel
+        checks.append(_against("speedup over the current drafter", paired, head.drafter_vs_current_ci, 1.0, "parity"))
+    elif current is not None:
+        outcome: Outcome = "pass" if d.output_tok_s > current.output_tok_s else "fail"
+        checks.append(
+            (
+                outcome,
+                f"{d.output_tok_s:.1f} output tok/s against the current drafter's "
+                f"{current.output_tok_s:.1f} in the same benchmark (no rounds to pair)",
             )
-    elif current is not None and paired is not None and (paired_ci[1] < 1.0 if paired_ci else paired < 1.0):
-        # the same prompts, round by round: a window that stopped early compares on the rounds both measured.
-        # Slower beyond noise (its 95% interval below 1) when the rounds give one: with production.promote 'serve'
-        # a drafter that loses costs a rollback, an engine load, so a tie is not a loss.
-        reasons.append(
-            f"{paired:.2f}x the current drafter's output tok/s on the same prompts in the same benchmark"
-            + (f" (95% interval {paired_ci[0]:.2f}-{paired_ci[1]:.2f})" if paired_ci else "")
         )
-    elif current is not None and paired is None and report.drafter.output_tok_s < current.output_tok_s:
-        reasons.append(
-            f"{report.drafter.output_tok_s:.1f} output tok/s < the current drafter's "
-            f"{current.output_tok_s:.1f} in the same benchmark"
+    elif promoted is not None:
+        checks.append(
+            _against("mean acceptance length", al, al_ci, promoted.mean_acceptance_length, "the promoted drafter's")
         )
-    al_ci = report.drafter.al_interval
-    if promoted is not None and (al_ci[1] if al_ci else al) < promoted.mean_acceptance_length:
-        reasons.append(
-            f"mean acceptance length {al:.2f} < the promoted drafter's {promoted.mean_acceptance_length:.2f}"
-            + (f" (95% interval {al_ci[0]:.2f}-{al_ci[1]:.2f})" if al_ci else "")
+    elif gate.min_speedup < 1.0:  # production serves no speculation: faster than that, beyond noise
+        checks.append(_against("speedup over no speculation", speedup, speedup_ci, 1.0, "parity"))
+    failed = [why for outcome, why in checks if outcome == "fail"]
+    open_ = [why for outcome, why in checks if outcome == "undecided"]
+    if failed or report.drafter_dir is None:
+        reasons = failed or ["the report names no drafter directory"]
+        return Decision(promote=False, reasons=reasons, decided_by=reasons[0])
+    if open_:
+        return Decision(
+            promote=False, reasons=[f"undecided: {why}" for why in open_], undecided=True, decided_by=open_[0]
         )
-    if reasons or report.drafter_dir is None:
-        return Decision(promote=False, reasons=reasons or ["the report names no drafter directory"])
     record = PromotionRecord(
         drafter_dir=report.drafter_dir,
         mean_acceptance_length=al,
@@ -107,7 +139,8 @@ def decide(report: Report, promoted: PromotionRecord | None, gate: PromotionGate
         run=report.run,
         created=report.created,
     )
-    return Decision(promote=True, reasons=[], record=record)
+    # what decided: the comparison with what production serves (no speculation: the speedup floor, checks[0])
+    return Decision(promote=True, reasons=[], record=record, decided_by=checks[-1 if len(checks) > 2 else 0][1])
 
 
 def judge_canary(canary: dict, previous: dict | None, gate: PromotionGate, tolerance: float) -> list[str]:

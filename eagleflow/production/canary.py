@@ -19,6 +19,9 @@ import os
 import sys
 from pathlib import Path
 
+import httpx
+
+from eagleflow.contracts.failure import stage_ending
 from eagleflow.contracts.prompts import run_holdout
 from eagleflow.contracts.request import PRODUCTION_API_KEY_ENV
 from eagleflow.engines.acceptance import measure
@@ -35,14 +38,23 @@ def main(argv: list[str] | None = None) -> int:
 
     req = json.loads(Path(args[0]).read_text())
     cfg = RunConfig.model_validate(req["config"])
-    assert cfg.production.url, "the canary needs production.url"
-    out = measure(
-        cfg.production.url,
-        served_name(cfg),
-        run_holdout(cfg.generate, int(req["n"])),
-        int(req["max_tokens"]),
-        os.environ.get(PRODUCTION_API_KEY_ENV),
-    )
+    if not cfg.production.url:
+        print("\n".join(stage_ending("the canary has no production.url to measure", "set production.url")))
+        return 1
+    try:
+        out = measure(
+            cfg.production.url,
+            served_name(cfg),
+            run_holdout(cfg.generate, int(req["n"])),
+            int(req["max_tokens"]),
+            os.environ.get(PRODUCTION_API_KEY_ENV),
+        )
+    except (httpx.HTTPError, OSError, RuntimeError) as exc:
+        # The flow's cause line reads this ending: what the canary met at production's endpoint, and what to do.
+        said = f"production at {cfg.production.url} did not answer the canary: {type(exc).__name__}: {exc}"
+        fix = "check that production serves at production.url and takes the API key it is given"
+        print("\n".join(stage_ending(said, fix)), flush=True)
+        return 1
     write_json_atomic(Path(args[1]), out, indent=1)
     print(json.dumps(out))
     return 0

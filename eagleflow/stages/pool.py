@@ -133,7 +133,8 @@ def run(request: StageRequest) -> Manifest:
                 continue
             entries[e["file"]] = e
             candidates += [(e["file"], j, n) for j, n in enumerate(_seq_lens(e["file"])) if n >= 3]
-    want = round(cfg.nightly.replay * batch.sequences)
+    # The whole pool (a night with no drafter to continue trains as a full run does) or a replay sample.
+    want = len(candidates) if cfg.nightly.whole_pool else round(cfg.nightly.replay * batch.sequences)
     seed = cfg.generate.seed + int(request.key[:8], 16)
     picked = replay_sample(candidates, want, seed)
     by_shard: dict[str, list[int]] = {}
@@ -161,10 +162,11 @@ def run(request: StageRequest) -> Manifest:
     replay_tokens = sum(n for _, _, n in picked)
     held_tokens = sum(int(e["num_tokens"]) for e in held_entries)
     log.info(
-        "tonight trains on %d new sequences and %d replayed from %d older batch(es); %d held out; the pool "
+        "tonight trains on %d new sequences and %d %s from %d older batch(es); %d held out; the pool "
         "keeps %d batch(es), %.1f MB",
         batch.sequences,
         len(picked),
+        "(the whole pool)" if cfg.nightly.whole_pool else "replayed",
         len(older),
         sum(int(e["num_seqs"]) for e in held_entries),
         len(ledger.live()),
@@ -185,6 +187,7 @@ def run(request: StageRequest) -> Manifest:
             new_sequences=batch.sequences,
             new_tokens=batch.tokens,
             replay_sequences=len(picked),
+            whole_pool=cfg.nightly.whole_pool,
             replay_tokens=replay_tokens,
             holdout_sequences=sum(int(e["num_seqs"]) for e in held_entries),
             batches=len(live),

@@ -30,10 +30,13 @@ from eagleflow.nightly.pool import (
     batch_id,
     choose_holdout,
     choose_new,
+    drop_unfinished,
     pool_dir,
     prompt_hash,
     read_ledger,
     read_source,
+    recorded_batches,
+    write_ledger,
     write_prompts,
 )
 from eagleflow.stages.common import stage_main
@@ -58,6 +61,16 @@ def run(request: StageRequest) -> Manifest:
             log.info("held out %d prompts for every night: %s", len(held), holdout_path)
     except PromptError as exc:
         raise StageError(str(exc)) from None
+    failed = drop_unfinished(ledger, recorded_batches(pool), request.run)
+    if failed:
+        write_ledger(pool, ledger)
+        log.warning(
+            "batch(es) %s of night(s) that failed before they were recorded (runs %s): their %d prompts are new "
+            "again, taken in source order as any unused prompt",
+            ", ".join(b.id for b in failed),
+            ", ".join(sorted({b.run for b in failed})),
+            sum(len(b.prompts) for b in failed),
+        )
     first = not ledger.batches
     mine = next((b for b in ledger.batches if request.run and b.run == request.run), None)
     if mine is not None:  # this flow run chose it before (a retry): the same prompts, the same cached stages

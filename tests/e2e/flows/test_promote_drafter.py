@@ -9,7 +9,8 @@ Shown from production itself: each night it went down once and came back serving
 the benchmark then measured there (its process's launch names the link, the link names a byte-identical copy,
 its own /metrics count the acceptance); a planted worse drafter is rolled back by the canary; a drafter production
 cannot start
-with is rolled back by the window's guardian, and the flow fails saying so; `eagleflow rollback` by hand.
+with is rolled back by the window's guardian, and the flow fails saying so; a drafter the canary cannot measure
+(production unreachable, or down before the window) never stays on the link; `eagleflow rollback` by hand.
 Production answers at the end of each.
 """
 
@@ -184,6 +185,64 @@ def test_a_drafter_production_cannot_start_with_is_rolled_back_by_the_guardian(
         json={"artifacts": {"key": {"any_": [f"eagleflow-{NIGHTLY_NAME}-deployed"]}}},
     ).json()
     assert any("did not come back" in (a.get("data") or "") for a in arts)
+
+
+def test_a_promote_whose_canary_cannot_measure_is_rolled_back_and_says_why(
+    nightly_runs, nightly_production, prefect_server, tmp_path
+):
+    """The canary cannot reach production (a wrong production.url: an unreadable API key fails the same way): the
+    drafter nobody measured does not stay on the link in state pending, where production's next start would serve
+    it. It is rolled back to the last good one, and the flow fails in three lines naming the canary's cause."""
+    before = history(nightly_production)
+    same = tmp_path / "unmeasured"
+    shutil.copytree(before["drafter"], same)
+    t0 = time.time()
+    wrong = "http://127.0.0.1:9"  # the discard port: nothing answers
+    proc = run_cli(
+        prefect_server,
+        "promote",
+        str(nightly_runs["config"]),
+        "--drafter",
+        str(same),
+        "--set",
+        f"production.url={wrong}",
+    )
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    # rolled back, and the restored drafter, behind the same wrong URL, could not be measured either: said so
+    assert f"serves drafter {before['serving']} again, unmeasured" in proc.stdout, proc.stdout[-3000:]
+    assert "its canary could not measure it" in proc.stdout, proc.stdout[-3000:]
+    after = history(nightly_production)
+    assert after["serving"] == before["serving"] and after["state"] == "good", after
+    reject = next(e for e in reversed(after["events"]) if e["action"] == "reject")
+    assert "canary could not measure" in reject["why"], reject
+    assert healthy(nightly_production["service"]["health_url"])
+    assert len(spells_between(nightly_production, t0, time.time())) == 2  # its start, then the last good one's
+
+
+def test_a_promote_while_production_is_down_leaves_nothing_unmeasured_on_the_link(
+    nightly_runs, nightly_production, prefect_server, tmp_path
+):
+    """Production was down before the window: nothing can measure the new drafter, so the link goes back to the
+    last good drafter at once, production is left as it was (down: not eagleflow's to start), and the flow says
+    so. The operator's next start of production serves the last good drafter."""
+    before = history(nightly_production)
+    same = tmp_path / "unmeasured-down"
+    shutil.copytree(before["drafter"], same)
+    service = nightly_production["service"]
+    subprocess.run(service["stop_command"], check=True, timeout=120)
+    try:
+        proc = run_cli(prefect_server, "promote", str(nightly_runs["config"]), "--drafter", str(same))
+        assert proc.returncode == 1, proc.stdout[-3000:]
+        assert "was not serving when the switch began" in proc.stdout, proc.stdout[-3000:]
+        after = history(nightly_production)
+        assert after["serving"] == before["serving"] and after["state"] == "good", after
+        assert not healthy(service["health_url"])  # left down, as it was
+    finally:
+        subprocess.run(service["start_command"], check=True, timeout=60)
+        deadline = time.monotonic() + 420
+        while not healthy(service["health_url"]):
+            assert time.monotonic() < deadline, nightly_production["log"].read_text()[-3000:]
+            time.sleep(1)
 
 
 def test_rollback_by_hand_returns_to_the_drafter_before(nightly_runs, nightly_production, prefect_server):

@@ -41,11 +41,18 @@ def test_promotion_gate_keeps_the_better_drafter(first_run, prefect_server, e2e_
     env = {**os.environ, **prefect_server}
 
     def gate(al: float, speedup: float, **extra) -> bool:
-        # the planted AL without the run's own interval (the gate reads an interval's upper end where there is one)
+        # the planted AL and speedup without the run's own intervals (the gate reads an interval where there is one,
+        # and the verdict's paired speedup before the report's point)
+        verdict = extra.pop("verdict", first_run["verdict"])
+        head = verdict.get("headline") or {"temperature": 0.0, "concurrency": 1}
         report = {
             **first_run,
             "speedup": speedup,
             "drafter": {**first_run["drafter"], "mean_acceptance_length": al, "al_interval": None},
+            "verdict": {
+                **verdict,
+                "headline": {**head, "drafter_vs_baseline": speedup, "drafter_vs_baseline_ci": None},
+            },
             **extra,
         }
         proc = subprocess.run(

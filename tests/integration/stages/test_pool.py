@@ -25,7 +25,7 @@ from eagleflow.contracts.prompts import load_prompts  # noqa: E402
 from eagleflow.contracts.request import StageRequest  # noqa: E402
 from eagleflow.contracts.stage_records import ExtractOutputs, GenerateOutputs, PoolMetrics, SelectOutputs  # noqa: E402
 from eagleflow.drafter.data import SequenceStore, read_index  # noqa: E402
-from eagleflow.nightly.pool import batch_config, read_ledger  # noqa: E402
+from eagleflow.nightly.pool import NIGHTS, batch_config, read_ledger, whole_pool_config  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -84,7 +84,17 @@ def night(cfg: RunConfig, run_id: str, name: str) -> dict[str, Manifest]:
     x_held = run("extract", held, {"generate": answered(held, "holdout")}, run_id)
     x_new = run("extract", new, {"generate": answered(new, "train")}, run_id)
     pool = run("pool", cfg, {"select": sel, "holdout": x_held, "extract": x_new}, run_id)
+    record_night(Path(s.pool_dir), run_id, s.batch_id)
     return {"select": sel, "holdout": x_held, "extract": x_new, "pool": pool}
+
+
+def record_night(pool: Path, run_id: str, batch: str | None) -> None:
+    """What the nightly flow does once a night has trained and measured: its line in nights.json (a night never
+    recorded failed, and the next night takes its prompts again)."""
+    path = pool / NIGHTS
+    nights = [n for n in (json.loads(path.read_text()) if path.is_file() else []) if n["run"] != run_id]
+    nights.append({"night": len(nights) + 1, "run": run_id, "date": "2026-12-04T00:00:00Z", "batch": batch})
+    path.write_text(json.dumps(nights))
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +129,16 @@ def nights(tmp_path_factory) -> dict:
         "holdout": len(SequenceStore(index.split("holdout"), 4096)),
         "replayed": [str(x.path) for x in index.split("train") if x.select is not None],
     }
+    # A night with no promoted drafter to continue (a full run) indexes the whole pool instead of a replay sample.
+    n2 = out["2"]
+    whole = run(
+        "pool",
+        whole_pool_config(cfg),
+        {"select": n2["select"], "holdout": n2["holdout"], "extract": n2["extract"]},
+        "run-2",
+    )
+    w_index = read_index(whole.path(ExtractOutputs.of(whole).index), stage_dir=whole.dir)
+    out["2-whole"] = {"pool": whole, "train": len(SequenceStore(w_index.split("train"), 4096))}
     one = read_ledger(Path(SelectOutputs.of(out["1"]["select"]).pool_dir)).batches[0].bytes
     budget = cfg.model_copy(update={"nightly": cfg.nightly.model_copy(update={"pool_budget_gib": 1.5 * one / 2**30})})
     out["3"] = night(budget, "run-3", "n3")
@@ -149,6 +169,21 @@ def test_later_nights_take_only_unused_prompts_and_replay_older_ones(nights):
     read = nights["2-read"]
     assert read["train"] == 12 and read["holdout"] == 4
     assert read["replayed"] and all(p.startswith(nights["1"]["extract"].dir) for p in read["replayed"])
+
+
+def test_a_night_without_a_drafter_to_continue_trains_on_the_whole_pool(nights):
+    """Issue 44: a night whose full run had only tonight's batch and a replay sample trained on less than the
+    first night did; with nightly.whole_pool (set by the nightly when no promoted drafter continues) every
+    sequence the pool keeps is in tonight's index."""
+    first = PoolMetrics.of(nights["1"]["pool"])
+    sampled, whole = PoolMetrics.of(nights["2"]["pool"]), PoolMetrics.of(nights["2-whole"]["pool"])
+    assert not sampled.whole_pool and sampled.replay_sequences == sampled.new_sequences  # replay 1.0: one per new
+    assert whole.whole_pool and whole.replay_sequences == first.new_sequences > sampled.replay_sequences
+    assert (
+        nights["2-whole"]["train"]
+        == whole.new_sequences + first.new_sequences
+        == nights["2-read"]["train"] + (first.new_sequences - sampled.replay_sequences)
+    )
 
 
 def test_a_retry_of_the_same_flow_run_takes_its_batch_again(nights):

@@ -1,0 +1,82 @@
+"""One benchmark session's windows (eagleflow.measure.session) and the stopping rule inside them: a drafter's
+window stops once its intervals are within benchmark.precision and min_requests were sent, and not before; with
+no precision it sends every prompt. The engines here are stand-ins with perfectly steady rounds (what the
+session reads of an engine: its answers, its wall time, its counters), so where a window stops is known exactly;
+tests/integration/stages/test_benchmark.py measures the same loop on real engines."""
+
+from __future__ import annotations
+
+from eagleflow.config import load_config
+from eagleflow.engines.chat import ChatResult
+from eagleflow.measure.session import Session, Variant
+from tests.conftest import ROOT
+
+PROMPTS = [[{"role": "user", "content": f"q{i}"}] for i in range(12)]
+TOKENS = 24
+
+
+class SteadyEngine:
+    """Every request takes the same time and tokens; a drafter's every drafting step accepts 2 of 3 tokens."""
+
+    def __init__(self, drafter: bool) -> None:
+        self.drafter, self.drafts, self.sent = drafter, 0.0, 0
+
+    def chat(self, convs, max_tokens, temperature, concurrency, extra, seed):
+        self.sent += len(convs)
+        self.drafts += len(convs) * TOKENS / 3
+        return [ChatResult(index=i, content="x", completion_tokens=TOKENS) for i in range(len(convs))], 0.5
+
+    def snapshot(self) -> dict[str, float]:
+        return {"drafts": self.drafts}
+
+    def acceptance(self, before, after, k):
+        drafts = after["drafts"] - before["drafts"]
+        return {
+            "num_drafts": drafts,
+            "num_draft_tokens": 3 * drafts,
+            "num_accepted_tokens": 2 * drafts,
+            "acceptance_rate": 2 / 3,
+            "mean_acceptance_length": 3.0,
+            "per_position_acceptance": [0.8, 0.7, 0.5],
+        }
+
+    def latency(self, before, after):
+        return {}
+
+    def post_mortem(self) -> str:
+        return ""
+
+
+def measure(precision: float | None) -> Session:
+    cfg = load_config(
+        ROOT / "configs" / "demo.yaml",
+        {
+            "benchmark.temperatures": [0.0],
+            "benchmark.concurrencies": [1],
+            "benchmark.num_prompts": 12,
+            "benchmark.precision": precision,
+            "benchmark.min_requests": 3,
+            "benchmark.warmup_requests": 0,
+        },
+    )
+    variants = [Variant("baseline", None), Variant("drafter", "/drafter")]
+    session = Session(cfg, PROMPTS, variants)
+    for v in variants:
+        engine = SteadyEngine(v.drafter is not None)
+        v.server = v.client = engine  # the session talks to an engine through both
+    for group in session.groups():
+        session.measure_setting(group, 0.0, 1)
+    return session
+
+
+def test_a_steady_drafter_window_stops_at_min_requests_and_the_baseline_sends_every_prompt():
+    s = measure(precision=0.05)
+    base, drafter = s.rows[("baseline", 0.0, 1)], s.rows[("drafter", 0.0, 1)]
+    assert base.requests == 12 and base.stopped == "all prompts"  # no interval of its own to wait for
+    assert drafter.requests == 3 and drafter.stopped == "precision", drafter  # zero spread: at min_requests
+    assert drafter.mean_acceptance_length == 3.0 and s.progress.done == 24  # the unsent prompts counted as done
+
+
+def test_without_a_precision_every_window_sends_every_prompt():
+    s = measure(precision=None)
+    assert all(m.requests == 12 and m.stopped == "all prompts" for m in s.rows.values())
