@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from eagleflow import EagleflowError
 from eagleflow.capacity.nightly import plan_nightly
 from eagleflow.capacity.planner import plan
 from eagleflow.capacity.render import render_nightly, render_plan
-from eagleflow.config import ConfigError, RunConfig, load_config, parse_overrides
+from eagleflow.config import ConfigError, RunConfig, given_on_command_line, load_config, parse_overrides
 from eagleflow.contracts.plan import CapacityPlan, FinishedStages, HostFacts
 from eagleflow.hosts import HostError, make_host
 
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m cli.plan") -> int
     )
     args = parser.parse_args(argv)
     try:
-        config = load_config(args.config, parse_overrides(args.set))
+        config = load_config(args.config, given_on_command_line(args.config, parse_overrides(args.set), os.getcwd()))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

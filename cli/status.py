@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
-from eagleflow.config import ConfigError, RunConfig, parse_overrides
+from eagleflow.config import ConfigError, RunConfig, given_on_command_line, parse_overrides
 from eagleflow.hosts import HostError
 from flows.params import PlainParams
 
@@ -43,11 +43,17 @@ def _length(seconds: float | None) -> str:
     return duration_text(seconds) if seconds else "-"
 
 
+def config_identity(path: str | None) -> str:
+    """One config, however its path was spelled (relative, absolute, through a link): the real path of its file."""
+    return os.path.realpath(path) if path else "?"
+
+
+def _config_of(run: Any) -> str:
+    return config_identity(((run.parameters or {}).get("params") or {}).get("config_path"))
+
+
 def _same_config(run: Any, config_path: str | None) -> bool:
-    if config_path is None:
-        return True
-    path = ((run.parameters or {}).get("params") or {}).get("config_path")
-    return bool(path) and Path(path).resolve() == Path(config_path).resolve()
+    return config_path is None or _config_of(run) == config_identity(config_path)
 
 
 def _config_label(path: str) -> str:
@@ -119,7 +125,7 @@ def runs_lines(limit: int, config_path: str | None = None) -> list[str]:
             return [f"no eagleflow flow runs{f' of {config_path}' if config_path else ''} yet"]
         by_config: dict[str, list[Any]] = {}
         for run in runs:  # newest first within a config; configs in the order of their newest run
-            by_config.setdefault(((run.parameters or {}).get("params") or {}).get("config_path", "?"), []).append(run)
+            by_config.setdefault(_config_of(run), []).append(run)
         lines: list[str] = []
         for path, group in by_config.items():
             lines += ([""] if lines else []) + [_config_label(path)]
@@ -134,6 +140,25 @@ def task_label(task_run: Any) -> str:
     `benchmark-2f1` -> `benchmark`, `production-down-0` -> `production-down`."""
     suffix = f"-{str(task_run.dynamic_key or '')[:3]}"
     return task_run.name.removesuffix(suffix) if task_run.dynamic_key else task_run.name
+
+
+def ui_url() -> str:
+    """The Prefect UI's address: PREFECT_UI_URL, else PREFECT_API_URL without its /api."""
+    from prefect.settings import get_current_settings
+
+    s = get_current_settings()
+    ui = s.ui_url or (str(s.api.url or "").removesuffix("/api") or None)
+    return (ui or "http://127.0.0.1:4200").rstrip("/")
+
+
+def failure_pages(client: Any, run_id: Any) -> list[str]:
+    """The pages of a failed run's failure artifacts (a failed stage's three lines, then its stage and engine logs:
+    tasks.failures), newest first: where an operator should land, not at the top of a long log."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    found = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id])))
+    failures = [a for a in found if (a.key or "").endswith("-failure")]
+    return [f"{ui_url()}/artifacts/artifact/{a.id}" for a in sorted(failures, key=lambda a: a.created, reverse=True)]
 
 
 def run_records(client: Any, run_id: Any) -> tuple[dict[str, str], dict[str, Any] | None]:
@@ -160,6 +185,14 @@ def run_records(client: Any, run_id: Any) -> tuple[dict[str, str], dict[str, Any
     return where, result
 
 
+def verdict_lines(result: dict[str, Any], indent: str = "") -> list[str]:
+    """A finished run's whole verdict as report.md says it: its line, then every finding (a setting slower than no
+    speculation, acceptance far below the estimate, the triage's blame), then where the report is."""
+    lines = [f"{indent}verdict: {result['verdict']}"] if result.get("verdict") else []
+    lines += [f"{indent}  - {f}" for f in result.get("findings") or []]
+    return [*lines, f"{indent}report: {result['report']}"]
+
+
 def _run_lines(client: Any, run: Any, flows: dict[Any, str]) -> list[str]:
     """One run: its line, what it concluded (verdict and report, or the cause of its failure), its stage tasks
     with their dirs."""
@@ -173,10 +206,10 @@ def _run_lines(client: Any, run: Any, flows: dict[Any, str]) -> list[str]:
     tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
     where, result = run_records(client, run.id)
     if result is not None:
-        verdict = f"verdict: {result['verdict']}; " if result.get("verdict") else ""
-        lines.append(f"    {verdict}report: {result['report']}")
+        lines += verdict_lines(result, "    ")
     if run.state and run.state.type.value in ("FAILED", "CRASHED"):
         lines += [f"    {line}" for line in _cause(run)]
+        lines += [f"    failure: {page}" for page in failure_pages(client, run.id)[:1]]
     elif result is None and run.state and run.state.type.value == "COMPLETED" and run.state.message:
         lines.append(f"    {run.state.message.splitlines()[0][:400]}")  # a nightly with nothing new says so
     for t in sorted(tasks, key=lambda t: t.start_time or t.expected_start_time or run.created):
@@ -224,7 +257,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m cli.status") -> i
     config = None
     if args.config:
         try:
-            config = PlainParams(config_path=args.config, overrides=parse_overrides(args.set)).load()
+            overrides = given_on_command_line(args.config, parse_overrides(args.set), os.getcwd())
+            config = PlainParams(config_path=args.config, overrides=overrides).load()
         except ConfigError as exc:
             print(f"error: {exc}")
             return 2

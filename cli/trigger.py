@@ -28,9 +28,18 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from cli.status import run_records, task_label
+from cli.status import failure_pages, run_records, task_label, ui_url, verdict_lines
 from eagleflow.config import ConfigError, parse_overrides
-from flows.params import FIELD_KEYS, BenchmarkParams, ConfigParams, PlainParams, RetrainParams, RunParams, full_name
+from flows.params import (
+    FIELD_KEYS,
+    BenchmarkParams,
+    ConfigParams,
+    PlainParams,
+    RetrainParams,
+    RunParams,
+    from_command_line,
+    full_name,
+)
 
 MODELS: dict[str, type[ConfigParams]] = {
     "pipeline": RunParams,
@@ -44,30 +53,6 @@ PROGRESS = re.compile(
     r"(^|\s)progress [\w-]+: "
 )  # eagleflow.contracts.progress's lines, whatever the log put before them
 NO_WORKER_S = 60  # a run still scheduled this long after it was created: say that no worker may be polling its pool
-
-
-def ui_url() -> str:
-    """The Prefect UI's address: PREFECT_UI_URL, else PREFECT_API_URL without its /api."""
-    from prefect.settings import get_current_settings
-
-    s = get_current_settings()
-    ui = s.ui_url or (str(s.api.url or "").removesuffix("/api") or None)
-    return (ui or "http://127.0.0.1:4200").rstrip("/")
-
-
-def build_params(
-    kind: str, config_path: str, typed: dict[str, Any], overrides: dict[str, Any], registered: dict[str, Any]
-) -> ConfigParams:
-    """The run's parameters: the deployment's registered overrides, then ours, then the typed fields; validated
-    with the config (a bad field fails here, by name)."""
-    model = MODELS[kind]
-    params = model(
-        config_path=config_path,
-        overrides={**registered, **overrides},
-        **{k: v for k, v in typed.items() if v is not None},
-    )
-    params.load()
-    return params
 
 
 def _stage_lines(client: Any, run_id: Any, seen: dict[str, str]) -> list[str]:
@@ -144,14 +129,15 @@ def follow(client: Any, run_id: Any, pool: str, timeout_s: float | None) -> int:
         # At most three lines (eagleflow.contracts.failure): what failed, the cause, the fix and where the logs are.
         message = "\n".join((run.state.message or "").strip().splitlines()[:3]) or "no message"
         print(f"error: the flow run ended {run.state_name}: {message}")
+        for page in failure_pages(client, run_id)[:1]:
+            print(f"failure: {page}")
         return 1
     result = run_records(client, run_id)[1]
     if result is None:
         print(f"completed, no report: {run.state.message or 'nothing ran past the selection of new prompts'}")
         return 0
-    if result.get("verdict"):
-        print(f"verdict: {result['verdict']}")
-    print(f"report: {result['report']}")
+    for line in verdict_lines(result):
+        print(line)
     return 0
 
 
@@ -205,7 +191,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m cli.trigger") -> 
                 )
                 return 2
             registered = ((dep.parameters or {}).get("params") or {}).get("overrides") or {}
-            params = build_params(args.kind, config_path, typed, parse_overrides(args.set), registered)
+            params, _ = from_command_line(model, config_path, typed, parse_overrides(args.set), registered)
             run = client.create_flow_run_from_deployment(
                 dep.id, parameters={"params": params.model_dump(mode="json", exclude_none=True)}
             )

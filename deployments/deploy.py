@@ -28,6 +28,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +41,7 @@ from prefect.client.schemas.actions import DeploymentUpdate, WorkPoolCreate
 from prefect.exceptions import ObjectAlreadyExists
 from prefect.schedules import Cron
 
-from eagleflow.config import ConfigError, RunConfig, parse_overrides
+from eagleflow.config import ConfigError, RunConfig, given_on_command_line, parse_overrides
 from flows.params import (
     FIELD_KEYS,
     FLOW_OF,
@@ -181,6 +183,15 @@ def deploy_all(config_paths: list[str], pool: str, overrides: dict[str, Any] | N
     return [d for path in config_paths for d in deploy_config(path, pool, overrides)]
 
 
+def worker_command(pool: str) -> str:
+    """The command that starts a worker on `pool`, with this environment's own `prefect` (a fresh shell has no venv
+    on its PATH): relative to the shell's directory when it is below it, as the README writes it."""
+    prefect = Path(sys.executable).parent / "prefect"
+    here = Path.cwd()
+    shown = os.path.relpath(prefect, here) if prefect.is_relative_to(here) else str(prefect)
+    return f"{shlex.quote(shown)} worker start --pool {shlex.quote(pool)}"
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -198,13 +209,16 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = parser.parse_args(argv)
     paths = [*args.configs, *args.config] or [str(ROOT / "configs" / "demo.yaml")]
     try:
-        deployed = deploy_all([str(Path(p).resolve()) for p in paths], args.pool, parse_overrides(args.set))
+        overrides = parse_overrides(args.set)
+        for p in paths:  # a relative path is the shell's; refused for a config whose host is reached over SSH
+            given = given_on_command_line(p, overrides, os.getcwd())
+        deployed = deploy_all([str(Path(p).resolve()) for p in paths], args.pool, given)
     except ConfigError as exc:
         print(f"error: {exc}")
         return 2
     for d in deployed:
         print(d.line())
-    print(f"start a worker: prefect worker start --pool {args.pool}")
+    print(f"start a worker: {worker_command(args.pool)}")
     return 0
 
 

@@ -13,4 +13,10 @@ class EagleflowError(Exception):
 
     Each subclass's message is what a person reads (eagleflow.contracts.failure: what failed, the cause, the fix);
     those raised where a value is wrong are also `ValueError`s, so validation and argument parsing treat them so.
+    Its repr is that message under its type's name, not Python's quoted `Type('line\\nline')`: Prefect logs a failed
+    run's exception by its repr ("Encountered exception during execution: ..."), and an operator reads those lines
+    in the UI's log as lines.
     """
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}: {self}"

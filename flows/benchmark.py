@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         prog=prog,
         extra_args={
             "--drafter": "drafter directory or export manifest.json on the host (a relative path is relative to the "
-            "config file, like the paths in it)"
+            "directory you run this in; it must exist)"
         },
     )
 

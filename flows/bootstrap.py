@@ -9,13 +9,14 @@ Markdown artifact (`bootstrap-<host>`).
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
 from prefect import flow
 from pydantic import Field
 
-from eagleflow.config import ConfigError, load_config, parse_overrides
+from eagleflow.config import ConfigError, given_on_command_line, load_config, parse_overrides
 from flows.params import PlainParams
 from infra.bootstrap import build_parser
 from infra.summary import render_text
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if args.no_packages and args.packages:
         parser.error("--package and --no-packages exclude each other")
     try:
-        overrides = parse_overrides(args.set)
+        overrides = given_on_command_line(args.config, parse_overrides(args.set), os.getcwd())
         load_config(args.config, overrides)  # a bad field fails here, in a second, before Prefect starts
     except (ConfigError, ValueError) as exc:
         print(f"error: {exc}")

@@ -8,12 +8,15 @@ config's value. `deployments.deploy` shows the chosen config's values as the for
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from eagleflow.config import ConfigError, RunConfig, load_config, parse_overrides
+from eagleflow.config import PATH_KEYS, ConfigError, RunConfig, given_on_command_line, load_config, parse_overrides
+from eagleflow.hosts import make_host
+from eagleflow.hosts.base import HostError
 
 # Typed field -> the run config key it sets. One table, so a form value and `--set` are one thing.
 FIELD_KEYS: dict[str, str] = {
@@ -24,6 +27,10 @@ FIELD_KEYS: dict[str, str] = {
     "current_drafter": "benchmark.current_drafter",
     "host_address": "host.address",
 }
+
+# The paths an operator names for a run to measure, serve or start from: they must exist on the host before a run is
+# created (a path in the config file is the check stage's to judge).
+MUST_EXIST: tuple[str, ...] = ("benchmark.drafter", "benchmark.current_drafter", "train.warm_start")
 
 # A config's deployments (deployments.deploy): kind -> the flow it runs; each named `<config name>-<kind>`.
 FLOW_OF = {"pipeline": "pipeline", "nightly": "retrain", "benchmark": "benchmark", "bootstrap": "bootstrap"}
@@ -61,6 +68,16 @@ class ConfigParams(BaseModel):
         config_path: str
         overrides: dict[str, Any]
 
+    @model_validator(mode="after")
+    def _paths_absolute(self) -> ConfigParams:
+        """A path typed into the form is absolute: a form has no directory to be relative to (a command line makes
+        its relative paths absolute against the shell's directory before it gets here)."""
+        for field in self.typed:
+            value = getattr(self, field, None)
+            if FIELD_KEYS.get(field) in PATH_KEYS and isinstance(value, str) and value and not os.path.isabs(value):
+                raise ValueError(f"{field} {value!r} is relative: give the path absolute, as it is on the host")
+        return self
+
     def config_overrides(self) -> dict[str, Any]:
         """`overrides` with the typed fields that were set laid over them."""
         typed = {FIELD_KEYS[f]: getattr(self, f) for f in self.typed if getattr(self, f, None) is not None}
@@ -69,6 +86,51 @@ class ConfigParams(BaseModel):
     def load(self, extra: dict[str, Any] | None = None) -> RunConfig:
         """The run config this run uses (`extra` first: the flow's own defaults, such as a nightly seed)."""
         return load_config(self.config_path, {**(extra or {}), **self.config_overrides()})
+
+
+def from_command_line(
+    params_cls: type[ConfigParams],
+    config_path: str,
+    typed: dict[str, Any],
+    overrides: dict[str, Any],
+    registered: dict[str, Any] | None = None,
+    cwd: str | None = None,
+) -> tuple[ConfigParams, RunConfig]:
+    """The parameters of a run asked for on a command line, and its config. Paths typed there (a flag or a `--set`)
+    are relative to the shell's directory `cwd`; the paths it names to measure, serve or start from must exist on
+    the host. `registered`: a deployment's own overrides, laid under ours, as they are (not typed here)."""
+    keyed = {FIELD_KEYS.get(f, f): v for f, v in typed.items()}
+    given = given_on_command_line(config_path, {**overrides, **keyed}, cwd or os.getcwd())
+    typed = {f: given[FIELD_KEYS.get(f, f)] for f in typed}
+    params = params_cls(
+        config_path=config_path, overrides={**(registered or {}), **{k: given[k] for k in overrides}}, **typed
+    )
+    config = params.load()
+    check_paths_exist(config, [k for k in MUST_EXIST if given.get(k)])
+    return params, config
+
+
+def check_paths_exist(config: RunConfig, keys: list[str]) -> None:
+    """Each of the config's `keys` (dotted, holding a path) exists on its host: one stat each (over SSH, one
+    connection). A host that cannot be reached is not bad input: the run's own check says why it fails."""
+    if not keys:
+        return
+    try:
+        host = make_host(config.host)
+        try:
+            for key in keys:
+                value: Any = config
+                for part in key.split("."):
+                    value = getattr(value, part)
+                if not host.exists(str(value)):
+                    raise ConfigError(
+                        f"{key} {value} does not exist on host {config.host.name}: give the path of one that is there "
+                        "(a relative path on a command line is relative to the shell's directory)"
+                    )
+        finally:
+            host.close()
+    except HostError:
+        return
 
 
 class PlainParams(ConfigParams):
@@ -161,8 +223,7 @@ def main_cli(
     args = vars(parser.parse_args(argv))
     extra = {k: v for k, v in args.items() if k not in ("config", "set") and v is not None}
     try:
-        params = params_cls(config_path=args["config"], overrides=parse_overrides(args["set"]), **extra)
-        cfg = params.load()
+        params, cfg = from_command_line(params_cls, args["config"], extra, parse_overrides(args["set"]))
         if check is not None:
             check(cfg)
     except (ConfigError, ValidationError) as exc:

@@ -144,7 +144,9 @@ def dispatch(
             on_failure(d, exc)
         else:
             attach_failure_logs(config, host, stage, d, exc)
-        raise
+        # Its cause is on the host (the message's three lines, the failure artifact): the control side's frames
+        # down to the job would put 40 lines of plumbing between an operator and that cause in the run's log.
+        raise exc.with_traceback(None) from None
     return Manifest.model_validate_json(host.read_text(manifest_path))
 
 

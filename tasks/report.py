@@ -47,12 +47,14 @@ def publish_report(
         key=artifact_key("eagleflow", config.name),
         description=f"eagleflow report {path}",
     )
-    # What `eagleflow status` and `eagleflow trigger --wait` read back: the verdict line and where the report is.
+    # What `eagleflow status` and `eagleflow trigger --wait` read back: the whole verdict (its line and every finding,
+    # as report.md says them) and where the report is.
     create_table_artifact(
         [
             {
                 "kind": kind,
                 "verdict": report.verdict.summary if report.verdict else None,
+                "findings": list(report.verdict.findings) if report.verdict else [],
                 "speedup": report.speedup,
                 "report": str(path),
             }

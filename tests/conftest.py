@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import os
+import random
 import socket
 from pathlib import Path
 
@@ -10,8 +13,25 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# Ports our servers listen on, below the kernel's ephemeral range (32768-60999 by default): a port the kernel hands
+# out for port 0 is also what it hands the next outgoing connection as its source port, and with thousands of health
+# polls and API calls a second on these cores one took an engine's port in the minutes between the test choosing it
+# and the engine binding it ("port ... is already in use"). Each pytest process counts through a block of its own.
+_PORTS = itertools.count(20_000 + (os.getpid() % 12) * 1_000 + random.randrange(500))
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port on 127.0.0.1 nobody listens on now, outside the ephemeral range, never the same twice in a process."""
+    for port in _PORTS:
+        if port >= 32_000:
+            break
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # the block ran out (thousands of ports in one session): the kernel's choice
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

@@ -2,10 +2,10 @@
 
 Prints one JSON object: `python -m eagleflow.hosts.facts`' (GPUs, free disk under host.work_root, ...)
 plus `target` (the checkpoint's config.json and the bytes of its weight files), `prompts` (their count
-and mean length, estimated as characters / 4: this command stays standard library + pydantic, the check
-stage counts with the target's tokenizer instead), `history` (what earlier stage runs under
-host.work_root measured) and `progress` (this run's stages already finished there). Standard library
-and pydantic only, so it runs in seconds; `python -m cli.plan` runs it on the host.
+and mean length in tokens, counted as the check stage counts them: the target tokenizer's chat template, where
+the environment has transformers, as a host's has; else characters / 4, and the plan says which), `history`
+(what earlier stage runs under host.work_root measured) and `progress` (this run's stages already finished
+there). Standard library and pydantic but for the tokenizer (seconds); `python -m cli.plan` runs it on the host.
 
 CONFIG_JSON is the validated run config as one JSON argument (what `cli.plan` sends), or the path of
 a stage request holding it (`{"config": {...}}`).
@@ -61,6 +61,36 @@ def target_facts(model_path: str) -> TargetFacts | None:
         source=f"{path}/config.json and its weight files",
         **{k: cfg[k] for k in keys if isinstance(cfg.get(k), int)},
     )
+
+
+def chat_token_counter(tok: Any) -> Callable[[list[dict]], int] | None:
+    """The prompt-token count the plan and the check stage share: a prompt's messages through the target
+    tokenizer's chat template, with the generation prompt (its text alone where the template refuses the chat);
+    None without a tokenizer that has a chat template."""
+    if tok is None or not getattr(tok, "chat_template", None):
+        return None
+
+    def count_tokens(messages: list[dict]) -> int:
+        try:
+            ids = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+        except Exception:  # noqa: BLE001 - a template that refuses this chat: count its text
+            ids = tok(" ".join(m["content"] for m in messages), add_special_tokens=False)
+        return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    return count_tokens
+
+
+def target_tokenizer(model_path: str) -> Any:
+    """The target's tokenizer where this environment has transformers (a host's: the plan then counts prompts as
+    the check stage does); None where it has not, or the tokenizer does not load (the check stage names why)."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        return None
+    try:
+        return AutoTokenizer.from_pretrained(model_path)
+    except Exception:  # noqa: BLE001 - any failure to load is the check stage's to report
+        return None
 
 
 def prompt_facts(
@@ -206,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     arg = args[0]
     data = json.loads(arg) if arg.lstrip().startswith("{") else json.loads(Path(arg).read_text())["config"]
     cfg = RunConfig.model_validate(data)
-    print(json.dumps(gather(cfg)), flush=True)
+    print(json.dumps(gather(cfg, chat_token_counter(target_tokenizer(cfg.target.model_path)))), flush=True)
     return 0
 
 

@@ -22,16 +22,13 @@ from __future__ import annotations
 
 import math
 
-from eagleflow.capacity.costs import PARQUET_BYTES_PER_TOKEN, default_train_rate
+from eagleflow.capacity.costs import PARQUET_BYTES_PER_TOKEN, drafter_params
+from eagleflow.capacity.defaults import HostDefaults, defaults_for
 from eagleflow.capacity.planner import generate_rate, measured_rate, measured_runs
 from eagleflow.capacity.rates import (
-    DEFAULT_DECODE_TOK_S,
-    DEFAULT_EXPORT_S,
     LOAD_S_PER_GB,
     PAUSE_RESUME_S,
-    SOURCES,
     WAKE_H2D_GB_S,
-    engine_start_s,
 )
 from eagleflow.config import RunConfig
 from eagleflow.config.production import LEVEL1_RAM_HEADROOM, choose_sleep_level
@@ -68,8 +65,9 @@ def plan_nightly(cfg: RunConfig, facts: HostFacts, full: CapacityPlan) -> Nightl
     tok = full.tokens
     per_sample = tok.tokens / max(tok.samples, 1)
     new_tokens = int(n.new_samples * per_sample)
-    start = engine_start_s(t.weights_bytes)
-    start_note = f"; + {duration_text(start)} engine start, {SOURCES['engine']}"
+    d = defaults_for(facts)
+    start = d.engine_start_s(t.weights_bytes)
+    start_note = f"; + {duration_text(start)} engine start, {d.engine_src}"
     stages: list[StagePlan] = []
 
     def add(stage: str, disk: int, seconds: float, rate: str, source: str) -> None:
@@ -78,7 +76,7 @@ def plan_nightly(cfg: RunConfig, facts: HostFacts, full: CapacityPlan) -> Nightl
         )
 
     own = cfg.generate.server != "production"
-    out_tok_s, src = generate_rate(hist, cfg, target)
+    out_tok_s, src = generate_rate(hist, cfg, target, d)
     add(
         "generate",
         int(new_tokens * PARQUET_BYTES_PER_TOKEN),
@@ -87,16 +85,14 @@ def plan_nightly(cfg: RunConfig, facts: HostFacts, full: CapacityPlan) -> Nightl
         src + (start_note if own else ""),
     )
     backend = backend_of(cfg)
-    x_tok_s, src = measured_rate(
-        hist, "extract", backend.default_tok_s, backend.default_source, target=target, backend=backend.name
-    )
+    x_tok_s, src = measured_rate(hist, "extract", *d.extract(backend), target=target, backend=backend.name)
     full_x = next(s for s in full.stages if s.stage == "extract")
     load = start if backend.loads_engine else 0.0
     if full_x.seconds > load and tok.tokens / (full_x.seconds - load) < 0.999 * x_tok_s:
         # the full plan's own rate: the same rate, disk-bound where the disk is slower
         x_tok_s, src = tok.tokens / (full_x.seconds - load), src + "; bound by the disk's write rate (the full plan's)"
     night_bytes = int(new_tokens * full.bytes_per_token)
-    cold, cold_src = load_s(t.weights_bytes, "cold")
+    cold, cold_src = load_s(d, t.weights_bytes, "cold")
     add(
         "extract",
         night_bytes,
@@ -105,7 +101,7 @@ def plan_nightly(cfg: RunConfig, facts: HostFacts, full: CapacityPlan) -> Nightl
         src + (f"; + {duration_text(cold)} the target's load (cold), {cold_src}" if backend.loads_engine else ""),
     )
     add("pool", 0, DEFAULT_POOL_S, "", "default: an index and a ledger, seconds")
-    tr_tok_s, src = measured_rate(hist, "train", *default_train_rate(t, cfg, facts.gpus), target=target)
+    tr_tok_s, src = measured_rate(hist, "train", *d.train(t, cfg, facts), target=target)
     trained = n.train_steps * cfg.train.batch_tokens
     add(
         "train",
@@ -114,8 +110,10 @@ def plan_nightly(cfg: RunConfig, facts: HostFacts, full: CapacityPlan) -> Nightl
         f"{n.train_steps:,} steps x {cfg.train.batch_tokens:,} tokens at {tr_tok_s:,.0f} tok/s",
         src,
     )
-    ex = next(s for s in full.stages if s.stage == "export")
-    add("export", ex.disk_bytes, ex.seconds or DEFAULT_EXPORT_S, "", ex.source)
+    # export: what the host measured, whether or not the full run's export is done (a done stage plans 0 s there)
+    ex = [r for r in measured_runs(hist, "export") if r.seconds]
+    ex_src = f"measured (run {ex[0].run})" if ex else d.export_src
+    add("export", 2 * drafter_params(t, cfg)[0], ex[0].seconds if ex else d.export_s, "", ex_src)
     b = cfg.benchmark
     cv, cv_src = DEFAULT_ROUND_CV, DEFAULT_ROUND_CV_SOURCE
     for r in measured_runs(hist, "benchmark", target=target):
@@ -123,8 +121,8 @@ def plan_nightly(cfg: RunConfig, facts: HostFacts, full: CapacityPlan) -> Nightl
             cv, cv_src = r.round_cv, f"measured (run {r.run})"
             break
     req = window_requests(cfg, cv)
-    windows = sum((req * b.max_tokens) / (DEFAULT_DECODE_TOK_S * c) for c in b.concurrencies) * len(b.temperatures)
-    warm = b.warmup_requests * b.max_tokens / DEFAULT_DECODE_TOK_S
+    windows = sum((req * b.max_tokens) / (d.decode_tok_s * c) for c in b.concurrencies) * len(b.temperatures)
+    warm = b.warmup_requests * b.max_tokens / d.decode_tok_s
     how = (
         f"stopping at +-{b.precision:.0%}: ~{req} requests a window (cv {cv:.2f})"
         if b.precision is not None
@@ -132,7 +130,7 @@ def plan_nightly(cfg: RunConfig, facts: HostFacts, full: CapacityPlan) -> Nightl
     )
     deploy = cfg.production.promote == "serve" and cfg.production.kind != "none"
     warm_ok = facts.memory is not None and facts.memory.total_bytes >= PAGE_CACHE_HEADROOM * t.weights_bytes
-    restore, restore_src = load_s(t.weights_bytes, "warm" if warm_ok else "cold")
+    restore, restore_src = load_s(d, t.weights_bytes, "warm" if warm_ok else "cold")
     cache_note = (
         f"warm: {size_text(facts.memory.total_bytes)} of RAM holds the {size_text(t.weights_bytes)} of "
         "weights the extract's load read"
@@ -162,7 +160,7 @@ def plan_nightly(cfg: RunConfig, facts: HostFacts, full: CapacityPlan) -> Nightl
             0,
             warm + windows,
             f"the new drafter on production, which serves meanwhile; {how}",
-            SOURCES["benchmark"],
+            d.decode_src,
         )
     elif deploy:
         add("restore", 0, restore, f"production's load, with the new drafter in it ({cache_note})", restore_src)
@@ -171,7 +169,7 @@ def plan_nightly(cfg: RunConfig, facts: HostFacts, full: CapacityPlan) -> Nightl
             0,
             warm + windows,
             f"the new drafter on production, which serves meanwhile; {how}",
-            SOURCES["benchmark"],
+            d.decode_src,
         )
         loads.append(
             f"restore: production with the new drafter ({'warm' if warm_ok else 'cold'}, "
@@ -182,8 +180,8 @@ def plan_nightly(cfg: RunConfig, facts: HostFacts, full: CapacityPlan) -> Nightl
             "benchmark",
             0,
             cold + warm + windows,
-            f"the new drafter only, in an engine of its own, {how}, {DEFAULT_DECODE_TOK_S} tok/s a request",
-            SOURCES["benchmark"] + f"; + {duration_text(cold)} load, " + cold_src,
+            f"the new drafter only, in an engine of its own, {how}, {d.decode_tok_s:,.1f} tok/s a request",
+            d.decode_src + f"; + {duration_text(cold)} load, " + cold_src,
         )
         if paused:
             add("restore", 0, restore, "production woken from sleep level 1: no load", restore_src)
@@ -242,9 +240,9 @@ def plan_nightly(cfg: RunConfig, facts: HostFacts, full: CapacityPlan) -> Nightl
     )
 
 
-def load_s(weights_bytes: int | None, cache: str) -> tuple[float, str]:
+def load_s(d: HostDefaults, weights_bytes: int | None, cache: str) -> tuple[float, str]:
     """An engine's load of `weights_bytes` from a cold or a warm page cache (eagleflow.capacity's measured rates)."""
-    return engine_start_s(weights_bytes, cache), f"{SOURCES['engine']} ({cache}: {LOAD_S_PER_GB[cache]:.2f} s/GB)"
+    return d.engine_start_s(weights_bytes, cache), f"{d.engine_src} ({cache}: {LOAD_S_PER_GB[cache]:.2f} s/GB)"
 
 
 def production_gpu_mib(cfg: RunConfig, facts: HostFacts) -> int | None:

@@ -29,23 +29,18 @@ from eagleflow.capacity.costs import (
     STATE_BYTES,
     TOKEN_SIDE_BYTES,
     checkpoint_bytes,
-    default_train_rate,
     drafter_params,
     extract_bytes,
     state_bytes_per_token,
     train_gpu_bytes,
 )
+from eagleflow.capacity.defaults import HostDefaults, defaults_for
 from eagleflow.capacity.rates import (
     DEFAULT_ANSWER_TOKENS,
-    DEFAULT_CHECK_S,
-    DEFAULT_DECODE_TOK_S,
     DEFAULT_DISK_WRITE_BPS,
-    DEFAULT_EXPORT_S,
-    DEFAULT_GENERATE_TOK_S,
     DEFAULT_PROMPT_TOKENS,
     SOURCES,
     TRAIN_GPU_FRACTION,
-    engine_start_s,
 )
 from eagleflow.config import RunConfig
 from eagleflow.contracts.plan import (
@@ -126,14 +121,11 @@ def measured_rate(
     return default, source
 
 
-def generate_rate(hist: list[MeasuredRun], cfg: RunConfig, target: str) -> tuple[float, str]:
-    """Generate's output tok/s: measured on the host, else the reference run's one server's x production's replicas."""
-    rate, src = measured_rate(hist, "generate", DEFAULT_GENERATE_TOK_S, SOURCES["generate"], target=target)
-    n = (
-        max(1, len(cfg.production.replicas))
-        if cfg.generate.server == "production" and src == SOURCES["generate"]
-        else 1
-    )
+def generate_rate(hist: list[MeasuredRun], cfg: RunConfig, target: str, d: HostDefaults) -> tuple[float, str]:
+    """Generate's output tok/s: measured on the host, else the closest measured host's one server's x production's
+    replicas."""
+    rate, src = measured_rate(hist, "generate", d.generate_tok_s, d.generate_src, target=target)
+    n = max(1, len(cfg.production.replicas)) if cfg.generate.server == "production" and src == d.generate_src else 1
     return rate * n, src + (f", x {n} production replicas (one server's rate each)" if n > 1 else "")
 
 
@@ -154,8 +146,9 @@ def plan(cfg: RunConfig, facts: HostFacts, progress: FinishedStages | None = Non
     one_gpu = min(g.memory_total_mib for g in gpus) * 2**20 if gpus else None
     budget = int(one_gpu * util) if one_gpu else None
     weights, tp = t.weights_bytes, cfg.engine.tensor_parallel_size
-    start = engine_start_s(weights)
-    start_note = f"; + {duration_text(start)} engine start, {SOURCES['engine']}"
+    d = defaults_for(facts)
+    start = d.engine_start_s(weights)
+    start_note = f"; + {duration_text(start)} engine start, {d.engine_src}"
     stages: list[StagePlan] = []
 
     def add(
@@ -194,10 +187,10 @@ def plan(cfg: RunConfig, facts: HostFacts, progress: FinishedStages | None = Non
                 f"{stage}: needs ~{size_text(gpu)} on each GPU but one holds {size_text(limit)} usable; {fix}"
             )
 
-    add("check", 0, DEFAULT_CHECK_S, "", SOURCES["check"])
+    add("check", 0, d.check_s, "", d.check_src)
     # generate: answers from the target's own server (the production one when generate.server says so)
     own = cfg.generate.server != "production"
-    out_tok_s, src = generate_rate(hist, cfg, target)
+    out_tok_s, src = generate_rate(hist, cfg, target, d)
     secs = tok.samples * tok.answer_tokens / out_tok_s + (start if own else 0)
     add(
         "generate",
@@ -210,9 +203,7 @@ def plan(cfg: RunConfig, facts: HostFacts, progress: FinishedStages | None = Non
     # extract
     backend = backend_of(cfg)
     x_bytes = {d: extract_bytes(tok.tokens, tok.samples, h, d) for d in STATE_BYTES}
-    x_tok_s, src = measured_rate(
-        hist, "extract", backend.default_tok_s, backend.default_source, target=target, backend=backend.name
-    )
+    x_tok_s, src = measured_rate(hist, "extract", *d.extract(backend), target=target, backend=backend.name)
     if src.startswith("default"):
         disk_bound = DEFAULT_DISK_WRITE_BPS / (state_bytes_per_token(h, dtype) + TOKEN_SIDE_BYTES)
         if disk_bound < x_tok_s:
@@ -243,7 +234,7 @@ def plan(cfg: RunConfig, facts: HostFacts, progress: FinishedStages | None = Non
     trained = cfg.train.epochs * train_tokens
     if cfg.train.max_steps:
         trained = min(trained, cfg.train.max_steps * cfg.train.batch_tokens)
-    tr_tok_s, src = measured_rate(hist, "train", *default_train_rate(t, cfg, gpus), target=target)
+    tr_tok_s, src = measured_rate(hist, "train", *d.train(t, cfg, facts), target=target)
     tr_gpu, tr_detail = train_gpu_bytes(t, cfg)
     kept = cfg.train.epochs + (1 if cfg.train.checkpoint_every_steps else 0)
     on_gpu = cfg.train.device != "cpu" and bool(gpus)
@@ -260,9 +251,9 @@ def plan(cfg: RunConfig, facts: HostFacts, progress: FinishedStages | None = Non
     add(
         "export",
         2 * drafter_params(t, cfg)[0],
-        ex[0].seconds if ex else DEFAULT_EXPORT_S,
+        ex[0].seconds if ex else d.export_s,
         "",
-        f"measured (run {ex[0].run})" if ex else SOURCES["export"],
+        f"measured (run {ex[0].run})" if ex else d.export_src,
     )
     # benchmark: each variant's engine start, then every window at the decode rate
     settings = cfg.benchmark.model_dump(mode="json")
@@ -273,10 +264,10 @@ def plan(cfg: RunConfig, facts: HostFacts, progress: FinishedStages | None = Non
         secs, rate, src = same[0].seconds, "", f"measured (run {same[0].run}, the same benchmark settings)"
     else:
         per_variant = sum(
-            (b.num_prompts + b.warmup_requests) * b.max_tokens / (DEFAULT_DECODE_TOK_S * c) for c in b.concurrencies
+            (b.num_prompts + b.warmup_requests) * b.max_tokens / (d.decode_tok_s * c) for c in b.concurrencies
         ) * len(b.temperatures)
-        secs, rate = variants * (per_variant + start), f"{DEFAULT_DECODE_TOK_S} tok/s a request, {variants} variants"
-        src = SOURCES["benchmark"] + start_note
+        secs, rate = variants * (per_variant + start), f"{d.decode_tok_s:,.1f} tok/s a request, {variants} variants"
+        src = d.decode_src + start_note
     # the triage: one engine load per probe (each alternative backend its own), a few short requests on each
     tri = b.triage
     loads = (
@@ -284,7 +275,7 @@ def plan(cfg: RunConfig, facts: HostFacts, progress: FinishedStages | None = Non
         + int("plumbing" in tri.probes)
         + (tri.max_backend_runs if "backends" in tri.probes else 0)
     )
-    tri_secs = loads * (start + 2 * tri.num_prompts * tri.max_tokens / DEFAULT_DECODE_TOK_S)
+    tri_secs = loads * (start + 2 * tri.num_prompts * tri.max_tokens / d.decode_tok_s)
     if tri.when == "always" and loads and not same:
         secs, rate = secs + tri_secs, rate + f", triage: up to {loads} engine loads"
     elif tri.when == "auto" and loads:

@@ -67,6 +67,25 @@ SOURCES = {  # where each default comes from, as a plan states it
 }
 
 
+# A host without GPUs (eagleflow.capacity.defaults): `make demo` on a 2-core CPU machine, quiet, 2026-12-05, the demo
+# target (demo/target), real vLLM's CPU build; each rate from that run's stage manifests and log (docs/benchmarks.md,
+# "The demo's own rates"). Scaled by the target's weights and the host's cores where they differ.
+CPU_REFERENCE = {
+    "cores": 2,
+    "weights_bytes": 3_939_696,  # demo/target's model.safetensors
+    "generate_tok_s": 824.8,  # output tok/s, 32 requests in flight (generate/939cd7b084b318b8)
+    "extract_tok_s": 3_761.1,  # the hf backend: forward, shards written and hashed (extract/2d4e181dce56c4d4)
+    "train_tok_s": 11_663.7,  # (train/8df677b8d36c3d7d)
+    "export_s": 3.4,
+    "check_s": 5.4,
+    "decode_tok_s": 219.9,  # one request without speculation, temperature 0 (the benchmark's baseline window)
+    "engine_start_s": 31.3,  # healthy after: the mean of its three engines (26.9, 39.2, 27.7 s)
+}
+CPU_SOURCE = (
+    "measured: make demo on a 2-core CPU host (docs/benchmarks.md, The demo's own rates), the closest measured host"
+)
+
+
 def engine_start_s(weights_bytes: int | None, cache: str = "cold") -> float:
     """An engine's start from a cold (or warm) page cache, at the H200's measured rates scaled by the weights."""
     return ENGINE_BASE_START_S + (weights_bytes or 0) / 1e9 * LOAD_S_PER_GB[cache]

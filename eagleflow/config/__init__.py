@@ -149,29 +149,54 @@ def parse_config(data: dict[str, Any], source: str = "<dict>") -> RunConfig:
         raise ConfigError(_format_errors(err, source)) from None
 
 
+# Every config key that holds a path on the host: relative in a config file, relative to that file (a local host);
+# given on a command line, relative to the shell's directory (`given_on_command_line`).
+PATH_KEYS: tuple[str, ...] = (
+    "host.work_root",
+    "host.python",
+    "target.model_path",
+    "generate.prompts_path",
+    "train.warm_start",
+    "benchmark.current_drafter",
+    "benchmark.drafter",
+    "extract.spool_dir",
+    "nightly.source",
+    "report_dir",
+)
+
+
 def _resolve_local_paths(data: dict[str, Any], base: Path) -> None:
     """Relative host paths of a local host are relative to the config file, not the caller's cwd."""
-
-    def fix(section: str, key: str) -> None:
-        sec = data.get(section)
-        if isinstance(sec, dict) and isinstance(sec.get(key), str) and not Path(sec[key]).is_absolute():
+    for dotted in PATH_KEYS:
+        *parents, leaf = dotted.split(".")
+        sec: Any = data
+        for p in parents:
+            sec = sec.get(p) if isinstance(sec, dict) else None
+        if isinstance(sec, dict) and isinstance(sec.get(leaf), str) and not Path(sec[leaf]).is_absolute():
             # normpath, not resolve(): a venv's bin/python is a symlink that must stay one.
-            sec[key] = os.path.normpath(os.path.join(base, sec[key]))
+            sec[leaf] = os.path.normpath(os.path.join(base, sec[leaf]))
 
-    for section, key in [
-        ("host", "work_root"),
-        ("host", "python"),
-        ("target", "model_path"),
-        ("generate", "prompts_path"),
-        ("train", "warm_start"),
-        ("benchmark", "current_drafter"),
-        ("benchmark", "drafter"),
-        ("extract", "spool_dir"),
-        ("nightly", "source"),
-    ]:
-        fix(section, key)
-    if isinstance(data.get("report_dir"), str) and not Path(data["report_dir"]).is_absolute():
-        data["report_dir"] = os.path.normpath(os.path.join(base, data["report_dir"]))
+
+def given_on_command_line(config_path: str | Path, overrides: dict[str, Any], cwd: str | Path) -> dict[str, Any]:
+    """`overrides` typed on a command line with every relative path made absolute against the shell's directory
+    `cwd`: a person means the directory they stand in, not the config file's. On an SSH host a relative path means
+    nothing the shell can know: refused, naming the key."""
+    paths = {k: v for k, v in overrides.items() if k in PATH_KEYS and isinstance(v, str) and v}
+    relative = {k: v for k, v in paths.items() if not Path(v).is_absolute()}
+    if not relative:
+        return dict(overrides)
+    try:
+        raw = yaml.safe_load(Path(config_path).read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        raw = {}  # load_config names the file's own fault
+    host = {**(raw.get("host") or {}), **{k.split(".", 1)[1]: v for k, v in overrides.items() if k.startswith("host.")}}
+    if host.get("kind", "local") != "local":
+        key, value = next(iter(relative.items()))
+        raise ConfigError(
+            f"{key} {value!r} is relative, and host {host.get('name', '?')!r} is reached over SSH: give the path "
+            "absolute, as it is on that host"
+        )
+    return {**overrides, **{k: os.path.normpath(os.path.join(cwd, v)) for k, v in relative.items()}}
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:

@@ -128,6 +128,15 @@ class BenchmarkConfig(_Strict):
         "settings, the target, these benchmark settings, the prompts, and (current) the drafter's files. Older, "
         "they are measured again. 0: every run measures every variant. The new drafter is always measured.",
     )
+    reuse_max_load_change: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="A kept measurement is measured again when what else keeps the host busy differs from when it was "
+        "measured by more than this: the share of the host's CPUs busy, or the GPUs' utilization (0.25: a quarter "
+        "of them), read over a second before the engines start; or when the GPUs' maximum SM clock moved by more "
+        "than 2%. 1: never for the load.",
+    )
     drafter: str | None = Field(
         None,
         description="The drafter to benchmark as variant 'drafter': a directory on the host in the engine's format, "

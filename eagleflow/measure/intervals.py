@@ -68,6 +68,7 @@ class Estimate:
     low: float
     high: float
     n: int
+    paired: bool = True  # False: two windows measured at different times (`unpaired_speedup`)
 
     @property
     def rel_half_width(self) -> float:
@@ -75,7 +76,7 @@ class Estimate:
         return (self.high - self.low) / 2 / abs(self.value) if self.value else math.inf
 
     def shifted(self, by: float) -> Estimate:
-        return Estimate(self.value + by, self.low + by, self.high + by, self.n)
+        return Estimate(self.value + by, self.low + by, self.high + by, self.n, self.paired)
 
 
 def ratio_of_sums(y: Sequence[float], x: Sequence[float]) -> Estimate | None:
@@ -103,6 +104,27 @@ def paired_speedup(
     n = min(len(base_s), len(var_s))
     y = [base_s[i] * var_tokens[i] / base_tokens[i] if base_tokens[i] else 0.0 for i in range(n)]
     return ratio_of_sums(y, list(var_s[:n]))
+
+
+def unpaired_speedup(
+    base_s: Sequence[float], base_tokens: Sequence[int], var_s: Sequence[float], var_tokens: Sequence[int]
+) -> Estimate | None:
+    """The variant's throughput over the baseline's when the two windows were measured at different times (one reused
+    from an earlier run): the same prompts, but not the same hour, so the machine's load and clocks did not cancel
+    and the rounds are not paired. Each window's throughput (tokens over seconds, a ratio of sums over its own rounds)
+    has its own interval; the ratio's interval carries both spreads (on the log scale, their variances add), with
+    the smaller window's degrees of freedom. On the first min(n) rounds, as `paired_speedup`: the same prompts."""
+    n = min(len(base_s), len(var_s))
+    b = ratio_of_sums(list(base_tokens[:n]), list(base_s[:n]))
+    v = ratio_of_sums(list(var_tokens[:n]), list(var_s[:n]))
+    if b is None or v is None or b.value <= 0:
+        return None
+    r, n = v.value / b.value, min(b.n, v.n)
+    if n < 2:
+        return Estimate(r, -math.inf, math.inf, n, paired=False)
+    se = math.hypot(b.rel_half_width / t975(b.n - 1), v.rel_half_width / t975(v.n - 1))
+    half = t975(n - 1) * se
+    return Estimate(r, r * math.exp(-half), r * math.exp(half), n, paired=False)
 
 
 def acceptance_length(accepted: Sequence[float], drafts: Sequence[float]) -> Estimate | None:

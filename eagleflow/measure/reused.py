@@ -16,7 +16,11 @@ The new drafter itself is always measured. The key hashes everything that determ
 - for a drafter: the sha256 of each of its files (its identity, wherever it lies).
 
 A record holds each window's figures with their rounds (for pairing), the temperature-0 answers (the
-triage's lossless check) and, for the baseline, the verify probe's copy-prompt reference.
+triage's lossless check), for the baseline the verify probe's copy-prompt reference, and what else kept the host
+busy before its engine started (`HostLoad`). The key cannot hold the host's load: a record is measured again when
+the host is busier or idler than it was by more than `benchmark.reuse_max_load_change` (the share of its CPUs busy,
+its GPUs' utilization), or its GPUs' clocks differ. A ratio against a reused window is never called paired
+(eagleflow.measure.verdict): the same prompts, not the same hour.
 """
 
 from __future__ import annotations
@@ -33,11 +37,42 @@ from eagleflow.config import RunConfig
 from eagleflow.contracts.benchmark_records import Measurement
 from eagleflow.contracts.manifest import sha256_file, stage_settings
 from eagleflow.contracts.prompts import Messages
-from eagleflow.hosts.facts import ENGINE_DISTRIBUTIONS, version_of
+from eagleflow.hosts.facts import ENGINE_DISTRIBUTIONS, busy_share, gpu_load, version_of
 from eagleflow.util.files import write_json_atomic
 
 # Bump when a record's windows change meaning: every record is then measured again.
 MEASUREMENT_VERSION = "1"
+
+
+class HostLoad(BaseModel):
+    """What kept the host busy, read before a benchmark's engines started (none of them in it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cpu_busy: float = Field(description="Share of the host's CPUs busy over a second (0-1).")
+    gpu_utilization: float | None = Field(None, description="The GPUs' mean utilization (0-1); None without GPUs.")
+    gpu_max_sm_clock_mhz: float | None = Field(None, description="The GPUs' lowest maximum SM clock (MHz).")
+
+    @classmethod
+    def now(cls) -> HostLoad:
+        gpu = gpu_load() or {}
+        return cls(
+            cpu_busy=round(busy_share(), 3),
+            gpu_utilization=gpu.get("utilization"),
+            gpu_max_sm_clock_mhz=gpu.get("max_sm_clock_mhz"),
+        )
+
+    def differs(self, now: HostLoad, bound: float) -> str | None:
+        """Why a measurement made under this load does not stand for one made `now`, or None."""
+        if abs(now.cpu_busy - self.cpu_busy) > bound:
+            return f"the host's CPUs were {self.cpu_busy:.0%} busy then, {now.cpu_busy:.0%} now"
+        if self.gpu_utilization is not None and now.gpu_utilization is not None:
+            if abs(now.gpu_utilization - self.gpu_utilization) > bound:
+                return f"its GPUs were {self.gpu_utilization:.0%} busy then, {now.gpu_utilization:.0%} now"
+        then, clock = self.gpu_max_sm_clock_mhz, now.gpu_max_sm_clock_mhz
+        if then and clock and abs(clock - then) / then > 0.02:
+            return f"its GPUs' maximum SM clock was {then:.0f} MHz then, {clock:.0f} MHz now"
+        return None
 
 
 class VariantRecord(BaseModel):
@@ -51,6 +86,7 @@ class VariantRecord(BaseModel):
     measured_at: float = Field(description="Unix time the measurement ended.")
     stage_dir: str = Field(description="The benchmark stage directory that measured it (its engine log is there).")
     engine_version: str | None = Field(None, description="The engine's distribution and version, e.g. 'vllm 0.26.0'.")
+    host_load: HostLoad | None = Field(None, description="What else kept the host busy before its engine started.")
     windows: list[Measurement] = Field(description="Every temperature x concurrency, with their rounds.")
     answers_t0: list[str] | None = Field(None, description="Temperature-0 answers in prompt order (lossless check).")
     copy_reference: dict[str, Any] | None = Field(

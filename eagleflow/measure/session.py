@@ -54,16 +54,31 @@ def when(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
 
 
-def reuse_measurements(cfg: RunConfig, variants: list[Variant], prompts: list[Messages]) -> None:
+def reuse_measurements(
+    cfg: RunConfig, variants: list[Variant], prompts: list[Messages], load_now: reused.HostLoad | None
+) -> None:
     """Key every variant; take the baseline's and the current drafter's measurements from an earlier run when
-    one is still valid (benchmark.reuse_for_h): then no engine loads for them. The new drafter is always
-    measured (and kept: promoted, it is the next night's current drafter)."""
+    one is still valid (benchmark.reuse_for_h) and the host is as busy as it was then (`load_now`, read before any
+    engine of this run: benchmark.reuse_max_load_change; None: no load rule, as when the references were measured
+    this night on purpose): then no engine loads for them. The new drafter is always measured (and kept: promoted,
+    it is the next night's current drafter)."""
     version = reused.engine_version(cfg.engine.kind)
     for v in variants:
         v.key = reused.measurement_key(cfg, v.name, v.drafter, prompts, version)
         if v.name == "drafter":
             continue
         v.reused = reused.load_reusable(cfg.host.work_root, reused.kind_of(v.drafter), v.key, cfg.benchmark.reuse_for_h)
+        if v.reused is not None and v.reused.host_load is not None and load_now is not None:
+            why = v.reused.host_load.differs(load_now, cfg.benchmark.reuse_max_load_change)
+            if why:
+                log.info(
+                    "%s: measuring again, not reusing its measurement of %s: %s (benchmark.reuse_max_load_change %g)",
+                    v.name,
+                    when(v.reused.measured_at),
+                    why,
+                    cfg.benchmark.reuse_max_load_change,
+                )
+                v.reused = None
         if v.reused is not None:
             log.info(
                 "%s: reusing its measurement of %s (%.1f h ago, within benchmark.reuse_for_h %g h): engine, "
@@ -91,8 +106,16 @@ def reused_rows(v: Variant) -> dict[Cell, Measurement]:
 class Session:
     """The windows of one benchmark run, measured and reused."""
 
-    def __init__(self, cfg: RunConfig, prompts: list[Messages], variants: list[Variant]) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        prompts: list[Messages],
+        variants: list[Variant],
+        load: reused.HostLoad | None = None,
+        planned_s: float | None = None,
+    ) -> None:
         self.cfg, self.b, self.prompts, self.variants = cfg, cfg.benchmark, prompts, variants
+        self.load = load  # what else kept the host busy before our engines: kept with each measured variant
         self.settings = [(t, c) for t in self.b.temperatures for c in self.b.concurrencies]
         self.measured = [v for v in variants if v.reused is None]
         self.windows = {(v.name, t, c): WindowRecorder(v.name, t, c) for v in self.measured for t, c in self.settings}
@@ -104,7 +127,11 @@ class Session:
         # Requests of every measured variant at every setting, at most (a window may stop early); engine loads
         # between groups count in the rate.
         self.progress = Progress(
-            "benchmark", "requests", max(len(self.measured) * len(self.settings) * len(prompts), 1), "requests"
+            "benchmark",
+            "requests",
+            max(len(self.measured) * len(self.settings) * len(prompts), 1),
+            "requests",
+            planned_s=planned_s,
         )
 
     def groups(self) -> list[list[Variant]]:
@@ -257,6 +284,7 @@ class Session:
             measured_at=time.time(),
             stage_dir=str(stage_dir),
             engine_version=reused.engine_version(cfg.engine.kind),
+            host_load=self.load,
             windows=mine,
             answers_t0=self.answers_t0(v.name, t0) if t0 else None,
             copy_reference=copy_reference,

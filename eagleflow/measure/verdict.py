@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from eagleflow.contracts.benchmark_records import Measurement, ProductionResult, SpeedupRow, Triage, Verdict
-from eagleflow.measure.intervals import Estimate, paired_speedup
+from eagleflow.measure.intervals import Estimate, paired_speedup, unpaired_speedup
 
 
 def _windows(windows: list[Measurement], variant: str) -> list[Measurement]:
@@ -39,9 +39,13 @@ def _served_al(windows: list[Measurement], variant: str, temperature: float) -> 
 
 def paired(ref: Measurement | None, var: Measurement | None) -> Estimate | None:
     """`var`'s throughput over `ref`'s on the rounds both measured, with its 95% interval; None when either
-    lacks its rounds (then the windows' throughputs are compared as they are)."""
+    lacks its rounds (then the windows' throughputs are compared as they are). Two windows measured at different
+    times (one reused from an earlier run: `measured` differs) are not paired: their estimate says so
+    (`Estimate.paired` False) and its interval carries both windows' spread."""
     if not (ref and var and ref.round_seconds and var.round_seconds and ref.round_tokens and var.round_tokens):
         return None
+    if ref.measured != var.measured:
+        return unpaired_speedup(ref.round_seconds, ref.round_tokens, var.round_seconds, var.round_tokens)
     return paired_speedup(ref.round_seconds, ref.round_tokens, var.round_seconds, var.round_tokens)
 
 
@@ -52,6 +56,11 @@ def _ratio(ref: Measurement | None, var: Measurement | None) -> tuple[float | No
     if est is None:
         return var.output_tok_s / ref.output_tok_s, None
     return est.value, ([est.low, est.high] if est.n > 1 else None)
+
+
+def _unpaired(base: Measurement | None, new: Measurement | None) -> str:
+    """Why the drafter's speedup over no speculation is not paired: which window was measured when."""
+    return "; ".join(f"{w.variant} {w.measured}" for w in (base, new) if w is not None and w.measured) or "?"
 
 
 def speedups(windows: list[Measurement]) -> list[SpeedupRow]:
@@ -74,7 +83,8 @@ def speedups(windows: list[Measurement]) -> list[SpeedupRow]:
                 drafter_vs_baseline_ci=dvb_ci,
                 current_vs_baseline_ci=cvb_ci,
                 drafter_vs_current_ci=dvc_ci,
-                paired_rounds=est.n if est else None,
+                paired_rounds=est.n if est and est.paired else None,
+                unpaired=_unpaired(base, new) if est and not est.paired else None,
             )
         )
     return out
@@ -182,10 +192,12 @@ def judge(
     parts = []
     if head and head.drafter_vs_baseline is not None:
         ci = head.drafter_vs_baseline_ci
-        parts.append(
-            f"the new drafter serves {head.drafter_vs_baseline:.2f}x the output tokens/s of no speculation"
-            + (f" (95% CI {ci[0]:.2f}-{ci[1]:.2f}, {head.paired_rounds} paired rounds)" if ci else "")
-        )
+        if ci and head.unpaired:
+            how = f" (95% CI {ci[0]:.2f}-{ci[1]:.2f}, unpaired: {head.unpaired})"
+        else:
+            how = f" (95% CI {ci[0]:.2f}-{ci[1]:.2f}, {head.paired_rounds} paired rounds)" if ci else ""
+        speed = f"{head.drafter_vs_baseline:.2f}x the output tokens/s of no speculation"
+        parts.append(f"the new drafter serves {speed}{how}")
     if head and head.drafter_vs_current is not None:
         parts.append(f"{head.drafter_vs_current:.2f}x the current drafter's")
     setting = f"(temperature {head.temperature if head else 0:g}, concurrency {head.concurrency if head else 1})"
@@ -198,6 +210,14 @@ def judge(
                 f"temperature {r.temperature:g} / concurrency {r.concurrency} ({r.drafter_vs_baseline:.2f}x)"
                 for r in slower
             )
+        )
+    reused = {w.variant: w.measured for w in windows if w.measured}
+    if reused:
+        findings.append(
+            "reused, not measured in this run: "
+            + "; ".join(f"{v} (measured {when.removeprefix('measured ')})" for v, when in reused.items())
+            + ". A ratio against a reused window is unpaired (another hour's load and clocks): its interval "
+            "carries both windows' spread"
         )
     if triage is not None and triage.blame not in ("none", "undetermined"):
         summary += f"; triage blames {triage.culprit}"

@@ -48,12 +48,13 @@ from eagleflow.contracts.request import StageError, StageRequest
 from eagleflow.contracts.stage_records import ExportOutputs
 from eagleflow.engines import make_server
 from eagleflow.engines.launch import served_name, target_launch
+from eagleflow.measure.reused import HostLoad
 from eagleflow.measure.session import Session, Variant, reuse_measurements
 from eagleflow.measure.verdict import judge, render_markdown
 from eagleflow.nightly.promotion import PromotionRecord, promotion_record_path
 from eagleflow.production import WINDOW_ENV, production_stopped
 from eagleflow.reporting import plots
-from eagleflow.stages.common import stage_main
+from eagleflow.stages.common import planned_seconds, stage_main
 from eagleflow.triage import CopyReference, TriageInputs, run_triage
 from eagleflow.triage.verify import record_reference
 
@@ -220,7 +221,9 @@ def run(request: StageRequest) -> Manifest:
         raise StageError(f"only {len(prompts)} held-out prompts; lower benchmark.num_prompts or raise generate.holdout")
     on = b.drafter_on
     variants = [v for v in variants_for(request) if on != "none" or v.name != "drafter"]
-    reuse_measurements(cfg, variants, prompts)
+    # Before our engines; on production (its traffic loads the host) the references are this night's: no load rule.
+    load = HostLoad.now()
+    reuse_measurements(cfg, variants, prompts, None if on == "production" else load)
     if on == "production" and (stale := [v.name for v in variants if v.reused is None and v.name != "drafter"]):
         raise StageError(
             f"benchmark.drafter_on 'production': no reusable measurement of the {' and the '.join(stale)} "
@@ -248,7 +251,7 @@ def run(request: StageRequest) -> Manifest:
     copy_ref = reused_copy_reference(cfg, variants)
     triage_result = None
 
-    session = Session(cfg, prompts, variants)
+    session = Session(cfg, prompts, variants, load, planned_seconds(cfg, "benchmark"))
     # Inside the pipeline's production window, production is already down and the flow gives it back
     # (our engines inherit the window's token); run alone, the stage stops and restores it itself.
     window = os.environ.get(WINDOW_ENV)

@@ -17,7 +17,7 @@ import logging
 import sys
 from pathlib import Path
 
-from eagleflow.capacity.facts import gather
+from eagleflow.capacity.facts import chat_token_counter, gather
 from eagleflow.capacity.planner import plan
 from eagleflow.capacity.render import render_plan
 from eagleflow.config import RunConfig
@@ -117,14 +117,7 @@ def _plan(cfg: RunConfig, tok: object | None) -> CapacityPlan | None:
     """The capacity plan on this host; None when the target's config.json cannot be read (a problem
     already named)."""
 
-    def count_tokens(messages: list[dict]) -> int:
-        try:
-            ids = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
-        except Exception:  # noqa: BLE001 - a template that refuses this chat: count its text
-            ids = tok(" ".join(m["content"] for m in messages), add_special_tokens=False)
-        return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
-
-    facts = gather(cfg, count_tokens if tok is not None and getattr(tok, "chat_template", None) else None)
+    facts = gather(cfg, chat_token_counter(tok))
     if facts.get("target") is None:
         return None
     return plan(cfg, HostFacts.model_validate(facts), FinishedStages.model_validate(facts["progress"]))

@@ -21,15 +21,32 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from eagleflow.config import RunConfig
 from eagleflow.contracts.failure import stage_ending
-from eagleflow.contracts.manifest import Manifest, write_manifest
+from eagleflow.contracts.manifest import Manifest, read_manifest, stage_dir, stage_key, write_manifest
 from eagleflow.contracts.request import StageError, StageRequest
+from eagleflow.contracts.stage_records import CheckMetrics
 from eagleflow.production import ProductionError
 from eagleflow.util.text import size_text
 
 log = logging.getLogger("eagleflow")
 
 StageFn = Callable[[StageRequest], Manifest]
+
+
+def planned_seconds(cfg: RunConfig, stage: str) -> float | None:
+    """What the check stage's capacity plan gave `stage` on this host (the check's manifest under host.work_root):
+    the time left a progress line says before the stage's own rate is known. None when the check has not run here
+    with this config, or planned nothing for the stage."""
+    # The check runs every time (its dir is its key, the run's time and attempt): the newest finished one.
+    base = Path(stage_dir(cfg, "check", stage_key("check", cfg, {})))
+    done = sorted(base.parent.glob(f"{base.name}*/manifest.json"), key=lambda p: p.stat().st_mtime)
+    try:
+        plan = CheckMetrics.of(read_manifest(done[-1])).plan if done else None
+    except (OSError, ValueError):
+        return None
+    planned = next((s for s in plan.stages if s.stage == stage), None) if plan else None
+    return planned.seconds if planned and planned.seconds > 0 else None
 
 
 def setup_logging() -> None:

@@ -32,7 +32,7 @@ from eagleflow.contracts.stage_records import ExtractMetrics, ExtractOutputs, Ge
 from eagleflow.drafter.shards import ShardError, ShardPlan, ShardWriter, check_shard
 from eagleflow.extraction import Capture, open_capture
 from eagleflow.extraction.plan import PlannedShard, plan_shards, target_hidden_size
-from eagleflow.stages.common import stage_main
+from eagleflow.stages.common import planned_seconds, stage_main
 from eagleflow.util.files import read_json, write_json_atomic
 from eagleflow.util.text import size_text
 
@@ -130,6 +130,7 @@ def run(request: StageRequest) -> Manifest:
             sum(s.num_tokens for s in planned),
             "tokens",
             start=sum(s.num_tokens for s in planned if finished[s.name] is not None),
+            planned_s=planned_seconds(cfg, "extract"),
         )
 
         def on_add(n: int) -> None:

@@ -41,7 +41,7 @@ from eagleflow.engines.chat import ChatResult, chat_all
 from eagleflow.engines.launch import served_name, target_launch
 from eagleflow.engines.remote import RemoteServer, production_api_key
 from eagleflow.engines.replicas import ReplicaCounts, Replicas, counts_record
-from eagleflow.stages.common import stage_main
+from eagleflow.stages.common import planned_seconds, stage_main
 from eagleflow.util.files import writing
 
 log = logging.getLogger("eagleflow.generate")
@@ -265,7 +265,8 @@ def run(request: StageRequest) -> Manifest:
     if todo:
         chat_tok = ChatTokenizer(cfg.target.model_path, cfg.target.thinking_start, cfg.target.thinking_end)
         done_before = sum(len(s) for i, s in enumerate(shards) if i not in set(todo))
-        progress = Progress("generate", "samples", len(samples), "samples", start=done_before)
+        planned = planned_seconds(cfg, "generate")
+        progress = Progress("generate", "samples", len(samples), "samples", start=done_before, planned_s=planned)
         with answering_server(request) as answers:
             progress.restart_clock()  # the engine's load is not generation: its own progress line says it
             for i in todo:

@@ -35,7 +35,7 @@ def test_examples_load_and_resolve_paths():
     assert (kimi.extract.backend, kimi.extract.storage_dtype) == ("vllm", "float8_e4m3fn")
     # the nightly: the demo's deployed paused (a worker left running starts nothing), Kimi's active
     assert (demo.schedule.cron, demo.schedule.timezone, demo.schedule.active) == ("0 2 * * *", "UTC", False)
-    assert kimi.schedule.active and kimi.schedule.describe() == "cron '0 2 * * *' (UTC), active"
+    assert kimi.schedule.active and kimi.schedule.describe() == "cron '0 2 * * *' (UTC), schedule active"
 
 
 @pytest.mark.parametrize(

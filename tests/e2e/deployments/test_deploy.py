@@ -1,6 +1,6 @@
 """The deployments (deployments.deploy) registered on a real Prefect server: four for each config, named after
 it, each the flow it should run from this checkout with the run config as its parameter, the nightly one on the
-config's schedule (paused unless the config says active); several configs side by side, one redeployed alone."""
+config's schedule (inactive unless the config says active); several configs side by side, one redeployed alone."""
 
 from __future__ import annotations
 
@@ -51,12 +51,18 @@ def test_deployments_register(prefect_server, e2e_config):
         assert d["parameters"]["params"] == {"config_path": str(e2e_config), "overrides": {}}, kind
         assert {"eagleflow", "config:e2e"} <= set(d["tags"]), kind
         schedules = [(s["schedule"].get("cron"), s["schedule"].get("timezone"), s["active"]) for s in d["schedules"]]
-        # demo.yaml's schedule: 02:00 UTC, paused (no nightly nobody asked for)
+        # demo.yaml's schedule: 02:00 UTC, inactive (no nightly nobody asked for); the deployment itself is not
+        # paused (it runs when triggered), and the line says what Prefect says
         assert schedules == ([("0 2 * * *", "UTC", False)] if kind == "nightly" else []), kind
+        assert d["paused"] is False, kind  # Prefect: not paused (it runs when triggered), its schedule off
         # one line a deployment: flow/name, schedule, pool; no ids, no Prefect advice
         line = next(x for x in proc.stdout.splitlines() if x.startswith(f"{flow_name}/e2e-{kind} "))
-        assert line.endswith("pool eagleflow") and ("cron '0 2 * * *' (UTC), paused" in line) == (kind == "nightly")
+        nightly = kind == "nightly"
+        assert line.endswith("pool eagleflow") and ("cron '0 2 * * *' (UTC), schedule inactive" in line) == nightly
+        assert "paused" not in line, line
     assert not any(d["id"] in proc.stdout for d in deps.values()) and "prefect deployment run" not in proc.stdout
+    # the worker command as a fresh shell in the checkout can paste it (issue 43: it lacked .venv/bin/)
+    assert proc.stdout.splitlines()[-1] == "start a worker: .venv/bin/prefect worker start --pool eagleflow"
     # The custom-run forms: typed fields whose defaults are the config's values (what the UI shows).
     form = deps["pipeline"]["parameter_openapi_schema"]["definitions"]["RunParams"]["properties"]
     assert (form["epochs"]["default"], form["num_samples"]["default"], form["temperatures"]["default"]) == (
@@ -81,7 +87,7 @@ def test_two_configs_side_by_side_and_one_redeployed_alone(prefect_server, e2e_c
     assert [
         (s["schedule"]["cron"], s["schedule"]["timezone"], s["active"]) for s in second["nightly"]["schedules"]
     ] == [("30 3 * * *", "Europe/Berlin", True)]
-    assert "cron '30 3 * * *' (Europe/Berlin), active" in proc.stdout
+    assert "cron '30 3 * * *' (Europe/Berlin), schedule active" in proc.stdout
 
     # The first config again, its nightly switched on: its own deployments change, the second's are untouched,
     # and its schedule is replaced, not added to.
@@ -93,7 +99,7 @@ def test_two_configs_side_by_side_and_one_redeployed_alone(prefect_server, e2e_c
         k: (d["id"], d["updated"]) for k, d in second.items()
     }
     assert first2["pipeline"]["parameters"]["params"]["overrides"] == {"schedule.active": True}
-    run_cli(prefect_server, "deploy", str(e2e_config))  # as the other tests expect it: paused, no overrides
+    run_cli(prefect_server, "deploy", str(e2e_config))  # as the other tests expect it: schedule inactive, no overrides
 
 
 def test_two_configs_of_one_name_are_refused_before_anything_is_registered(prefect_server, e2e_config, tmp_path):

@@ -72,7 +72,7 @@ def test_the_real_local_host_is_asked(tmp_path):
     proc = plan_cli("configs/demo.yaml", "--json", "--set", f"host.work_root={tmp_path}")
     assert proc.returncode == 0, proc.stderr
     p = json.loads(proc.stdout)
-    assert p["hidden_size"] == 192 and p["tokens"]["prompt_source"].startswith("chars/4 over 1,200 prompts")
+    assert p["hidden_size"] == 192 and p["tokens"]["prompt_source"].startswith("tokenizer over 1,200 prompts")
     assert p["disk_path"] == str(tmp_path)
     assert p["disk_free_bytes"] == pytest.approx(shutil.disk_usage(tmp_path).free, rel=0.01)
     assert Path(p["target"]).name == "target" and p["tokens"]["samples"] == 1150

@@ -73,6 +73,9 @@ def run_benchmark_flow(prefect_server, sshd, tmp_path: Path, work_root: Path, **
     data["report_dir"] = str(tmp_path / "reports")
     config = tmp_path / "faults.yaml"
     config.write_text(yaml.safe_dump(data))
+    # A directory that is no drafter: it exists, so the command line's own check (a drafter named there must exist)
+    # passes and the run goes on to the host's first contact, where each fault here is to be named.
+    (tmp_path / "no-drafter").mkdir(exist_ok=True)
     proc = subprocess.run(
         [sys.executable, "-m", "flows.benchmark", str(config), "--drafter", str(tmp_path / "no-drafter")],
         cwd=ROOT,

@@ -155,3 +155,19 @@ def test_the_plan_takes_the_sleep_level_the_runtime_will_take():
     data["memory"]["available_bytes"] = int(1.2 * held * 2**20)
     roomy = HostFacts.model_validate(data)
     assert pause_level(cfg, roomy, weights) == choose_sleep_level(None, held, int(1.2 * held))[0] == 1
+
+
+def test_a_night_plans_the_export_the_host_measured_even_when_this_runs_export_is_done():
+    # issue 43: the plan said export "1m 00s, measured" when the measured export took 4 s (this run's export was
+    # done, planned at 0 s, and the night fell back to the default while keeping the measured label)
+    from eagleflow.contracts.plan import FinishedStages
+
+    cfg = load_config(KIMI)
+    export = MeasuredRun(stage="export", run="export/e1", target=cfg.target.model_path, seconds=4.0, created=1.0)
+    facts = FACTS.model_copy(update={"history": [export]})
+    done = FinishedStages(done=["check", "generate", "extract", "train", "export"])
+    night = plan_nightly(cfg, facts, plan(cfg, facts, done))
+    ex = stage(night, "export")
+    assert (ex.seconds, ex.source) == (4.0, "measured (run export/e1)"), ex
+    unmeasured = stage(plan_nightly(cfg, FACTS, plan(cfg, FACTS, done)), "export")
+    assert unmeasured.seconds == 60 and unmeasured.source.startswith("default"), unmeasured

@@ -296,3 +296,43 @@ def test_generate_over_production_replicas_is_planned_at_one_servers_rate_each()
         stage(plan(kimi(**over), facts()), "generate"),
     )
     assert two.seconds == pytest.approx(one.seconds / 2) and "x 2 production replicas" in two.source
+
+
+def test_the_plan_counts_prompt_tokens_as_the_check_stage_does(capsys):
+    # issue 43: the plan said 120 prompt tokens (characters / 4), the check stage 160 (the tokenizer)
+    from transformers import AutoTokenizer
+
+    from eagleflow.capacity.facts import chat_token_counter, main, prompt_facts
+    from eagleflow.config import load_config
+
+    cfg = load_config(ROOT / "configs" / "demo.yaml")
+    assert main([cfg.model_dump_json()]) == 0
+    planned = json.loads(capsys.readouterr().out)["prompts"]
+    checked = prompt_facts(
+        cfg.generate.prompts_path, chat_token_counter(AutoTokenizer.from_pretrained(cfg.target.model_path))
+    )
+    assert planned["method"] == "tokenizer" and planned["mean_tokens"] == checked.mean_tokens, (planned, checked)
+
+
+def test_a_cpu_host_is_planned_from_the_demos_measured_cpu_rates_not_a_gpu_hosts():
+    # issue 43: the demo's plan on a 2-core CPU host promised GPU and Kimi rates (an H200's extract, Kimi's 82.5 tok/s
+    # a request, the reference run's training)
+    from eagleflow.capacity.rates import CPU_REFERENCE
+
+    cfg = load_config(ROOT / "configs" / "demo.yaml")
+    target = target_facts(cfg.target.model_path)
+    cpu = HostFacts(hostname="laptop", cpus=2, target=target)
+    p = plan(cfg, cpu)
+    by = {s.stage: s for s in p.stages}
+    for stage in ("generate", "extract", "train", "export", "benchmark"):
+        assert by[stage].source.startswith("measured: make demo on a 2-core CPU host"), (stage, by[stage].source)
+        assert "Kimi" not in by[stage].source and "reference run" not in by[stage].source, by[stage].source
+    assert by["export"].seconds == CPU_REFERENCE["export_s"]
+    assert f"{CPU_REFERENCE['decode_tok_s']:,.1f} tok/s a request" in by["benchmark"].rate
+    # four times the cores, a target a hundred times the demo's weights: rates scaled, and the plan says by what
+    big = target.model_copy(update={"weights_bytes": target.weights_bytes * 100})
+    scaled = {s.stage: s for s in plan(cfg, HostFacts(hostname="box", cpus=8, target=big)).stages}
+    assert "x 0.04 (the demo target's" in scaled["generate"].source
+    assert scaled["train"].seconds == pytest.approx(by["train"].seconds * 25, rel=0.01)
+    # a GPU host keeps the GPU figures
+    assert "Kimi-K2.5 serves 82.5 tok/s" in {s.stage: s for s in plan(kimi(), facts()).stages}["benchmark"].source

@@ -3,6 +3,8 @@ often they come, and a rate that leaves out work done before this process began.
 
 from __future__ import annotations
 
+import pytest
+
 from eagleflow.contracts.progress import Progress, parse_line
 from eagleflow.engines.base import shards_loaded
 from eagleflow.util.text import duration_text, size_text
@@ -78,3 +80,24 @@ def test_the_engine_loader_line_gives_shards_loaded_of_total():
 def test_durations_and_sizes_read_like_a_person_writes_them():
     assert [duration_text(s) for s in (45, 190, 19_200)] == ["45s", "3m 10s", "5h 20m"]
     assert [size_text(b) for b in (512, 3.2e9, 828.4e9)] == ["512 B", "3.2 GB", "828.4 GB"]
+
+
+def test_the_first_time_left_is_the_plans_not_one_requests():
+    # issue 43: the first line said "55m 32s left" for work that took 1m 09s (one slow first request of 48)
+    now = [0.0]
+    lines: list[str] = []
+    p = Progress("benchmark", "requests", 48, "requests", emit=lines.append, clock=lambda: now[0], planned_s=90)
+    now[0] = 70.0
+    p.update(1, force=True)
+    first = parse_line(lines[-1])[1]
+    assert first.eta_planned and first.eta_s == 20.0
+    assert lines[-1].split(" #progress ")[0].endswith("20s left (planned)")
+    now[0] = 100.0
+    p.update(12, force=True)  # a quarter done: its own rate now
+    later = parse_line(lines[-1])[1]
+    assert not later.eta_planned and later.eta_s == pytest.approx(36 * 100 / 12)
+    # no plan: nothing promised from one request
+    q = Progress("generate", "samples", 1000, "samples", emit=lines.append, clock=lambda: now[0])
+    now[0] = 200.0
+    q.update(1, force=True)
+    assert parse_line(lines[-1])[1].eta_s is None and "left" not in lines[-1].split(" #progress ")[0]

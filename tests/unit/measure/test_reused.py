@@ -8,7 +8,9 @@ import time
 import pytest
 
 from eagleflow.config import load_config
+from eagleflow.hosts.facts import busy_share
 from eagleflow.measure.reused import (
+    HostLoad,
     VariantRecord,
     drafter_identity,
     load_reusable,
@@ -16,6 +18,7 @@ from eagleflow.measure.reused import (
     record_path,
     save,
 )
+from eagleflow.measure.session import Variant, reuse_measurements
 from tests.conftest import ROOT
 from tests.helpers.records import window
 
@@ -100,3 +103,30 @@ def test_a_record_is_reused_while_young_and_for_its_key_only(tmp_path):
     assert load_reusable(root, "baseline", "k2", max_age_h=24) is None
     path.write_text("{not json")  # a torn or foreign file is measured again, never half-trusted
     assert load_reusable(root, "baseline", "k1", max_age_h=24) is None
+
+
+def test_a_kept_measurement_is_measured_again_when_the_host_is_busier_or_its_clocks_moved(tmp_path, caplog):
+    # issue 43: a baseline reused from an hour before, when the machine was loaded otherwise, read as if paired
+    then = HostLoad(cpu_busy=0.10, gpu_utilization=0.0, gpu_max_sm_clock_mhz=1980)
+    assert then.differs(HostLoad(cpu_busy=0.30, gpu_utilization=0.05, gpu_max_sm_clock_mhz=1980), 0.25) is None
+    assert "CPUs were 10% busy then, 60% now" in then.differs(HostLoad(cpu_busy=0.60), 0.25)
+    assert "GPUs were 0% busy then, 90% now" in then.differs(HostLoad(cpu_busy=0.1, gpu_utilization=0.9), 0.25)
+    assert "clock was 1980 MHz then, 1500 MHz now" in then.differs(
+        HostLoad(cpu_busy=0.1, gpu_utilization=0.0, gpu_max_sm_clock_mhz=1500), 0.25
+    )
+    # the stage's own reading of the host, before any engine: a share of its CPUs
+    assert 0.0 <= busy_share(0.2) <= 1.0
+    # the benchmark's choice: the same record reused under the same load, measured again under another
+    cfg = load_config(ROOT / "configs" / "demo.yaml", {"host.work_root": str(tmp_path)})
+    variant = Variant("baseline", None)
+    reuse_measurements(cfg, [variant], PROMPTS, then)
+    rec = VariantRecord(
+        key=variant.key, variant="baseline", measured_at=time.time(), stage_dir="/w/b", windows=[], host_load=then
+    )
+    save(str(tmp_path), rec)
+    reuse_measurements(cfg, [variant], PROMPTS, then)
+    assert variant.reused == rec
+    with caplog.at_level("INFO"):
+        reuse_measurements(cfg, [variant], PROMPTS, HostLoad(cpu_busy=0.9))
+    assert variant.reused is None
+    assert "measuring again" in caplog.text and "benchmark.reuse_max_load_change 0.25" in caplog.text

@@ -3,6 +3,8 @@ suspicion, and the markdown table. Windows are eagleflow.contracts.benchmark_rec
 
 from __future__ import annotations
 
+import pytest
+
 from eagleflow.contracts.benchmark_records import ProductionResult
 from eagleflow.measure.verdict import judge, render_markdown
 from tests.helpers.records import window
@@ -88,14 +90,10 @@ def test_acceptance_that_collapses_at_a_sampled_temperature_is_suspect():
 
 
 def test_a_window_that_stopped_early_is_paired_with_the_baseline_on_its_own_rounds():
-    # The baseline (reused from an earlier night) measured 6 rounds, prompt 3 and 4 slow ones; the drafter stopped
-    # after 4. The throughput of its whole window against the baseline's whole window would mix other prompts.
+    # The baseline measured 6 rounds, prompt 3 and 4 slow ones; the drafter stopped after 4. The throughput of its
+    # whole window against the baseline's whole window would mix other prompts.
     base = window("baseline", 100).model_copy(
-        update=dict(
-            round_seconds=[1.0, 1.0, 3.0, 3.0, 1.0, 1.0],
-            round_tokens=[100] * 6,
-            measured="measured 2026-11-30 02:41 UTC (30.2 h ago) in /w/benchmark/x",
-        )
+        update=dict(round_seconds=[1.0, 1.0, 3.0, 3.0, 1.0, 1.0], round_tokens=[100] * 6)
     )
     new = window("drafter", 100, 3.0).model_copy(
         update=dict(
@@ -113,6 +111,31 @@ def test_a_window_that_stopped_early_is_paired_with_the_baseline_on_its_own_roun
     lo, hi = row.drafter_vs_baseline_ci
     assert lo < 2.0 < hi and hi - lo < 0.3  # t(0.975, 3 df) = 3.18
     assert "95% CI" in v.summary and "4 paired rounds" in v.summary
+    assert row.unpaired is None and not any(f.startswith("reused") for f in v.findings)
     md = render_markdown("Benchmark demo", [base, new], v, 3)
+    assert "| drafter | 0 | 1 | 4 (stopped: precision) |" in md and "2.80-3.20" in md and "(reused)" not in md
+
+
+def test_a_reused_baseline_is_not_called_paired_and_its_interval_carries_both_spreads():
+    # issue 43: a drafter read 1.39x against a baseline reused from an hour before ("24 paired rounds"), where the
+    # same drafter, freshly paired, had read 0.74x. The same prompts, another hour: not paired.
+    when = "measured 2026-11-30 02:41 UTC (1.0 h ago) in /w/benchmark/x"
+    seconds = [1.0, 1.2, 3.0, 2.6, 1.1, 0.9]
+    base = window("baseline", 100).model_copy(update=dict(round_seconds=seconds, round_tokens=[100] * 6))
+    new = window("drafter", 100, 3.0).model_copy(
+        update=dict(
+            round_seconds=[s / 2 * (1.1 if i % 2 else 0.9) for i, s in enumerate(seconds)], round_tokens=[100] * 6
+        )
+    )
+    fresh = judge([base, new], {"drafter": 3.1}, suspect_ratio=0.6).headline
+    kept = judge([base.model_copy(update={"measured": when}), new], {"drafter": 3.1}, suspect_ratio=0.6)
+    row = kept.headline
+    assert row.drafter_vs_baseline == pytest.approx(fresh.drafter_vs_baseline, rel=0.02)
+    assert row.paired_rounds is None and row.unpaired == f"baseline {when}"
+    # prompt-to-prompt spread no longer cancels: the interval is wider than the paired one
+    (lo, hi), (plo, phi) = row.drafter_vs_baseline_ci, fresh.drafter_vs_baseline_ci
+    assert lo < plo and hi > phi, (row.drafter_vs_baseline_ci, fresh.drafter_vs_baseline_ci)
+    assert "paired rounds" not in kept.summary and f"unpaired: baseline {when}" in kept.summary
+    assert any(f.startswith("reused, not measured in this run: baseline (measured 2026-11-30") for f in kept.findings)
+    md = render_markdown("Benchmark demo", [base.model_copy(update={"measured": when}), new], kept, 3)
     assert "| baseline (reused) |" in md and "- baseline: reused, measured 2026-11-30" in md
-    assert "| drafter | 0 | 1 | 4 (stopped: precision) |" in md and "2.80-3.20" in md

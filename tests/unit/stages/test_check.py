@@ -46,3 +46,28 @@ def test_problems_name_the_field(tmp_path):
     with pytest.raises(StageError) as err:
         check.run(_request(tmp_path, {"target.final_layer_id": 5, "target.model_path": str(ROOT / "demo" / "target")}))
     assert "target.final_layer_id is 5" in str(err.value) and "set it to 4" in str(err.value)
+
+
+def test_a_stage_reads_its_planned_time_from_the_newest_check_on_the_host(tmp_path):
+    # issue 43: a progress line's first time left came from one request ("55m 32s left" for 1m 09s of work); it
+    # comes from the check's plan until the stage's own rate is known (eagleflow.contracts.progress)
+    import os
+
+    from eagleflow.capacity.facts import target_facts
+    from eagleflow.capacity.planner import plan
+    from eagleflow.contracts.manifest import stage_dir, stage_key, write_manifest
+    from eagleflow.contracts.plan import HostFacts
+    from eagleflow.stages.common import planned_seconds
+
+    cfg = load_config(ROOT / "configs" / "demo.yaml", {"host.work_root": str(tmp_path)})
+    assert planned_seconds(cfg, "generate") is None  # no check here yet
+    key = stage_key("check", cfg, {})
+    facts = HostFacts(hostname="h", cpus=2, target=target_facts(cfg.target.model_path))
+    for i, cpus in enumerate((2, 8)):  # an older check, then the newest (its own time and attempt in its dir)
+        d = f"{stage_dir(cfg, 'check', key)}-2026120{i}T000000-{i}abc"
+        os.makedirs(d)
+        planned = plan(cfg, facts.model_copy(update={"cpus": cpus}))
+        request = StageRequest(stage="check", key=key, dir=d, config=cfg)
+        os.utime(write_manifest(request.manifest(outputs={}, metrics=CheckMetrics(plan=planned))), (i, i))
+    newest = next(s for s in planned.stages if s.stage == "generate").seconds
+    assert planned_seconds(cfg, "generate") == newest and planned_seconds(cfg, "check") is not None
