@@ -31,12 +31,17 @@ E2E_APART := tests/e2e/flows/test_nightly.py tests/e2e/flows/test_nightly_eviden
 # ran on core 0 alone; unpinned, the kernel spreads them over both. VLLM_ENABLE_V1_MULTIPROCESSING=0: a CPU
 # engine's worker runs inside its engine-core process (vLLM's uni executor) instead of a third process that
 # imports vLLM once more: healthy in 20 s instead of 33 on a quiet machine, same answers (docs/benchmarks.md).
-# The SSH tests' sshd passes all three to its sessions (tests/sshd.py). The demo keeps vLLM's defaults.
+# EAGLEFLOW_PREFLIGHT_CACHE: the benchmark's preflight keeps the engine's findings by their inputs
+# (eagleflow/engines/preflight/cache.py); every test has its own work root, so without one cache for the run each
+# benchmark would import vLLM to check the same engine, target and drafter layout again (9 CPU-seconds each).
+# Emptied at the start: a run never reads a finding of an earlier run.
+# The SSH tests' sshd passes all four to its sessions (tests/sshd.py). The demo keeps vLLM's defaults.
 test: export OMP_WAIT_POLICY := PASSIVE
+test: export EAGLEFLOW_PREFLIGHT_CACHE := $(CURDIR)/test-output/preflight-cache
 test: export VLLM_CPU_OMP_THREADS_BIND := nobind
 test: export VLLM_ENABLE_V1_MULTIPROCESSING := 0
 test: envs sshd browser lint
-	@rm -rf test-output/ui; mkdir -p test-output
+	@rm -rf test-output/ui test-output/preflight-cache; mkdir -p test-output
 	@$(HOSTENV)/bin/python -m pytest -q --durations=15 -p no:cacheprovider tests/unit tests/integration \
 	    tests/benchmarks > test-output/host-suite.log 2>&1 & host=$$!; \
 	  $(VENV)/bin/python -m pytest -q --durations=10 -p no:cacheprovider $(E2E_APART) \

@@ -8,6 +8,13 @@
 #                                            installs them under $HOME, runs the suite, writes $OUT/gpu-suite.txt
 #                                            ($OUT: a directory of results to bring back, else the checkout)
 #
+# vLLM: tests/gpu/test_swap_probe.py drives a real vLLM production (sleep, a drafter swapped in, the probe) and is
+# skipped where vLLM is not importable. A GPU host with no network has it as a directory of vLLM's GPU wheel and
+# the wheels it needs, installed with `pip install --no-deps --target DIR` (vLLM 0.26.0 for torch 2.11): name it
+# in VLLM_SITE (default $HOME/site, used when it holds vllm/); `run` puts it on PYTHONPATH after the project and
+# sets what vLLM needs there (no flashinfer sampler, no usage stats, no hub). That test also wants the trained demo
+# drafter in the copy (runs/demo/export/*/vllm, made by `make demo`), and is skipped without it.
+#
 # Record the result (date, commit, counts) in docs/benchmarks.md, "The GPU suite".
 set -euo pipefail
 case "${1:-}" in
@@ -23,16 +30,23 @@ run)
     site=$HOME/gpu-site
     python3 -m pip install -q --no-index --no-deps --target "$site" .stage-gpu/*.whl
     out=${OUT:-.}/gpu-suite.txt
+    path="$site:$PWD"
+    vllm_site=${VLLM_SITE:-$HOME/site}
+    if [ -d "$vllm_site/vllm" ]; then
+        path="$path:$vllm_site"
+        export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1
+    fi
     set +e
-    PYTHONPATH="$site:$PWD" python3 -m pytest -m gpu tests/gpu -p no:cacheprovider -q -rs -s 2>&1 | tee "$out"
+    PYTHONPATH="$path" python3 -m pytest -m gpu tests/gpu -p no:cacheprovider -q -rs -s 2>&1 | tee "$out"
     rc=${PIPESTATUS[0]}
     set -e
     gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | tr -s ' ' | paste -sd ',')
-    echo "gpu suite: $(date -u +%Y-%m-%dT%H:%MZ), commit $commit, $gpus, torch $(python3 -c 'import torch; print(torch.__version__)'), exit $rc" | tee -a "$out"
+    vllm=$(PYTHONPATH="$path" python3 -c 'import importlib.metadata as m; print(m.version("vllm"))' 2>/dev/null || echo none)
+    echo "gpu suite: $(date -u +%Y-%m-%dT%H:%MZ), commit $commit, $gpus, torch $(python3 -c 'import torch; print(torch.__version__)'), vllm $vllm, exit $rc" | tee -a "$out"
     exit "$rc"
     ;;
 *)
-    sed -n 2,11p "$0"
+    sed -n 2,18p "$0"
     exit 2
     ;;
 esac

@@ -61,6 +61,16 @@ def stop_production(host: Host, config: RunConfig, stage: str) -> dict[str, Any]
     settings = config.production.model_dump(mode="json")
     if config.production.promote == "serve":  # a drafter switched in the window is swapped in at the wake
         settings["drafter_link"] = link_path(config.host.work_root, config.name)
+    if config.production.pause == "sleep":  # the wake's probe sends the held-out prompts the canary sends
+        g = config.generate
+        settings["probe_holdout"] = {
+            "prompts_path": g.prompts_path,
+            "split": g.split,
+            "num_samples": g.num_samples,
+            "holdout": g.holdout,
+            "seed": g.seed,
+        }
+        settings["probe_max_tokens"] = config.production.canary_max_tokens or config.benchmark.max_tokens
     argv = [
         config.host.python,
         "-m",

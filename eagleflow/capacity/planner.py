@@ -275,13 +275,16 @@ def plan(cfg: RunConfig, facts: HostFacts, progress: FinishedStages | None = Non
         + int("plumbing" in tri.probes)
         + (tri.max_backend_runs if "backends" in tri.probes else 0)
     )
-    tri_secs = loads * (start + 2 * tri.num_prompts * tri.max_tokens / d.decode_tok_s)
+    # ... and never more than its own budget (benchmark.triage.max_s): no probe starts once it is spent
+    tri_secs = min(loads * (start + 2 * tri.num_prompts * tri.max_tokens / d.decode_tok_s), tri.max_s)
+    capped = " (its budget, benchmark.triage.max_s)" if tri_secs == tri.max_s else ""
     if tri.when == "always" and loads and not same:
-        secs, rate = secs + tri_secs, rate + f", triage: up to {loads} engine loads"
+        secs, rate = secs + tri_secs, rate + f", triage: up to {loads} engine loads{capped}"
     elif tri.when == "auto" and loads:
         findings.append(
-            f"benchmark: should the triage run (a drafter far below its offline estimate), it adds up "
-            f"to {loads} engine loads, about {duration_text(tri_secs)} (benchmark.triage)"
+            f"benchmark: should the triage run (a drafter below its offline estimate beyond its served AL's "
+            f"interval), it adds up to {loads} engine loads, about {duration_text(tri_secs)}{capped} "
+            f"(benchmark.triage; at most benchmark.triage.max_s {duration_text(tri.max_s)})"
         )
     bench_gpu = _per_gpu(weights + 2 * drafter_params(t, cfg)[0], tp) if weights else None
     add(

@@ -147,6 +147,13 @@ class EngineConfig(_Strict):
     preflight: bool = Field(
         True, description="Check engine, target and drafters in seconds before any weights load (benchmark stage)."
     )
+    preflight_cache: bool = Field(
+        True,
+        description="Preflight: keep the engine's findings under <work_root>/cache/preflight (or the directory in "
+        "EAGLEFLOW_PREFLIGHT_CACHE) by the engine install, its settings, the target and the drafter layout, and reuse "
+        "them while those are unchanged, so a benchmark of tonight's drafter of the same shape imports no engine to "
+        "check; disk and GPU memory are checked every time. false: every benchmark checks from scratch.",
+    )
     min_free_disk_gib: float = Field(1.0, ge=0, description="Preflight: free space needed under host.work_root.")
     min_free_gpu_fraction: float = Field(
         0.0,

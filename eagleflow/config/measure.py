@@ -24,7 +24,8 @@ class TriageConfig(_Strict):
 
     when: Literal["auto", "always", "never"] = Field(
         "auto",
-        description="'auto': when a drafter serves below benchmark.suspect_ratio of its offline estimate; "
+        description="'auto': when a drafter serves below benchmark.suspect_ratio of its offline estimate beyond "
+        "the 95% interval of its served AL; "
         "'always': after every benchmark (a clean run shows what healthy probes read); 'never'.",
     )
     probes: list[TriageProbe] = Field(
@@ -44,6 +45,13 @@ class TriageConfig(_Strict):
         64, ge=8, description="Output tokens per probe request (the target's answer to copy, then each copy)."
     )
     max_backend_runs: int = Field(4, ge=0, description="At most this many alternative backend launches.")
+    max_s: float = Field(
+        3600.0,
+        gt=0,
+        description="The triage's own time budget: no probe (nor alternative backend run) starts once this many "
+        "seconds of triage have passed; those left are named in the report as not run. Each probe is one engine "
+        "load: seconds for the demo, minutes at Kimi-K2.5's size (the plan prints the triage's cost beside it).",
+    )
     sampled_temperature: float = Field(
         0.01,
         gt=0,

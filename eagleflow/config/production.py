@@ -8,6 +8,22 @@ from pydantic import Field, field_validator, model_validator
 
 from eagleflow.config.base import _Strict
 
+# The probe after a wake passes a drafter at half the accepted drafts per step it should serve. Below the
+# benchmark's benchmark.suspect_ratio (0.6 of the offline estimate: "the engine integration is suspect") because
+# the probe reads fewer answers than the canary and the benchmark (it stops once its interval decides), and
+# because a refusal costs a whole engine load where a pass only leaves the drafter to the canary and the
+# benchmark, which judge it on more. Served over offline accepted drafts per step, greedy, on the held-out
+# prompts: 0.98 (the demo's drafter on CPU, AL 3.39 against 3.45), 1.02 twice on an H200 (2.35 against 2.32,
+# 2.69 against 2.66: docs/benchmarks.md); a drafter whose weights are not in use: 0 (AL 1.00).
+PROBE_SHARE = 0.5
+# Its caps: enough that a drafter well clear of the bar is decided in a few requests and one near it gets dozens
+# (the interval's half-width falls as 1 / sqrt(requests)). Requests are as long as the canary's (its max_tokens): 32
+# of 160 tokens (the demo's) take 10 s on an H200; at Kimi-K2.5's 82.5 tok/s a request without speculation
+# (docs/reference-run.md) 90 s hold some 7,400 tokens, 46 such requests, less the users' requests queued
+# during the sleep: the seconds cap then comes first.
+PROBE_MAX_REQUESTS = 32
+PROBE_MAX_S = 90.0
+
 
 class ProductionConfig(_Strict):
     """The production service on the host: stopped for the stages that need the GPUs, restored after them
@@ -89,6 +105,29 @@ class ProductionConfig(_Strict):
         "woken engine over CUDA IPC (seconds) instead of a restart. Production must be launched with "
         '--weight-transfer-config \'{"backend": "ipc"}\' and VLLM_ALLOW_INSECURE_SERIALIZATION=1, which lets '
         "whoever reaches its port run code in it: only where the port is the host's alone.",
+    )
+    probe_share: float = Field(
+        PROBE_SHARE,
+        gt=0,
+        le=1,
+        description="sleep: after the wake the drafter production serves passes only when its probe reaches this "
+        "share of what it should serve, in accepted drafts per step (AL - 1): its canary on production when it was "
+        "confirmed good, else its offline estimate (the simulated AL its export wrote into its config.json). The "
+        "probe sends requests until the 95% interval of its AL lies wholly above or below that bar "
+        "(probe_max_requests, probe_max_s); below it, production is stopped and started. A drafter with neither "
+        "figure passes when it accepts anything, and the window's record says it had none.",
+    )
+    probe_max_requests: int = Field(
+        PROBE_MAX_REQUESTS,
+        ge=4,
+        description="sleep: the most requests the probe after the wake sends before the point estimate decides "
+        "(the run's held-out prompts, one at a time, greedy, as long as the canary's).",
+    )
+    probe_max_s: float = Field(
+        PROBE_MAX_S,
+        gt=0,
+        description="sleep: the most seconds the probe after the wake measures before the point estimate decides "
+        "(production serves meanwhile; the window is not closed until the probe is done).",
     )
 
     promote: Literal["record", "serve"] = Field(

@@ -233,6 +233,12 @@ class ProductionWindow(BaseModel):
     pause_fallback: str | None = Field(
         None, description="production.pause 'sleep' was asked for, and why production was stopped and started instead."
     )
+    wake_probe: dict[str, Any] | None = Field(
+        None,
+        description="The probe after the wake (eagleflow.production.pause.verdict): its AL with the 95% interval and "
+        "the requests it took, the AL the drafter should serve and its source (its canary on production, its "
+        "offline estimate, or why none), the bar (production.probe_share of it), the decision and what decided.",
+    )
 
 
 class ProductionResult(BaseModel):
@@ -296,4 +302,9 @@ class BenchmarkMetrics(MetricsRecord):
     )
     requests: dict[str, int] = Field(
         default_factory=dict, description="Requests this run measured, per variant (all windows; warm-up excluded)."
+    )
+    seconds: dict[str, float] = Field(
+        default_factory=dict,
+        description="Where the stage's time went, part by part: the preflight, each engine's load and warm-up, "
+        "each setting's windows, the triage.",
     )

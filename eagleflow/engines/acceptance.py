@@ -1,18 +1,20 @@
 """A served engine's acceptance and answers, measured through its endpoint: the prompts one at a time, greedy,
 `max_tokens` each (`ignore_eos`: equal work per drafter), and the engine's own /metrics counters read around
-them. The production canary's measurement (eagleflow.production.canary) and the pause's probe
-(eagleflow.production.pause).
+them. The production canary's measurement (eagleflow.production.canary); the pause's probe
+(eagleflow.production.pause) reads the counters around each request instead (`measure_each`), so the AL's
+interval has its units and the probe can stop once that interval decides.
 """
 
 from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from eagleflow.engines.chat import ChatClient
 from eagleflow.engines.metrics import parse_metrics
-from eagleflow.engines.vllm import SPEC_ACCEPTED_PER_POS, acceptance_from_deltas
+from eagleflow.engines.vllm import SPEC_ACCEPTED, SPEC_ACCEPTED_PER_POS, SPEC_DRAFTS, acceptance_from_deltas
 from eagleflow.util import http
 
 WARMUP_REQUESTS = 1
@@ -73,4 +75,89 @@ def measure(
         "note": acceptance.get("note"),
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **({"answers": [r.content for r in sorted(results, key=lambda r: r.index)]} if keep_answers else {}),
+    }
+
+
+# Sequences of per-request (accepted drafts, drafting steps) so far -> whether they settle the question asked.
+Settled = Callable[[Sequence[float], Sequence[float]], bool]
+
+
+def measure_each(
+    url: str,
+    model: str,
+    prompts: list[list[dict[str, Any]]],
+    max_tokens: int,
+    api_key: str | None = None,
+    *,
+    settled: Settled | None = None,
+    min_requests: int = 1,
+    max_requests: int | None = None,
+    max_s: float | None = None,
+) -> dict[str, Any]:
+    """The prompts one at a time, greedy, the engine's counters read before and after each: per request its
+    drafting steps and accepted drafts (the units of the AL's interval, eagleflow.measure.intervals). Stops once
+    `settled(accepted, drafts)` holds after at least `min_requests`, or at `max_requests` or `max_s`, or when the
+    prompts run out: a prompt is never sent twice (a greedy answer sent again repeats its counts and would narrow
+    the interval without adding evidence). No warm-up: the counters are per request, a first slow one costs no
+    figure. The answers in prompt order; the totals as `measure` gives them."""
+    base = url.rstrip("/")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+
+    def metrics() -> dict[str, float]:
+        return parse_metrics(http.get(f"{base}/metrics", headers=headers, timeout=30.0).text)
+
+    cap = min(len(prompts), max_requests or len(prompts))
+    drafts: list[float] = []
+    accepted: list[float] = []
+    answers: list[str | None] = []
+    errors: list[str] = []
+    tokens, wall_s, stopped = 0, 0.0, "prompts sent"
+    start = before = metrics()
+    t0 = time.monotonic()
+    with ChatClient(base, model, max_concurrency=1, api_key=api_key) as client:
+        for i in range(cap):
+            results, seconds = client.chat(
+                prompts[i : i + 1], max_tokens=max_tokens, temperature=0.0, concurrency=1, extra={"ignore_eos": True}
+            )
+            after = metrics()
+            r = results[0]
+            answers.append(r.content)
+            tokens += r.completion_tokens
+            wall_s += seconds
+            if r.error:
+                errors.append(r.error)
+            drafts.append(after.get(SPEC_DRAFTS, 0.0) - before.get(SPEC_DRAFTS, 0.0))
+            accepted.append(after.get(SPEC_ACCEPTED, 0.0) - before.get(SPEC_ACCEPTED, 0.0))
+            before = after
+            n = i + 1
+            if n >= min_requests and settled is not None and settled(accepted, drafts):
+                stopped = "settled"
+                break
+            if max_s is not None and n < cap and time.monotonic() - t0 >= max_s:
+                stopped = f"{max_s:g} s cap"
+                break
+        else:
+            if cap < len(prompts):
+                stopped = f"{cap} requests cap"
+    k = speculative_positions(before)
+    per_pos: list[float] = []
+    if k and sum(drafts) > 0:
+        per_pos = acceptance_from_deltas(start, before, k)["per_position_acceptance"]
+    elif k:
+        per_pos = [0.0] * k  # a drafter is loaded but drafted nothing: acceptance 0
+    return {
+        "requests": len(answers),
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "output_tokens": tokens,
+        "wall_s": round(wall_s, 3),
+        "output_tok_s": round(tokens / wall_s, 2) if wall_s > 0 else 0.0,
+        "mean_acceptance_length": round(1.0 + sum(accepted) / sum(drafts), 4) if sum(drafts) > 0 else 1.0,
+        "per_position_acceptance": [round(x, 4) for x in per_pos],
+        "request_drafts": drafts,
+        "request_accepted": accepted,
+        "stopped": stopped,
+        "note": None if k else "production exports no speculative-decoding counters: it serves no drafter",
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "answers": answers,
     }

@@ -124,6 +124,8 @@ class Session:
             if v.reused is not None:
                 self.rows.update(reused_rows(v))
         self.rule = StoppingRule(self.b.precision, self.b.min_requests)
+        # Where the measuring time went, part by part, in the order it was spent (the report's table).
+        self.seconds: dict[str, float] = {}
         # Requests of every measured variant at every setting, at most (a window may stop early); engine loads
         # between groups count in the rate.
         self.progress = Progress(
@@ -149,6 +151,7 @@ class Session:
         """Start the group's engines (or reach production's endpoint), wait for them, warm them up. `stack`
         ends whatever this started, however the measurement ends."""
         b = self.b
+        began = time.monotonic()
         for i, v in enumerate(group):
             spec = speculative(v.drafter, b.num_speculative_tokens, b.draft_attention_backend) if v.drafter else None
             launch = target_launch(self.cfg, spec, port_offset=i)  # side by side: engine.port, +1, +2
@@ -173,6 +176,9 @@ class Session:
             )
             if b.warmup_requests:
                 self.send(v, self.prompts[: b.warmup_requests], 0.0, 1)
+            # side by side the group's engines load at once: each from the group's start
+            where = "production's endpoint" if on_production else "engine"
+            self.seconds[f"{where} {v.name}: load and warm-up"] = round(time.monotonic() - began, 1)
 
     def send(self, v: Variant, convs: list[Messages], t: float, c: int) -> tuple[list[ChatResult], float]:
         assert v.server is not None and v.client is not None
@@ -217,6 +223,7 @@ class Session:
         goes first). The drafters' windows stop together once the stopping rule holds for each of them."""
         prompts, windows, progress = self.prompts, self.windows, self.progress
         rounds = [prompts[i : i + c] for i in range(0, len(prompts), c)]
+        began = time.monotonic()
         last = {}
         for v in group:
             last[v.name] = windows[(v.name, t, c)].before = self.snapshot(v)
@@ -246,6 +253,8 @@ class Session:
             w.after = self.snapshot(v) if not v.drafter else last[v.name]
             w.stopped = why
             self.rows[(v.name, t, c)] = w.measurement(v.server, self.b.num_speculative_tokens)
+        names = " and ".join(v.name for v in group)
+        self.seconds[f"{names}: windows at temperature {t:g}, concurrency {c}"] = round(time.monotonic() - began, 1)
         if why == "precision":
             progress.update(progress.done + (len(prompts) - sent) * len(group), {"measuring": "stopped early"})
         log.info(

@@ -87,9 +87,8 @@ class Downtime:
             swapped = (
                 f", drafter {res['swapped_in']} swapped in ({res['swap_s']:.1f} s)" if res.get("swapped_in") else ""
             )
-            probe = f", its drafter drafts (probe AL {res['probe_al']:.2f})" if res.get("probe_al") else ""
             healthy = f"healthy after {r['healthy_after_s']:.1f} s"
-            return f"production woken from sleep level {res['level']}, {healthy}{swapped}{probe}"
+            return f"production woken from sleep level {res['level']}, {healthy}{swapped}{probe_line(r, res)}"
         if not r.get("started"):
             return "production was never stopped; it answers healthy"
         if r.get("rolled_back"):
@@ -101,6 +100,22 @@ class Downtime:
         return f"production restored, healthy after {r['healthy_after_s']:.1f} s{fallback}"
 
 
+def probe_line(r: dict[str, Any], res: dict[str, Any]) -> str:
+    """The wake's probe as the report's line says it: its AL and interval against what the drafter should serve."""
+    v = r.get("wake_probe") or {}
+    if v.get("expected_al") is not None and v.get("probe_al") is not None:
+        ci = v.get("probe_al_interval")
+        shown = f"probe AL {v['probe_al']:.2f}" + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
+        return (
+            f", {shown} over {v.get('probe_requests')} requests against the bar {v['bar']:.2f} "
+            f"({v['share']:.0%} of {v['expected_source']}: AL {v['expected_al']:.2f}): {v['decision']}"
+        )
+    if not res.get("probe_al"):
+        return ""
+    none = f"; no expected AL: {v['expected_source']}" if v.get("expected_source") else ""
+    return f", its drafter drafts (probe AL {res['probe_al']:.2f}{none})"
+
+
 def _pause(cfg: ProductionConfig | ServiceSettings, log: LogFn) -> tuple[dict[str, Any] | None, str | None]:
     """Put production to sleep (eagleflow.production.pause); (what was done, None), or (None, why it was not)."""
     plan = pause.preflight(cfg.pause, cfg.sleep_level, cfg.url, cfg.health_url)
@@ -110,7 +125,9 @@ def _pause(cfg: ProductionConfig | ServiceSettings, log: LogFn) -> tuple[dict[st
     assert plan.base_url and plan.level
     link = getattr(cfg, "drafter_link", None)  # the window's SettingsRecord only: tasks/production.py adds it
     try:
-        probed = pause.probe(plan.base_url)  # what the wake must give back: its answers, its drafter's acceptance
+        # What the wake must give back: its answers, its drafter's acceptance; on the prompts the wake's probe sends.
+        prompts = pause.probe_prompts(getattr(cfg, "probe_holdout", None))[0]
+        probed = pause.probe(plan.base_url, prompts=prompts, max_tokens=getattr(cfg, "probe_max_tokens", None))
     except Exception as exc:  # noqa: BLE001 - production that cannot be probed is stopped, as before
         log(f"production is stopped, not paused: it did not answer the probe before the sleep: {exc}")
         return None, f"the probe before the sleep failed: {exc}"

@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,51 +117,89 @@ def _restore(svc: ProductionService, was_running: bool) -> dict[str, Any]:
     return {"ok": True, "was_running": True, "started": True, "healthy_after_s": round(took, 2)}
 
 
+class WakeRefused(pause.PauseError):
+    """Production is not back whole from its sleep; `verdict`: the probe's record when the probe decided it."""
+
+    def __init__(self, why: str, verdict: dict[str, Any] | None = None):
+        super().__init__(why)
+        self.verdict = verdict
+
+
+def expectation(cfg: SettingsRecord) -> pause.Expected:
+    """What the drafter production serves after the wake should serve: the link's drafter's canary or offline
+    estimate (eagleflow.production.served). A production whose launch names its drafter itself has none here."""
+    if not cfg.drafter_link:
+        return pause.Expected(None, "production's launch does not read its drafter from eagleflow's link")
+    al, source = served.expected_al(Path(cfg.drafter_link))
+    return pause.Expected(al, source)
+
+
+def wake_checked(cfg: SettingsRecord, paused: dict[str, Any], healthy: Callable[[], bool]) -> dict[str, Any]:
+    """Wake production from the sleep `paused` records (a drafter switched meanwhile swapped in between the weights'
+    wake and the KV cache's), then probe it and judge it whole against the probe before the sleep and against what
+    its drafter should serve. Returns what was done with the probe's verdict (`wake_probe`); raises WakeRefused
+    (with the verdict when the probe ran) when production is not back whole."""
+    base = paused.get("base_url") or pause.base_url(cfg.url, cfg.health_url)
+    assert base is not None
+    level = int(paused.get("level") or cfg.sleep_level or 2)
+    was, now = paused.get("drafter"), os.path.realpath(cfg.drafter_link) if cfg.drafter_link else None
+    between = None
+    if now and now != was:
+        if why := swap.why_not(cfg.swap_drafter, base, Path(was) if was else None, Path(now)):
+            raise WakeRefused(f"drafter {now} was switched in while production slept and cannot be swapped in: {why}")
+        between = lambda: swap.swap_drafter(base, Path(now))  # noqa: E731
+    _glog(f"waking production (level {level})" + (f", swapping in {now}" if between else ""))
+    woke = pause.wake(base, level, between=between)
+    if not healthy():
+        raise WakeRefused(f"production does not answer healthy at {cfg.health_url} after the wake")
+    expected = expectation(cfg)
+    prompts, which = pause.probe_prompts(cfg.probe_holdout)
+    _glog(
+        f"probing production on {which}: expected AL "
+        + (f"{expected.al:.2f} ({expected.source})" if expected.al is not None else f"unknown ({expected.source})")
+    )
+    after = pause.probe(
+        base, None, prompts, expected, cfg.probe_share, cfg.probe_max_requests, cfg.probe_max_s, cfg.probe_max_tokens
+    )
+    verdict = pause.verdict(after, paused.get("probe_before"), between is not None, expected, cfg.probe_share)
+    verdict["prompts"] = which
+    _glog(f"the probe: {verdict['decision']}: {verdict['decided_by']}")
+    if verdict["decision"] == "refuse":
+        raise WakeRefused(verdict["decided_by"], verdict)
+    keep = ("probe_answers", "probe_request_drafts", "probe_request_accepted")
+    return {**woke, **{k: v for k, v in after.items() if k not in keep}, "wake_probe": verdict}
+
+
 def _resume(svc: ProductionService, rec: dict[str, Any]) -> dict[str, Any]:
-    """Production was put to sleep for the window: wake it (a drafter switched meanwhile swapped in between the
-    weights' wake and the KV cache's), probe that its drafter drafts. Anything that fails: stop and start it."""
+    """Production was put to sleep for the window: wake it and check it is whole (`wake_checked`). Anything that
+    fails: stop and start it, the probe's verdict kept in the result when it was the probe that refused."""
     cfg, paused = svc.cfg, rec.get("paused") or {}
     base = paused.get("base_url") or pause.base_url(cfg.url, cfg.health_url)
-    level = int(paused.get("level") or cfg.sleep_level or 2)
-    served = paused.get("drafter")
-    now = os.path.realpath(cfg.drafter_link) if cfg.drafter_link else None
     t0 = time.monotonic()
     try:
         if not paused:  # the stage died mid-sleep, the level unrecorded: a restart is what is sure to work
             if base is None or not pause.is_sleeping(base):
                 return _restore(svc, True)
             raise pause.PauseError("the stage ended while production was being put to sleep")
-        assert base is not None
-        between = None
-        if now and now != served:
-            if why := swap.why_not(cfg.swap_drafter, base, Path(served) if served else None, Path(now)):
-                raise pause.PauseError(
-                    f"drafter {now} was switched in while production slept and cannot be swapped in: {why}"
-                )
-            between = lambda: swap.swap_drafter(base, Path(now))  # noqa: E731
-        _glog(f"waking production (level {level})" + (f", swapping in {now}" if between else ""))
-        woke = pause.wake(base, level, between=between)
-        if not svc.healthy():
-            raise pause.PauseError(f"production does not answer healthy at {cfg.health_url} after the wake")
-        after = pause.probe(base)
-        if why := pause.judge(after, paused.get("probe_before"), swapped=between is not None):
-            raise pause.PauseError(why)
-        woke.update({k: v for k, v in after.items() if k != "probe_answers"})
+        woke = wake_checked(cfg, paused, svc.healthy)
     except Exception as exc:  # noqa: BLE001 - whatever went wrong, the guardian must still give production back
         _glog(f"production is not back whole from its sleep: {exc}; stopping and starting it instead")
         try:
             svc.stop()
         except ProductionError as stop_exc:
             _glog(f"stop before the start: {stop_exc}")
-        return {**_restore(svc, True), "pause_fallback": str(exc)}
+        verdict = getattr(exc, "verdict", None)
+        return {**_restore(svc, True), "pause_fallback": str(exc), **({"wake_probe": verdict} if verdict else {})}
     took = time.monotonic() - t0
+    verdict = woke.pop("wake_probe", None)
     _glog(f"production woken, healthy after {took:.1f} s: {json.dumps(woke)}")
     return {
         "ok": True,
         "was_running": True,
         "started": False,
         "healthy_after_s": round(took, 2),
-        "resumed": {"level": level, **woke},
+        "resumed": {"level": int(paused.get("level") or cfg.sleep_level or 2), **woke},
+        "wake_probe": verdict,
     }
 
 

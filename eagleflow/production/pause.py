@@ -13,6 +13,13 @@ checked by /is_sleeping and the GPU memory given up, a wake by /is_sleeping, hea
 against the one taken before the sleep (`probe`, `judge`: the target's answers, the drafter's acceptance),
 because a level-2 wake on vLLM 0.26 leaves the drafter accepting nothing (vllm#52479) while the target
 answers as before. Whatever fails falls back to what always works: stop and start.
+
+The drafter is judged against what it should serve (`Expected`: its canary on production, else its offline
+estimate), not against "accepts anything": on an H200 a probe of 4 short answers read AL 1.08 for a drafter
+whose canary then read 2.53, and passed it, as it would have passed a drafter that really served 1.08. So the
+probe after the wake sends request after request until the 95% interval of its AL (eagleflow.measure.intervals,
+as the benchmark computes it) lies wholly above or below the bar, `production.probe_share` of the expected
+accepted drafts per step, within `production.probe_max_requests` and `probe_max_s`.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import math
 import os
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -29,22 +36,42 @@ from urllib.parse import urlsplit
 import httpx
 
 from eagleflow import EagleflowError
-from eagleflow.config.production import choose_sleep_level
+from eagleflow.config.production import PROBE_SHARE, choose_sleep_level
+from eagleflow.contracts.prompts import Messages, PromptError, run_holdout
+from eagleflow.measure.intervals import Estimate, acceptance_length
 from eagleflow.util import http
 
 SLEEP_ROUTES = ("/sleep", "/wake_up", "/is_sleeping")
 SLEEP_MODE = "wait"  # in-flight requests finish first; new ones queue until the wake (vLLM's PauseMode)
 MIN_FREED_FRACTION = 0.5  # asleep, production must have given up at least this much of its GPU memory
 CALL_TIMEOUT_S = 600.0  # one /sleep or /wake_up: a level-2 wake reads the weights from disk
-PROBE_MAX_TOKENS = 64
+PROBE_MAX_TOKENS = 64  # a window that does not know the canary's answer length (SettingsRecord.probe_max_tokens)
 PROBE_MIN_ACCEPTANCE = 0.01  # accepted per draft token below this: a drafter whose weights are not in use
-# Generic prompts: the probe asks whether the drafter drafts at all, not how well (the canary and the
-# benchmark judge that on the held-out prompts); it needs no data of the run's.
+# The first prompts, sent before the sleep and first after the wake: their greedy answers must come back the same.
+# Also the fewest requests the wake's probe decides on: Student's t with 3 degrees of freedom is 3.18, so an
+# interval of fewer is too wide to separate anything but a drafter that accepts nothing.
+PROBE_ANSWERS = 4
+# Generic prompts, where the window does not know the run's held-out ones (a window opened by hand): no data of
+# the run's is needed, but the drafter's figures on them are further from its offline estimate and its canary,
+# both measured on the held-out prompts. 16, so the sequential probe has distinct prompts to send (a greedy answer
+# sent twice repeats its counts: no new evidence).
 PROBE_PROMPTS = [
     [{"role": "user", "content": "Explain in a few sentences how a hash table handles collisions."}],
     [{"role": "user", "content": "Write a short story about a lighthouse keeper who finds a message in a bottle."}],
     [{"role": "user", "content": "List the steps to make a cup of tea, one per line."}],
     [{"role": "user", "content": "What is the difference between a process and a thread?"}],
+    [{"role": "user", "content": "Describe how a bicycle's gears make climbing a hill easier."}],
+    [{"role": "user", "content": "Summarise the water cycle for a ten-year-old."}],
+    [{"role": "user", "content": "Write a Python function that reverses the words of a sentence."}],
+    [{"role": "user", "content": "Why is the sky blue? Answer in three sentences."}],
+    [{"role": "user", "content": "Give five tips for writing clear documentation."}],
+    [{"role": "user", "content": "Explain what a binary search does and when it applies."}],
+    [{"role": "user", "content": "Write a short poem about autumn leaves."}],
+    [{"role": "user", "content": "How does a refrigerator keep food cold?"}],
+    [{"role": "user", "content": "Compare a linked list with an array in a short paragraph."}],
+    [{"role": "user", "content": "Plan a three-day trip to a city by the sea, one line a day."}],
+    [{"role": "user", "content": "What does a compiler do, step by step?"}],
+    [{"role": "user", "content": "Explain compound interest with a small example."}],
 ]
 
 
@@ -208,27 +235,121 @@ def served_model(base: str, api_key: str | None = None) -> str:
     return str(r.json()["data"][0]["id"])
 
 
-def probe(base: str, api_key: str | None = None) -> dict[str, Any]:
-    """Production's answers and its drafter's acceptance on a few generic greedy requests (its /metrics counters
-    around them), taken before the sleep and after the wake and compared by `judge`."""
+def probe_prompts(holdout: dict[str, Any] | None) -> tuple[list[Messages], str]:
+    """The prompts the probe sends, and which: the run's held-out prompts when the window was told its generate
+    section's split (`SettingsRecord.probe_holdout`: the prompts the offline estimate and the canary were measured
+    on), else the generic ones."""
+    if holdout:
+        try:
+            got = run_holdout(_Split(**holdout), None)
+        except (PromptError, OSError, TypeError, ValueError) as exc:
+            return PROBE_PROMPTS, f"generic prompts (the run's held-out prompts could not be read: {exc})"
+        if len(got) >= PROBE_ANSWERS:
+            return got, f"the run's {len(got)} held-out prompts"
+    return PROBE_PROMPTS, f"{len(PROBE_PROMPTS)} generic prompts"
+
+
+@dataclass(frozen=True)
+class _Split:
+    """What `run_holdout` reads of a generate section (the window carries these fields, not the whole config)."""
+
+    prompts_path: str
+    split: str = "seeded"
+    num_samples: int = 0
+    holdout: int = 0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What the drafter production serves after the wake should serve (its AL), and where that figure comes from;
+    `al` None: nothing is known (a drafter with no offline estimate and no canary), and `source` says why."""
+
+    al: float | None
+    source: str
+
+
+def bar(expected: float, share: float) -> float:
+    """The AL a probe must reach: `share` of the expected accepted drafts per step, plus the target's own token.
+    On AL - 1, not AL, as the benchmark's suspect_ratio: AL never falls below 1, so a share of AL would pass a
+    drafter that accepts nothing wherever the expected AL is under 1 / share (2 at a share of 0.5)."""
+    return 1.0 + share * (expected - 1.0)
+
+
+def interval(p: dict[str, Any]) -> Estimate | None:
+    """The probe's AL with its 95% interval, over its requests (each request a unit: eagleflow.measure.intervals)."""
+    return acceptance_length(p.get("probe_request_accepted") or [], p.get("probe_request_drafts") or [])
+
+
+def settles(at: float) -> Callable[[Sequence[float], Sequence[float]], bool]:
+    """Whether the requests so far decide the drafter against the bar `at`: the AL's interval wholly above it or
+    wholly below it (at least PROBE_ANSWERS requests: engines.acceptance.measure_each asks no sooner)."""
+
+    def settled(accepted: Sequence[float], drafts: Sequence[float]) -> bool:
+        est = acceptance_length(accepted, drafts)
+        return est is not None and (est.low >= at or est.high < at)
+
+    return settled
+
+
+def probe(
+    base: str,
+    api_key: str | None = None,
+    prompts: list[Messages] | None = None,
+    expected: Expected | None = None,
+    share: float = PROBE_SHARE,
+    max_requests: int = PROBE_ANSWERS,
+    max_s: float = 60.0,
+    max_tokens: int | None = None,
+) -> dict[str, Any]:
+    """Production's answers and its drafter's acceptance on greedy requests, the /metrics counters read around each,
+    taken before the sleep and after the wake and compared by `judge`. With an expected AL, requests go on, one at
+    a time, until the AL's interval decides against `bar(expected.al, share)` or `max_requests` / `max_s` is
+    reached; without one, PROBE_ANSWERS requests (before the sleep: the answers and whether it drafts)."""
     from eagleflow.engines.acceptance import (
-        measure,  # the canary's measurement; imported here, the guardian's start stays light
+        measure_each,  # the counters around each request; imported here, the guardian's start stays light
     )
 
+    prompts = prompts or PROBE_PROMPTS
     try:
         model = served_model(base, api_key)
     except NeedsKey as exc:
         return {"probe": f"skipped: {exc}; the canary or the benchmark on production measures its acceptance"}
+    at = bar(expected.al, share) if expected is not None and expected.al is not None else None
     try:
-        m = measure(base, model, PROBE_PROMPTS, PROBE_MAX_TOKENS, api_key, keep_answers=True)
+        m = measure_each(
+            base,
+            model,
+            prompts,
+            max_tokens or PROBE_MAX_TOKENS,
+            api_key,
+            settled=settles(at) if at is not None else None,
+            min_requests=PROBE_ANSWERS,
+            max_requests=max(max_requests, PROBE_ANSWERS) if at is not None else PROBE_ANSWERS,
+            max_s=max_s,
+        )
     except (httpx.HTTPError, RuntimeError) as exc:
         raise PauseError(f"the probe on {base} failed: {type(exc).__name__}: {exc}") from exc
     if m["errors"]:
         raise PauseError(f"the probe's requests failed on {base}: {m['first_error']}")
-    out: dict[str, Any] = {"probe_answers": m["answers"], "probe_tok_s": m["output_tok_s"]}
+    out: dict[str, Any] = {
+        "probe_answers": m["answers"][:PROBE_ANSWERS],
+        "probe_tok_s": m["output_tok_s"],
+        "probe_requests": m["requests"],
+        "probe_s": m["wall_s"],
+        "probe_stopped": m["stopped"],
+    }
     per_pos = m["per_position_acceptance"]
     if per_pos:
-        out.update(probe_al=m["mean_acceptance_length"], probe_per_position=per_pos)
+        out.update(
+            probe_al=m["mean_acceptance_length"],
+            probe_per_position=per_pos,
+            probe_request_drafts=m["request_drafts"],
+            probe_request_accepted=m["request_accepted"],
+        )
+        est = interval(out)
+        if est is not None and est.n >= 2:
+            out["probe_al_interval"] = [round(est.low, 4), round(est.high, 4)]
     else:
         out["probe"] = "production serves no drafter (no speculative-decoding counters)"
     return out
@@ -240,25 +361,110 @@ def drafts(p: dict[str, Any]) -> bool:
     return bool(per_pos) and sum(per_pos) / len(per_pos) >= PROBE_MIN_ACCEPTANCE
 
 
-def judge(after: dict[str, Any], before: dict[str, Any] | None, swapped: bool = False) -> str | None:
-    """Why production is not back whole (None: it is): the target answers otherwise than before the sleep (a
-    reload that went wrong, a quantized one included), or a drafter that drafted before accepts nothing now."""
+def verdict(
+    after: dict[str, Any],
+    before: dict[str, Any] | None,
+    swapped: bool = False,
+    expected: Expected | None = None,
+    share: float = PROBE_SHARE,
+) -> dict[str, Any]:
+    """Whether production is back whole after the wake, as the window's record keeps it: `decision` ("pass",
+    "refuse", or "not judged" where the probe read no drafter), `decided_by`, and the figures: the probe's AL with
+    its interval and requests, what the drafter should serve and where that comes from, the bar.
+
+    Refused: the target answers otherwise than before the sleep (a reload that went wrong, a quantized one
+    included); a drafter that drafted before (or was swapped in) accepts nothing now; or, with an expected AL, the
+    AL's interval lies below the bar (at the caps, undecided, the point decides). Without an expected AL the old
+    rule stands (it accepts anything), and the record says there was none and why."""
     before = before or {}
+    est = interval(after)
+    rec: dict[str, Any] = {
+        "probe_al": after.get("probe_al"),
+        "probe_al_interval": after.get("probe_al_interval"),
+        "probe_requests": after.get("probe_requests"),
+        "probe_s": after.get("probe_s"),
+        "probe_stopped": after.get("probe_stopped"),
+        "probe_request_drafts": after.get("probe_request_drafts"),
+        "probe_request_accepted": after.get("probe_request_accepted"),
+        "expected_al": expected.al if expected else None,
+        "expected_source": expected.source if expected else "not looked up",
+        "share": share,
+    }
     if before.get("probe_answers") and after.get("probe_answers"):
         same = sum(a == b for a, b in zip(after["probe_answers"], before["probe_answers"]))
+        rec["answers_as_before"] = f"{same} of {len(before['probe_answers'])}"
         if same < math.ceil(len(before["probe_answers"]) / 2):
-            return (
-                f"production answers otherwise after the wake: {same} of {len(before['probe_answers'])} greedy "
-                "answers as before the sleep (its weights did not come back whole)"
-            )
-    if "probe_per_position" in after and not drafts(after) and (swapped or drafts(before)):
-        return (
-            f"production's drafter accepts nothing after the wake (AL {after['probe_al']:.3f}, per position "
-            f"{after['probe_per_position']}): "
+            return {
+                **rec,
+                "decision": "refuse",
+                "decided_by": f"production answers otherwise after the wake: {same} of {len(before['probe_answers'])} "
+                "greedy answers as before the sleep (its weights did not come back whole)",
+            }
+    if "probe_per_position" not in after:
+        return {**rec, "decision": "not judged", "decided_by": after.get("probe") or "no acceptance figures"}
+    if not drafts(after) and (swapped or drafts(before)):
+        return {
+            **rec,
+            "decision": "refuse",
+            "decided_by": f"production's drafter accepts nothing after the wake (AL {after['probe_al']:.3f}, per "
+            f"position {after['probe_per_position']}): "
             + (
                 "the drafter swapped in does not draft for this target, or its weights did not arrive"
                 if swapped
                 else "its weights are not in use (vllm#52479 after a level-2 wake)"
-            )
+            ),
+        }
+    if expected is None or expected.al is None:
+        mean = sum(after["probe_per_position"]) / len(after["probe_per_position"])
+        rule = (
+            f"it accepts anything (mean per-position acceptance {mean:.3f} >= {PROBE_MIN_ACCEPTANCE})"
+            if drafts(after)
+            else "it accepted nothing before the sleep either: the wake lost nothing"
         )
-    return None
+        return {**rec, "decision": "pass", "decided_by": f"no expected AL ({rec['expected_source']}): {rule}"}
+    at = bar(expected.al, share)
+    rec["bar"] = round(at, 4)
+    against = (
+        f"the bar {at:.2f}: {share:.0%} of the accepted drafts per step of AL {expected.al:.2f}, {expected.source}"
+    )
+    if est is not None and est.low >= at:
+        return {
+            **rec,
+            "decision": "pass",
+            "decided_by": f"its 95% interval {est.low:.2f}-{est.high:.2f} lies above {against}",
+        }
+    if est is not None and est.high < at:
+        decided = f"its 95% interval {est.low:.2f}-{est.high:.2f} lies below {against}"
+    else:
+        # The caps came first: the point decides. A refusal costs a restart; a pass leaves the drafter to the canary.
+        al = float(after["probe_al"])
+        shown = f"{est.low:.2f}-{est.high:.2f}" if est is not None and est.n >= 2 else "unbounded"
+        decided = (
+            f"undecided after {after.get('probe_requests')} requests ({after.get('probe_stopped')}): its 95% "
+            f"interval {shown} holds {against}; the point {al:.2f} decides"
+        )
+        if al >= at:
+            return {**rec, "decision": "pass", "decided_by": decided}
+    return {
+        **rec,
+        "decision": "refuse",
+        "decided_by": f"production's drafter serves below what it should after the wake: probe AL "
+        f"{after['probe_al']:.2f} over {after.get('probe_requests')} requests; {decided}"
+        + (
+            " (the drafter swapped in does not serve its figures, or its weights did not arrive whole)"
+            if swapped
+            else " (its weights did not come back whole)"
+        ),
+    }
+
+
+def judge(
+    after: dict[str, Any],
+    before: dict[str, Any] | None,
+    swapped: bool = False,
+    expected: Expected | None = None,
+    share: float = PROBE_SHARE,
+) -> str | None:
+    """Why production is not back whole (None: it is): `verdict`'s reason when it refuses."""
+    v = verdict(after, before, swapped, expected, share)
+    return v["decided_by"] if v["decision"] == "refuse" else None

@@ -193,6 +193,56 @@ def rollback(d: Path, why: str, canary: dict[str, Any] | None = None, window: Pa
     return summary(d)
 
 
+def canary_al(d: Path, seq: int) -> tuple[float, str] | None:
+    """Drafter `seq`'s AL on production by its latest canary, when it was confirmed good on one (the confirm event
+    keeps the canary's figures), and when it was measured."""
+    for e in reversed(history(d)):
+        figures = e.get("canary") or {}
+        if (
+            e["seq"] == seq
+            and e["action"] == "confirm"
+            and isinstance(figures.get("mean_acceptance_length"), (int, float))
+        ):
+            return float(figures["mean_acceptance_length"]), str(figures.get("at") or e.get("at"))
+    return None
+
+
+def offline_al(drafter: Path, source: str | None = None) -> tuple[float, str] | None:
+    """A drafter's offline estimate and where it was read: the simulated AL on the held-out split that eagleflow's
+    trainer measured and its export wrote into the drafter's config.json (`eagleflow.validation`), else the export
+    manifest beside the directory it was copied from (`metrics.acceptance_length_sim`). None for a drafter eagleflow
+    did not train (a public one)."""
+    try:
+        val = (json.loads((drafter / "config.json").read_text()).get("eagleflow") or {}).get("validation") or {}
+    except (OSError, ValueError):
+        val = {}
+    if isinstance(val.get("acceptance_length"), (int, float)):
+        return float(val["acceptance_length"]), "config.json"
+    manifest = read_json(Path(source).parent / "manifest.json") if source else None
+    al = ((manifest or {}).get("metrics") or {}).get("acceptance_length_sim")
+    if isinstance(al, (int, float)):
+        return float(al), "its export manifest"
+    return None
+
+
+def expected_al(link: Path) -> tuple[float | None, str]:
+    """What the drafter the link names should serve, and where that figure comes from: its latest canary on
+    production once it was confirmed good there (production's own count on the held-out prompts: the last good
+    drafter's figure), else its offline estimate; (None, why) when it has neither."""
+    d, seq = link.parent, current(link.parent)
+    if seq is None:
+        return None, f"{link} is not a link eagleflow manages"
+    if got := canary_al(d, seq):
+        return got[0], f"drafter {seq}'s canary on production ({got[1]})"
+    try:
+        source = _drafter_of(d, seq).get("source")
+    except ServedDrafterError:
+        source = None
+    if got := offline_al(d / DRAFTERS / str(seq), source):
+        return got[0], f"drafter {seq}'s offline estimate ({got[1]})"
+    return None, f"drafter {seq} has no offline estimate (no eagleflow manifest) and no canary on production"
+
+
 def summary(d: Path) -> dict[str, Any]:
     seq = current(d)
     events = history(d)

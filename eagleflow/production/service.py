@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from eagleflow import EagleflowError
+from eagleflow.config.production import PROBE_MAX_REQUESTS, PROBE_MAX_S, PROBE_SHARE
 from eagleflow.production.ownership import STOP_ENV, TOKEN_ENV
 from eagleflow.util import http
 from eagleflow.util.procs import wait_until
@@ -66,6 +67,9 @@ class ServiceSettings(Protocol):
     pause: str
     sleep_level: int | None
     swap_drafter: bool
+    probe_share: float
+    probe_max_requests: int
+    probe_max_s: float
 
 
 @dataclass
@@ -84,7 +88,16 @@ class SettingsRecord:
     pause: str = "stop"
     sleep_level: int | None = None
     swap_drafter: bool = False
+    probe_share: float = PROBE_SHARE
+    probe_max_requests: int = PROBE_MAX_REQUESTS
+    probe_max_s: float = PROBE_MAX_S
     drafter_link: str | None = None  # promote 'serve': the link production's launch reads its drafter from
+    # The run's generate split (prompts_path, split, num_samples, holdout, seed): the probe sends its held-out
+    # prompts, those the drafter's offline estimate and canary were measured on (tasks/production.py adds it).
+    probe_holdout: dict[str, Any] | None = None
+    # Tokens a probe request asks for: the canary's (production.canary_max_tokens, else benchmark.max_tokens), so the
+    # probe reads the AL over answers as long as those its expected AL was measured on. None: the pause's default.
+    probe_max_tokens: int | None = None
 
 
 def settings_dict(cfg: ServiceSettings) -> dict[str, Any]:

@@ -104,6 +104,7 @@ def hold(d: Path, cfg: SettingsRecord, work_root: str, owner: str, stages: list[
             "rolled_back": result.get("rolled_back"),
             "resumed": result.get("resumed"),
             "pause_fallback": result.get("pause_fallback"),
+            "wake_probe": result.get("wake_probe"),
             "down_s": round(back - issued, 2) if was_running else None,
         },
         indent=1,

@@ -48,6 +48,7 @@ from eagleflow.contracts.request import StageError, StageRequest
 from eagleflow.contracts.stage_records import ExportOutputs
 from eagleflow.engines import make_server
 from eagleflow.engines.launch import served_name, target_launch
+from eagleflow.engines.preflight.command import preflight_argv
 from eagleflow.measure.reused import HostLoad
 from eagleflow.measure.session import Session, Variant, reuse_measurements
 from eagleflow.measure.verdict import judge, render_markdown
@@ -153,29 +154,7 @@ def preflight(request: StageRequest, variants: list[Variant], skip_gpu: bool) ->
     """
     cfg = request.config
     out = request.path / "preflight.json"
-    argv = [
-        sys.executable,
-        "-m",
-        "eagleflow.engines.preflight",
-        "--engine-json",
-        cfg.engine.model_dump_json(),
-        "--target",
-        cfg.target.model_path,
-        "--disk-path",
-        cfg.host.work_root,
-        "--json",
-        str(out),
-    ]
-    if skip_gpu:
-        argv.append("--skip-gpu")
-    for v in variants:
-        if v.drafter:
-            argv += ["--drafter", f"{v.name}={v.drafter}"]
-    # The ids the new drafter was trained on are the run's; a public current drafter's are unknown.
-    argv += ["--expected-aux", "drafter=" + ",".join(str(i) for i in cfg.target.aux_layer_ids)]
-    if cfg.benchmark.draft_attention_backend:
-        argv += ["--draft-attention-backend", cfg.benchmark.draft_attention_backend]
-    argv += ["--temperatures", ",".join(f"{t:g}" for t in cfg.benchmark.temperatures)]
+    argv = preflight_argv(cfg, {v.name: v.drafter for v in variants if v.drafter}, out, skip_gpu)
     start = time.monotonic()
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     seconds = time.monotonic() - start
@@ -232,9 +211,11 @@ def run(request: StageRequest) -> Manifest:
             "'none', as the nightly does)"
         )
     has_production = cfg.production.kind != "none"
+    began = time.monotonic()
     findings = (
         preflight(request, variants, skip_gpu=has_production or on == "production") if cfg.engine.preflight else []
     )
+    preflight_s = round(time.monotonic() - began, 1)
 
     # The triage's references, taken while the engines are up: the copy prompts served without speculation
     # (on the baseline engine), and every variant's temperature-0 answers (speculation must not change them).
@@ -252,6 +233,8 @@ def run(request: StageRequest) -> Manifest:
     triage_result = None
 
     session = Session(cfg, prompts, variants, load, planned_seconds(cfg, "benchmark"))
+    if cfg.engine.preflight:
+        session.seconds["preflight"] = preflight_s
     # Inside the pipeline's production window, production is already down and the flow gives it back
     # (our engines inherit the window's token); run alone, the stage stops and restores it itself.
     window = os.environ.get(WINDOW_ENV)
@@ -292,10 +275,12 @@ def run(request: StageRequest) -> Manifest:
         offline = {v.name: v.offline_al for v in variants if v.drafter}
         verdict = judge(table, offline, suspect_ratio=b.suspect_ratio, sampled_suspect_ratio=b.sampled_suspect_ratio)
         if triage_on and (tri.when == "always" or verdict.suspects):
+            began = time.monotonic()
             if copy_ref is None and "verify" in tri.probes:
                 copy_ref = copy_reference_engine(request, prompts, env)
             # Still inside the production window: the probes' engines need the GPUs too.
             triage_result = run_triage(triage_inputs(request, session, verdict, t0, copy_ref, env))
+            session.seconds[f"triage of {triage_result.variant}"] = round(time.monotonic() - began, 1)
     production = ProductionResult.model_validate(downtime.result) if downtime and downtime.result else None
     if triage_result is not None:
         verdict = judge(
@@ -335,6 +320,7 @@ def verdict_manifest(
         b.num_speculative_tokens,
         production=production,
         plots=drawn,
+        seconds=session.seconds,
     )
     (request.path / "report.md").write_text(report)
 
@@ -356,6 +342,7 @@ def verdict_manifest(
         settings=b,
         reused={v.name: headline[v.name].measured or "" for v in variants if v.reused is not None},
         requests={v.name: sum(w.requests or 0 for w in table if w.variant == v.name) for v in session.measured},
+        seconds=session.seconds,
     )
     outputs = BenchmarkOutputs(
         drafter_dir=headline_drafter(variants), num_prompts=len(session.prompts), report_md="report.md", plots=drawn

@@ -109,7 +109,13 @@ def run_triage(x: TriageInputs) -> Triage:
     else:
         facts.append(f"{x.drafter_dir} was not trained by eagleflow (no lineage): its training data is unknown")
 
+    deadline = start + t.max_s
+
     def attempt(name: str, probe):  # a probe whose engine fails is reported, never the end of the benchmark
+        if time.monotonic() >= deadline:
+            skipped.append(f"{name}: not run: the triage's budget of {t.max_s:g} s is spent (benchmark.triage.max_s)")
+            log.warning("triage: the %s probe not run: its budget of %g s is spent", name, t.max_s)
+            return None
         try:
             return probe()
         except StageError as exc:
@@ -142,6 +148,7 @@ def run_triage(x: TriageInputs) -> Triage:
                 x.prompts,
                 x.stage_dir,
                 x.engine_env,
+                deadline,
             ),
         )
     b = decide(

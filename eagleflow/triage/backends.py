@@ -14,6 +14,7 @@ import logging
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from eagleflow.config import RunConfig
@@ -132,9 +133,11 @@ def backend_probe(
     prompts: list[Messages],
     stage_dir: Path,
     env: dict[str, str] | None,
+    deadline: float | None = None,
 ) -> BackendProbe:
     """`measured`: the run's first-position acceptance with its own backends; `offline`: the drafter's offline
-    first-position acceptance, if known."""
+    first-position acceptance, if known; `deadline` (time.monotonic()): no backend run starts after it (the
+    triage's budget, benchmark.triage.max_s)."""
     t = cfg.benchmark.triage
     found = offered_backends(cfg, drafter_dir)
     offered = {role: found[role]["offered"] for role in ("target", "draft")}
@@ -148,9 +151,11 @@ def backend_probe(
     )
     combos = [(b, DEFAULT) for b in offered["target"] if b != chosen["target"]]
     combos += [(DEFAULT, b) for b in offered["draft"] if b != chosen["draft"]]
-    runs = [
-        first_position(cfg, drafter_dir, tb, db, prompts, stage_dir, env) for tb, db in combos[: t.max_backend_runs]
-    ]
+    runs = []
+    for tb, db in combos[: t.max_backend_runs]:
+        if deadline is not None and time.monotonic() >= deadline:
+            break  # the triage's budget is spent: the runs left are named below as not tried
+        runs.append(first_position(cfg, drafter_dir, tb, db, prompts, stage_dir, env))
     floor = cfg.benchmark.suspect_ratio * offline if offline is not None else None
 
     def restores(r: BackendRun) -> bool:
@@ -176,7 +181,13 @@ def backend_probe(
             f"first-position acceptance with {chosen['target']} / {chosen['draft']}: "
             + (f"{measured:.0%}" if measured is not None else "unknown")
             + f"; {tried}"
-            + (f"; {left} more not tried (benchmark.triage.max_backend_runs)" if left > 0 else "")
+            + (
+                f"; {left} more not tried (benchmark.triage.max_backend_runs"
+                + (", or its budget benchmark.triage.max_s spent" if len(runs) < t.max_backend_runs else "")
+                + ")"
+                if left > 0
+                else ""
+            )
         )
     log.info("triage backend probe: %s", reason)
     return BackendProbe(default=default, offered=offered, runs=runs, restores=best, reason=reason)

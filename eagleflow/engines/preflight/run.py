@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import sys
+from datetime import datetime, timezone
+from pathlib import Path
 
 from eagleflow.config import EngineConfig
+from eagleflow.engines.preflight.cache import load, preflight_key, store
 from eagleflow.engines.preflight.configs import (
     drafter_fields,
     is_multimodal_config,
@@ -45,6 +48,7 @@ def run_preflight(
     check_gpu: bool = True,
     draft_attention_backend: str | None = None,
     temperatures: list[float] | None = None,
+    cache: Path | None = None,
 ) -> list[Finding]:
     """Every check for one target and its drafters (variant name -> drafter dir), in this python.
 
@@ -53,8 +57,48 @@ def run_preflight(
     `draft_attention_backend`: the speculative config's `attention_backend`, when it sets one.
     `temperatures`: the ones the benchmark will measure at (a fault of the sampled verify path is an error
     when one is above 0).
+    `cache`: a directory of kept findings (eagleflow.engines.preflight.cache): the engine's checks are read from
+    it when their inputs are unchanged, the disk and GPU checks run every time.
     """
-    expected_aux_layer_ids = expected_aux_layer_ids or {}
+    expected = expected_aux_layer_ids or {}
+    temps = temperatures or [0.0]
+    args = (engine, target_path, drafters, expected, draft_attention_backend, temps)
+    if cache is None:
+        findings = engine_findings(*args)
+    else:
+        key = preflight_key(*args)
+        kept = load(cache, key, target_path, drafters)
+        if kept is not None:
+            findings, computed = kept
+            findings = [
+                Finding(
+                    "preflight_cache",
+                    "ok",
+                    f"the engine's checks as computed {computed} (key {key[:12]}): "
+                    "the same engine install, settings, target and drafter layout",
+                ),
+                *findings,
+            ]
+        else:
+            findings = engine_findings(*args)
+            store(cache, key, findings, target_path, drafters, datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    if free_disk_path:
+        findings.append(check_disk(free_disk_path, engine.min_free_disk_gib))
+    if check_gpu:
+        need = engine.min_free_gpu_fraction or (engine.gpu_memory_utilization or 0.0)
+        findings += check_gpus(need)
+    return findings
+
+
+def engine_findings(
+    engine: EngineConfig,
+    target_path: str,
+    drafters: dict[str, str],
+    expected_aux_layer_ids: dict[str, list[int]],
+    draft_attention_backend: str | None,
+    temperatures: list[float],
+) -> list[Finding]:
+    """The checks that read the engine install, the target and the drafters' layout (none of the host's state)."""
     findings: list[Finding] = []
     target_cfg, problem = read_config(target_path)
     if problem is not None:
@@ -84,7 +128,7 @@ def run_preflight(
             if is_multimodal_config(target_cfg):
                 findings += multimodal_checks(v, target_cls, hf_config, f"{target_path}/config.json")
             try:
-                findings.append(check_sampled_verify(engine, temperatures or [0.0]))
+                findings.append(check_sampled_verify(engine, temperatures))
             except Exception as exc:  # noqa: BLE001 - a moved engine API: say so, do not fail the launch
                 findings.append(
                     Finding(
@@ -163,9 +207,4 @@ def run_preflight(
                     f"could not ask vLLM {v.version} which attention backends it picks: {type(exc).__name__}: {exc}",
                 )
             )
-    if free_disk_path:
-        findings.append(check_disk(free_disk_path, engine.min_free_disk_gib))
-    if check_gpu:
-        need = engine.min_free_gpu_fraction or (engine.gpu_memory_utilization or 0.0)
-        findings += check_gpus(need)
     return findings

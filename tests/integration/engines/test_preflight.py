@@ -143,6 +143,7 @@ def _preflight(
     engine: dict | None = None,
     env: dict | None = None,
     temperatures: str | None = None,
+    cache: Path | None = None,
 ) -> tuple[int, list[dict], str]:
     """Run the CLI like the benchmark stage does; returns (exit code, findings, stdout)."""
     out = tmp / f"{case}.json"
@@ -165,6 +166,8 @@ def _preflight(
         argv += ["--expected-aux", "new=" + ",".join(map(str, expected))]
     if temperatures is not None:
         argv += ["--temperatures", temperatures]
+    if cache is not None:
+        argv += ["--cache-dir", str(cache)]
     t0 = time.monotonic()
     proc = subprocess.run(
         argv, capture_output=True, text=True, timeout=240, cwd=ROOT, env={**os.environ, **env} if env else None
@@ -198,6 +201,26 @@ def test_clean_drafter_passes(built):
     whitelist = next(f for f in findings if f["check"] == "whitelist")
     assert "no EAGLE-3 target model-type whitelist" in whitelist["message"]  # vLLM 0.32
     assert "CPU build" in next(f for f in findings if f["check"] == "gpu")["message"]
+
+
+def test_tonights_drafter_of_the_same_layout_is_checked_from_the_kept_findings(built, tmp_path):
+    """The engine's findings kept by the first preflight are read by the second for a drafter of the same layout at
+    another path (another night's weights), naming its path; a drafter whose layer ids changed is checked again."""
+    cache = tmp_path / "cache"
+    rc, first, stdout = _preflight("kept-1", tmp_path, DEMO_TARGET, built["clean"], cache=cache)
+    assert rc == 0 and "preflight_cache" not in _by_check(first), stdout
+    tonight = _copy_dir(built["clean"], tmp_path / "tonight")
+    _edit_config(tonight, eagleflow={"validation": {"acceptance_length": 9.9}})  # its training record, not read
+    rc, second, stdout = _preflight("kept-2", tmp_path, DEMO_TARGET, tonight, cache=cache)
+    assert rc == 0 and second[0]["check"] == "preflight_cache", stdout
+    engine_checks = [f for f in first if f["check"] not in ("disk", "gpu")]
+    assert second[1 : 1 + len(engine_checks)] == [
+        {**f, "message": f["message"].replace(str(built["clean"]), str(tonight))} for f in engine_checks
+    ]
+    assert {"disk", "gpu"} <= {f["check"] for f in second}  # measured again, not kept
+    _edit_config(tonight, eagle_aux_hidden_state_layer_ids=[0, 2, 3])
+    rc, third, stdout = _preflight("kept-3", tmp_path, DEMO_TARGET, tonight, cache=cache)
+    assert rc == 1 and "preflight_cache" not in _by_check(third) and _errors(third, "aux_layer_ids"), stdout
 
 
 def test_an_eagle31_drafter_is_checked_against_the_model_code_that_builds_it(built, tmp_path):

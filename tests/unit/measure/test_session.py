@@ -80,3 +80,12 @@ def test_a_steady_drafter_window_stops_at_min_requests_and_the_baseline_sends_ev
 def test_without_a_precision_every_window_sends_every_prompt():
     s = measure(precision=None)
     assert all(m.requests == 12 and m.stopped == "all prompts" for m in s.rows.values())
+
+
+def test_each_settings_windows_are_timed_for_the_report():
+    s = measure(precision=None)
+    assert list(s.seconds) == [
+        "baseline: windows at temperature 0, concurrency 1",
+        "drafter: windows at temperature 0, concurrency 1",
+    ]
+    assert all(x >= 0 for x in s.seconds.values())

@@ -139,3 +139,31 @@ def test_a_reused_baseline_is_not_called_paired_and_its_interval_carries_both_sp
     assert any(f.startswith("reused, not measured in this run: baseline (measured 2026-11-30") for f in kept.findings)
     md = render_markdown("Benchmark demo", [base.model_copy(update={"measured": when}), new], kept, 3)
     assert "| baseline (reused) |" in md and "- baseline: reused, measured 2026-11-30" in md
+
+
+def rounds(w, accepted: list[float], drafts: list[float]):
+    return w.model_copy(update={"round_accepted": accepted, "round_drafts": drafts})
+
+
+def test_a_drafter_below_its_bar_only_by_chance_sets_off_no_triage():
+    """Offline 3.0: the bar is 1 + 0.6 x 2.0 = 2.2. Served 2.0 on four rounds that spread from 1.3 to 3.4
+    (interval reaching above 2.2): not suspect, and said so; the same 2.0 on eight rounds that agree: suspect."""
+    spread = rounds(window("drafter", 95, 2.0), [3, 24, 10, 3], [10, 10, 10, 10])  # 1.3, 3.4, 2.0, 1.3
+    v = judge([window("baseline", 100), spread], {"drafter": 3.0}, suspect_ratio=0.6)
+    assert v.suspects == [] and not v.integration_suspect, v.findings
+    assert any("but within its interval: not suspect on this evidence" in f for f in v.findings), v.findings
+    tight = rounds(window("drafter", 95, 2.0), [10, 10, 11, 9, 10, 10, 9, 11], [10] * 8)
+    v = judge([window("baseline", 100), tight], {"drafter": 3.0}, suspect_ratio=0.6)
+    assert v.suspects == ["drafter"] and v.integration_suspect
+    assert any("(AL 2.20) beyond its interval" in f and "95% CI 1.9" in f for f in v.findings), v.findings
+
+
+def test_the_report_says_where_the_stages_time_went():
+    ws = [window("baseline", 100), window("drafter", 140, 3.3)]
+    v = judge(ws, {"drafter": 3.4}, suspect_ratio=0.6)
+    parts = {"preflight": 2.1, "engine baseline: load and warm-up": 31.0, "triage of drafter": 95.5}
+    md = render_markdown("Benchmark demo", ws, v, 3, seconds=parts)
+    table = md.split("## Where the time went")[1]
+    assert "| preflight | 2.1 |" in table and "| engine baseline: load and warm-up | 31.0 |" in table
+    assert "| triage of drafter | 95.5 |" in table
+    assert "## Where the time went" not in render_markdown("Benchmark demo", ws, v, 3)

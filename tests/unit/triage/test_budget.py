@@ -1,0 +1,34 @@
+"""The triage's own time budget (benchmark.triage.max_s): once it is spent no probe starts, and each probe left is
+named in the triage's record as not run, with the setting that stopped it."""
+
+from __future__ import annotations
+
+from eagleflow.config import load_config
+from eagleflow.triage import CopyReference, TriageInputs, run_triage
+from tests.conftest import ROOT
+from tests.helpers.records import window
+
+
+def test_a_spent_budget_starts_no_probe_and_names_each_one_left(tmp_path):
+    cfg = load_config(ROOT / "configs" / "demo.yaml", {"benchmark.triage.max_s": 1e-9})
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "config.json").write_text("{}")
+    x = TriageInputs(
+        cfg=cfg,
+        stage_dir=tmp_path,
+        variant="drafter",
+        drafter_dir=str(drafter),
+        trigger="auto: test",
+        suspect=True,
+        windows=[window("baseline", 100), window("drafter", 90, 1.2)],
+        answers={},
+        prompts=[[{"role": "user", "content": "hi"}]],
+        copy_reference=CopyReference(prompts=[], answers=[]),
+        extract=None,
+        engine_env=None,
+    )
+    t = run_triage(x)  # no engine is started: each probe would need one
+    assert t.verify is None and t.backends is None
+    spent = [s for s in t.skipped if "the triage's budget of 1e-09 s is spent (benchmark.triage.max_s)" in s]
+    assert [s.split(":")[0] for s in spent] == ["verify", "backends"], t.skipped
