@@ -75,6 +75,9 @@ def prod_service_config(
         "--max-model-len",
         "1024",
         "--enforce-eager",
+        # as the demo config's engine.kv_cache_gib (0.25): production launched as eagleflow launches its engines
+        "--kv-cache-memory-bytes",
+        str(2**28),
         *engine_args,
     ]
     script = str(ROOT / "tests" / "prodservice.py")
@@ -90,8 +93,6 @@ def prod_service_config(
             str(log),
             "--port",
             str(port),
-            "--env",
-            "VLLM_CPU_KVCACHE_SPACE=1",
             *[a for kv in env for a in ("--env", kv)],
             *[a for kv in env_from for a in ("--env-from", kv)],
             "--",

@@ -105,6 +105,16 @@ class EngineConfig(_Strict):
     gpu_memory_utilization: float | None = Field(
         None, gt=0, le=1, description="vLLM --gpu-memory-utilization / SGLang --mem-fraction-static (GPU only)."
     )
+    kv_cache_gib: float | None = Field(
+        None,
+        gt=0,
+        description="vLLM --kv-cache-memory-bytes, in GiB: the KV cache's size instead of the engine's own choice (a "
+        "share of GPU memory; on a CPU build VLLM_CPU_KVCACHE_SPACE or a share of RAM). An engine fills what it is "
+        "given before it serves: the demo's 2M-parameter target needs 32 MiB at 1,024 tokens x 32 requests, and a "
+        "CPU engine's start took 1.3 CPU-seconds more with 1 GiB than with 0.25 (22.3 against 21.0, and 0.75 GiB of "
+        "RAM: docs/benchmarks.md). SGLang sizes its cache by --mem-fraction-static (gpu_memory_utilization) and "
+        "refuses this.",
+    )
     reasoning_parser: str | None = Field(None, description="--reasoning-parser, e.g. deepseek_r1 or kimi_k2.")
     tool_call_parser: str | None = Field(None, description="--tool-call-parser, e.g. kimi_k2.")
     enforce_eager: bool | Literal["auto"] = Field(

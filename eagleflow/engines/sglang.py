@@ -63,6 +63,12 @@ class SglangServer(EngineServer):
             argv.append("--trust-remote-code")
         if e.gpu_memory_utilization is not None:
             argv += ["--mem-fraction-static", str(e.gpu_memory_utilization)]
+        if e.kv_cache_gib is not None:
+            raise ValueError(
+                "engine.kv_cache_gib is vLLM's --kv-cache-memory-bytes; SGLang sizes its KV cache by "
+                "--mem-fraction-static (engine.gpu_memory_utilization) or --max-total-tokens (engine.extra_args): "
+                "unset engine.kv_cache_gib"
+            )
         if e.reasoning_parser:
             argv += ["--reasoning-parser", e.reasoning_parser]
         if e.tool_call_parser:

@@ -85,6 +85,8 @@ class VllmServer(EngineServer):
             argv += ["--safetensors-load-strategy", e.load_strategy]
         if e.gpu_memory_utilization is not None:
             argv += ["--gpu-memory-utilization", str(e.gpu_memory_utilization)]
+        if e.kv_cache_gib is not None:
+            argv += ["--kv-cache-memory-bytes", str(int(e.kv_cache_gib * 2**30))]
         if e.reasoning_parser:
             argv += ["--reasoning-parser", e.reasoning_parser]
         if e.tool_call_parser:

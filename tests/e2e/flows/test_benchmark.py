@@ -57,7 +57,7 @@ def test_the_benchmark_deployment_after_an_engine_flag_change_finds_the_finished
                 "parameters": {
                     "params": {
                         "config_path": str(e2e_config),
-                        "overrides": {"benchmark.triage.when": "always", "engine.env": {"VLLM_CPU_KVCACHE_SPACE": "2"}},
+                        "overrides": {"benchmark.triage.when": "always", "engine.kv_cache_gib": 0.5},
                     }
                 }
             },

@@ -152,6 +152,8 @@ def vllm_prod(d: Path) -> Prod:
         "--max-model-len",
         "1024",
         "--enforce-eager",
+        "--kv-cache-memory-bytes",
+        str(2**28),  # the demo config's engine.kv_cache_gib
     ]
     return Prod(
         port=port,
@@ -167,8 +169,6 @@ def vllm_prod(d: Path) -> Prod:
             str(d / "prod.log"),
             "--port",
             str(port),
-            "--env",
-            "VLLM_CPU_KVCACHE_SPACE=1",
             # the dev routes production.pause 'sleep' drives (/sleep, /wake_up, /is_sleeping)
             "--env",
             "VLLM_SERVER_DEV_MODE=1",

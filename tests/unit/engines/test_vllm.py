@@ -102,3 +102,17 @@ def test_sglang_refuses_a_capture_launch():
     )
     with pytest.raises(ValueError, match="SGLang has no hidden-states capture"):
         server_class("sglang").argv_for(spec)
+
+
+def test_the_kv_cache_size_is_a_flag_in_bytes_and_sglang_refuses_it():
+    def argv(**engine):
+        spec = LaunchSpec(
+            python="/py", model="/m", served_model_name="m", dtype="bfloat16", engine=EngineConfig(**engine), port=8000
+        )
+        return server_class(spec.engine.kind).argv_for(spec)
+
+    a = argv(kv_cache_gib=0.25)
+    assert a[a.index("--kv-cache-memory-bytes") + 1] == str(256 * 2**20)
+    assert "--kv-cache-memory-bytes" not in argv()  # unset: the engine's own choice
+    with pytest.raises(ValueError, match="engine.kv_cache_gib is vLLM's --kv-cache-memory-bytes"):
+        argv(kind="sglang", kv_cache_gib=0.25)
