@@ -131,7 +131,7 @@ def main() -> int:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     work = out / "work"
-    dep = Path(served.deploy_dir(str(work), "demo"))
+    dep = Path(served.served_dir(str(work), "demo"))
     link = dep / served.LINK
     url = f"http://127.0.0.1:{args.port}"
     rows: list[dict] = []

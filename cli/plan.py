@@ -66,7 +66,10 @@ def make_plan(config: RunConfig, facts: dict) -> CapacityPlan:
 
 def main(argv: list[str] | None = None, prog: str = "python -m cli.plan") -> int:
     parser = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     parser.add_argument("config", help="run config (YAML)")
     parser.add_argument(

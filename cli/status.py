@@ -246,7 +246,10 @@ def stage_lines(config: RunConfig) -> list[str]:
 
 def main(argv: list[str] | None = None, prog: str = "python -m cli.status") -> int:
     parser = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     parser.add_argument("config", nargs="?", help="run config (YAML): also show its stages on its host")
     parser.add_argument(

@@ -143,7 +143,10 @@ def follow(client: Any, run_id: Any, pool: str, timeout_s: float | None) -> int:
 
 def main(argv: list[str] | None = None, prog: str = "python -m cli.trigger") -> int:
     parser = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     parser.add_argument("kind", choices=list(MODELS), help="which of the config's deployments")
     parser.add_argument("config", help="run config (YAML): the one the deployment was registered with, or another")

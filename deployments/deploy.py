@@ -194,7 +194,10 @@ def worker_command(pool: str) -> str:
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     parser.add_argument("configs", nargs="*", metavar="CONFIG", help="run configs, each deployed under its own name")
     parser.add_argument("--config", action="append", default=[], help="the same, as a flag (default configs/demo.yaml)")

@@ -209,7 +209,11 @@ def main_cli(
     of `params_cls` when given. `check` refuses a valid config this flow cannot run (ConfigError, exit 2);
     `show` prints the flow's result (by default: the report's path, or why there is none).
     """
-    parser = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # No abbreviations: a flag added later must not change what a command written today means
+    # (`--temperature` would read as `--temperatures` until a `--temperature-floor` arrives).
+    parser = argparse.ArgumentParser(
+        prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("config", nargs="?", default="configs/demo.yaml", help="run config (YAML)")
     parser.add_argument(
         "--set",

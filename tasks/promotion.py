@@ -18,6 +18,7 @@ from eagleflow.nightly.promotion import (
     PromotionGate,
     PromotionRecord,
     decide,
+    decision_markdown,
     promotion_history_path,
     promotion_record_path,
 )
@@ -51,31 +52,8 @@ def promote(host: Host, config: RunConfig, report: Report, gate: PromotionGate) 
     else:
         logger.warning("not promoted: %s", "; ".join(decision.reasons))
     create_markdown_artifact(
-        decision_markdown(report, promoted, gate, decision.promote, decision.reasons, path),
+        decision_markdown(report, promoted, gate, decision, path),
         key=artifact_key("eagleflow", config.name, "promotion"),
         description="the nightly retrain's promotion decision",
     )
     return decision
-
-
-def decision_markdown(
-    report: Report, promoted: PromotionRecord | None, gate: PromotionGate, promote: bool, reasons: list[str], path: str
-) -> str:
-    """The decision as the run page shows it: what was decided, why, against which bars."""
-    d = report.drafter
-    head = f"# Promoted: {report.drafter_dir}" if promote else "# Not promoted"
-    lines = [
-        head,
-        "",
-        f"- the new drafter: AL {d.mean_acceptance_length or 0:.2f}, {report.speedup:.2f}x over no "
-        f"speculation ({d.output_tok_s:.1f} output tok/s)",
-        f"- the bars: speedup >= {gate.min_speedup}, AL >= {gate.min_acceptance_length}"
-        + (
-            f", AL >= the promoted drafter's {promoted.mean_acceptance_length:.2f} ({promoted.drafter_dir})"
-            if promoted
-            else ", no drafter promoted before"
-        ),
-    ]
-    lines += [f"- why not: {r}" for r in reasons]
-    lines += ["", f"The promoted record: `{path}` on the host" + (" (written now)." if promote else " (unchanged).")]
-    return "\n".join(lines)

@@ -99,6 +99,7 @@ def prod_service_config(
             *argv,
         ],
         "stop_command": [sys.executable, script, "stop", "--pidfile", str(pidfile)],
+        "status_command": [sys.executable, script, "status", "--pidfile", str(pidfile)],
         "health_url": f"http://127.0.0.1:{port}/health",
         **extra,
     }

@@ -7,6 +7,8 @@ benchmark stage. Standard library only, except `block`, which uses eagleflow.pro
         systemd unit would read it from its own credentials)
     python tests/prodservice.py stop --pidfile P
         SIGTERM that group (this script ending what it started), SIGKILL after 20 s, remove P
+    python tests/prodservice.py status --pidfile P
+        exit 0 while the process P names runs (loading or serving), 3 once it has exited (production.status_command)
     python tests/prodservice.py refuse
         a stop command that fails: prints why, exits 3
     python tests/prodservice.py serve --port N --drafter LINK
@@ -106,6 +108,19 @@ def stop(pidfile: Path) -> int:
     return 0
 
 
+def status(pidfile: Path) -> int:
+    try:
+        pid = int(pidfile.read_text())
+    except FileNotFoundError:
+        print("not running (no pidfile)")
+        return 3
+    if not _alive(pid):
+        print(f"pid {pid} has exited")
+        return 3
+    print(f"running: pid {pid}")
+    return 0
+
+
 def block(state_dir: str, work_root: str, config: str) -> int:
     from eagleflow.config import ProductionConfig
     from eagleflow.production import production_stopped
@@ -166,6 +181,8 @@ def main() -> int:
     p.add_argument("argv", nargs=argparse.REMAINDER)
     p = sub.add_parser("stop")
     p.add_argument("--pidfile", type=Path, required=True)
+    p = sub.add_parser("status")
+    p.add_argument("--pidfile", type=Path, required=True)
     sub.add_parser("refuse")
     p = sub.add_parser("serve")
     p.add_argument("--port", type=int, required=True)
@@ -180,6 +197,8 @@ def main() -> int:
         return start(args.pidfile, args.log, args.port, args.env, argv, args.env_from)
     if args.cmd == "stop":
         return stop(args.pidfile)
+    if args.cmd == "status":
+        return status(args.pidfile)
     if args.cmd == "serve":
         return serve(args.port, args.drafter)
     if args.cmd == "refuse":

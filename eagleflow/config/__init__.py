@@ -100,12 +100,38 @@ class RunConfig(_Strict):
                 "is measured through production's endpoint and its /metrics counters"
             )
         self._train_nodes()
+        self._follow_traffic()
         if self.extract.backend == "vllm" and self.engine.kind != "vllm":
             raise ValueError(
                 f"extract.backend is 'vllm' but engine.kind is {self.engine.kind!r}: SGLang has no hidden-states "
                 "capture; set extract.backend to 'hf' or serve the target with vLLM"
             )
         return self
+
+    def _follow_traffic(self) -> None:
+        """With production.traffic, the benchmark measures its cells: temperatures, concurrencies and top_p come from
+        it unless given (largest share first: the first setting is the one production serves most), temperature 0
+        besides, where the drafter's offline estimate applies (the verdict's acceptance check and the triage read
+        it there); given, they must cover it."""
+        traffic, b = self.production.traffic, self.benchmark
+        if not traffic:
+            return
+        ordered = sorted(traffic, key=lambda c: -c.share)
+        temps = list(dict.fromkeys(c.temperature for c in ordered))
+        concs = list(dict.fromkeys(c.concurrency for c in ordered))
+        top_p = next((c.top_p for c in ordered if c.temperature > 0), 1.0)
+        for name, want, extra in (("temperatures", temps, [0.0]), ("concurrencies", concs, [])):
+            if name not in b.model_fields_set:
+                setattr(b, name, list(dict.fromkeys(want + extra)))
+            elif missing := [x for x in want if x not in getattr(b, name)]:
+                raise ValueError(
+                    f"benchmark.{name} {getattr(b, name)} leaves out {missing} of production.traffic: add them, or "
+                    f"drop benchmark.{name} to measure the traffic's own"
+                )
+        if "top_p" not in b.model_fields_set:
+            b.top_p = top_p
+        elif b.top_p != top_p:
+            raise ValueError(f"benchmark.top_p {b.top_p} is not production.traffic's {top_p}: drop it or make them one")
 
     def _train_nodes(self) -> None:
         nodes = self.train_nodes.hosts

@@ -100,6 +100,14 @@ class BenchmarkConfig(_Strict):
         "TRITON_MLA where a target backend verifies drafts wrongly). None: the engine picks one for the drafter's "
         "shape. The target's is --attention-backend in engine.extra_args.",
     )
+    draft_sample_method: Literal["greedy", "probabilistic"] | None = Field(
+        None,
+        description="vLLM speculative_config.draft_sample_method: 'greedy' drafts the drafter's argmax and accepts it "
+        "with the target's probability of it (the target's own confidence caps the AL when it samples); "
+        "'probabilistic' samples the draft from the drafter and accepts it with min(1, p / q). None: the engine's "
+        "default (greedy in vLLM 0.26 and 0.32). Set it as production's launch sets it (docs/benchmarks.md, "
+        "Sampled serving).",
+    )
     temperatures: list[float] = Field(
         [0.0, 0.7],
         min_length=1,
@@ -107,6 +115,13 @@ class BenchmarkConfig(_Strict):
     )
     concurrencies: list[int] = Field(
         [1, 4], min_length=1, description="Requests in flight, one measured window per value on every variant."
+    )
+    top_p: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Nucleus sampling's top_p sent with every sampled request (temperature above 0); 1: off. Set from "
+        "production.traffic when that is given.",
     )
     warmup_requests: int = Field(2, ge=0, description="Requests sent before measuring.")
     drafter_on: Literal["engine", "production", "none"] = Field(

@@ -25,6 +25,18 @@ PROBE_MAX_REQUESTS = 32
 PROBE_MAX_S = 90.0
 
 
+class TrafficCell(_Strict):
+    """One part of what production serves: its sampling, how many requests are in flight, and its share."""
+
+    temperature: float = Field(ge=0, le=2, description="Sampling temperature production's users get (0: greedy).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling's top_p (1: off).")
+    concurrency: int = Field(ge=1, description="Requests in flight on production at once in this part.")
+    share: float = Field(
+        gt=0, le=1, description="Share of production's output tokens served this way (the shares sum to 1)."
+    )
+    name: str | None = Field(None, description="What it is, for a person (e.g. 'thinking', 'instant').")
+
+
 class ProductionConfig(_Strict):
     """The production service on the host: stopped for the stages that need the GPUs, restored after them
     whatever happens; and, with generate.server 'production', the server the data is generated from.
@@ -41,6 +53,13 @@ class ProductionConfig(_Strict):
     user_unit: bool = Field(False, description="systemd: a user unit (systemctl --user).")
     start_command: list[str] = Field(default_factory=list, description="command: argv that starts the service.")
     stop_command: list[str] = Field(default_factory=list, description="command: argv that stops the service.")
+    status_command: list[str] = Field(
+        default_factory=list,
+        description="command: argv whose exit status says whether production's process is up (0: running or still "
+        "loading) or gone (non-zero). Asked while production comes back: one that exits while loading (a drafter it "
+        "cannot load) is known then, not after production.restore_timeout_s. systemd needs none: the unit's "
+        "ActiveState and restart count say it. Empty: health alone decides.",
+    )
     health_url: str | None = Field(
         None, description="URL that answers 200 when production is healthy, e.g. http://127.0.0.1:8000/health."
     )
@@ -56,6 +75,20 @@ class ProductionConfig(_Strict):
         "generate.concurrency requests in flight on each, spread by load (a free slot takes the next prompt, so a "
         "busy replica takes fewer); one that goes down is left and its requests sent to the others, and it is "
         "taken back once its /health answers. Empty: production.url alone.",
+    )
+    traffic: list[TrafficCell] = Field(
+        default_factory=list,
+        description="What production serves, by share of its output tokens: sampling (temperature, top_p) and "
+        "requests in flight. The benchmark measures these cells (benchmark.temperatures, concurrencies and top_p "
+        "follow them) and the verdict and the nightly's gate judge the throughput over the mix (docs/production.md, "
+        "Production's traffic). Empty: the benchmark's first setting decides, as before.",
+    )
+    traffic_floor_share: float = Field(
+        0.1,
+        gt=0,
+        le=1,
+        description="A cell of production.traffic with at least this share that serves slower than no speculation "
+        "beyond noise keeps a drafter out, whatever the mix's figure.",
     )
     api_key_env: str | None = Field(
         None,
@@ -178,11 +211,28 @@ class ProductionConfig(_Strict):
             raise ValueError(
                 "production.start_command and production.stop_command are required when production.kind is 'command'"
             )
+        if self.status_command and self.kind != "command":
+            raise ValueError(
+                "production.status_command is for production.kind 'command' (systemd's unit state says it)"
+            )
         if self.kind != "none" and not self.health_url:
             raise ValueError(
                 f"production.health_url is required when production.kind is {self.kind!r}: "
                 "it is how eagleflow knows production answers again"
             )
+        if self.traffic:
+            total = sum(c.share for c in self.traffic)
+            if abs(total - 1.0) > 0.01:
+                raise ValueError(f"production.traffic's shares sum to {total:.3f}: they are shares of one whole (1)")
+            cells = [(c.temperature, c.concurrency) for c in self.traffic]
+            if len(set(cells)) != len(cells):
+                raise ValueError("production.traffic names one temperature and concurrency twice: merge their shares")
+            sampled = {c.top_p for c in self.traffic if c.temperature > 0}
+            if len(sampled) > 1 or any(c.top_p != 1.0 for c in self.traffic if c.temperature == 0):
+                raise ValueError(
+                    f"production.traffic: its sampled cells name top_p {sorted(sampled)}; eagleflow measures one top_p "
+                    "for every sampled cell (and none at temperature 0): give them one"
+                )
         if self.swap_drafter and self.pause != "sleep":
             raise ValueError("production.swap_drafter swaps into a woken engine: it needs production.pause 'sleep'")
         return self

@@ -194,6 +194,37 @@ class Triage(BaseModel):
     seconds: float = 0.0
 
 
+class MixCell(BaseModel):
+    """One cell of production's traffic (production.traffic) as the benchmark measured it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float
+    top_p: float = 1.0
+    concurrency: int
+    share: float = Field(description="Its share of production's output tokens.")
+    name: str | None = None
+    speedup: float | None = Field(None, description="The new drafter over no speculation there; None: not measured.")
+    speedup_ci: list[float] | None = None
+
+
+class Mix(BaseModel):
+    """The new drafter over no speculation across production's traffic: each cell's speedup weighted by its share of
+    output tokens (the time to serve the same tokens: sum(share / speedup)), with its 95% interval."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    speedup: float | None = Field(None, description="Over the whole mix; None when a cell was not measured.")
+    speedup_ci: list[float] | None = Field(None, description="Its 95% interval; None when a cell has none.")
+    cells: list[MixCell]
+    slower: list[str] = Field(
+        default_factory=list,
+        description="Cells carrying at least production.traffic_floor_share that serve slower than no speculation "
+        "beyond noise (their interval's upper end below 1), as a person reads them.",
+    )
+    decided_by: str = Field("", description="The cell that weighs most in the mix's figure, as a person reads it.")
+
+
 class Verdict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -206,6 +237,7 @@ class Verdict(BaseModel):
     headline: SpeedupRow | None = Field(None, description="The first setting's speedups.")
     suspects: list[str] = Field(default_factory=list, description="Drafter variants far below their offline estimate.")
     triage: Triage | None = Field(None, description="Where the acceptance is lost, when the triage ran.")
+    mix: Mix | None = Field(None, description="Over production's traffic, when production.traffic is given.")
 
 
 class ProductionWindow(BaseModel):

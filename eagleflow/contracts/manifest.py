@@ -117,7 +117,9 @@ def stage_settings(stage: str, config: RunConfig) -> dict[str, Any]:
     prompts = {k: c["generate"][k] for k in ("prompts_path", "num_samples", "holdout", "seed")}
     if c["generate"]["split"] != "seeded":
         prompts["split"] = c["generate"]["split"]
-    benchmark = {k: v for k, v in c["benchmark"].items() if not (k == "draft_attention_backend" and v is None)}
+    # fields at their defaults that did not exist before: the keys of earlier runs stay as they were
+    unset = {"draft_attention_backend": None, "draft_sample_method": None, "top_p": 1.0}
+    benchmark = {k: v for k, v in c["benchmark"].items() if not (k in unset and v == unset[k])}
     return {
         "check": c,
         "generate": generate_settings(

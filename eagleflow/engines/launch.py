@@ -52,12 +52,16 @@ def served_name(config: RunConfig) -> str:
     return config.target.served_model_name or config.target.model_path
 
 
-def speculative(drafter_dir: str, k: int, attention_backend: str | None = None) -> dict[str, Any]:
+def speculative(
+    drafter_dir: str, k: int, attention_backend: str | None = None, draft_sample_method: str | None = None
+) -> dict[str, Any]:
     """EAGLE-3 with the drafter in `drafter_dir`, k draft tokens per step (and the drafter's own attention
-    backend, when one is named)."""
+    backend, and how drafts are sampled, when they are named)."""
     spec: dict[str, Any] = {"method": "eagle3", "model": drafter_dir, "num_speculative_tokens": k}
     if attention_backend:
         spec["attention_backend"] = attention_backend
+    if draft_sample_method:
+        spec["draft_sample_method"] = draft_sample_method
     return spec
 
 

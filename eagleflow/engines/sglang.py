@@ -77,6 +77,10 @@ class SglangServer(EngineServer):
             s = spec.speculative
             if s.get("method") != "eagle3":
                 raise ValueError(f"SGLang adapter: only method 'eagle3' is supported, got {s.get('method')!r}")
+            if s.get("draft_sample_method"):
+                raise ValueError(
+                    "SGLang adapter: benchmark.draft_sample_method is vLLM's speculative_config setting; unset it"
+                )
             k = int(s["num_speculative_tokens"])
             argv += [
                 "--speculative-algorithm",

@@ -9,9 +9,9 @@ The new drafter itself is always measured. The key hashes everything that determ
 
 - the engine: its distribution and installed version on the host, and every launch setting (flags,
   environment, parallelism, graphs: all change speed), the target, and the dtype;
-- the benchmark settings a window is made of (max_tokens, temperatures, concurrencies, warm-up,
-  num_prompts; for a drafter also k and its attention backend; not the stopping rule: a kept window
-  stands with the interval it reached);
+- the benchmark settings a window is made of (max_tokens, temperatures, concurrencies, top_p, warm-up,
+  num_prompts; for a drafter also k, its attention backend and how its drafts are sampled; not the stopping
+  rule: a kept window stands with the interval it reached);
 - the held-out prompts themselves (their content, not their path);
 - for a drafter: the sha256 of each of its files (its identity, wherever it lies).
 
@@ -135,9 +135,13 @@ def measurement_key(
         k: b.get(k)
         for k in ("max_tokens", "temperatures", "concurrencies", "warmup_requests", "num_prompts", "side_by_side")
     }
+    if b.get("top_p", 1.0) != 1.0:  # only when set: every key measured before top_p existed stays valid
+        window["top_p"] = b["top_p"]
     if drafter_dir is not None:
         # not the stopping rule: a window measured to any precision stands with its own interval
         window.update({k: b.get(k) for k in ("num_speculative_tokens", "draft_attention_backend")})
+        if b.get("draft_sample_method"):  # only when set: keys kept before it existed stay valid
+            window["draft_sample_method"] = b["draft_sample_method"]
     payload: dict[str, Any] = {
         "variant": "baseline" if drafter_dir is None else "drafter",
         "engine": settings["engine"],

@@ -153,7 +153,11 @@ class Session:
         b = self.b
         began = time.monotonic()
         for i, v in enumerate(group):
-            spec = speculative(v.drafter, b.num_speculative_tokens, b.draft_attention_backend) if v.drafter else None
+            spec = (
+                speculative(v.drafter, b.num_speculative_tokens, b.draft_attention_backend, b.draft_sample_method)
+                if v.drafter
+                else None
+            )
             launch = target_launch(self.cfg, spec, port_offset=i)  # side by side: engine.port, +1, +2
             v.server = (
                 ProductionEndpoint(self.cfg)
@@ -187,7 +191,8 @@ class Session:
             max_tokens=self.b.max_tokens,
             temperature=t,
             concurrency=c,
-            extra={"ignore_eos": True},
+            # production's sampling: top_p only where it samples (greedy ignores it, and the key stays as it was)
+            extra={"ignore_eos": True, **({"top_p": self.b.top_p} if t > 0 and self.b.top_p < 1 else {})},
             seed=SEED if t > 0 else None,
         )
         errors = [r.error for r in results if r.error]

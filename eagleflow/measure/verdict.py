@@ -11,10 +11,12 @@ suspect, and a second drafter that scores the same low figure is the evidence.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from eagleflow.contracts.benchmark_records import Measurement, ProductionResult, SpeedupRow, Triage, Verdict
 from eagleflow.measure.intervals import Estimate, acceptance_length, paired_speedup, unpaired_speedup
+from eagleflow.measure.mix import TrafficPart, mix_markdown, mix_summary, weigh
 
 
 def _windows(windows: list[Measurement], variant: str) -> list[Measurement]:
@@ -110,6 +112,8 @@ def judge(
     suspect_ratio: float,
     sampled_suspect_ratio: float = 0.25,
     triage: Triage | None = None,
+    traffic: Sequence[TrafficPart] = (),
+    traffic_floor_share: float = 0.1,
 ) -> Verdict:
     """The verdict over every measured window.
 
@@ -118,8 +122,11 @@ def judge(
     (eagleflow.triage), when they ran: its blame replaces the suspicion with a finding. A drafter whose
     accepted drafts per step fall at a sampled temperature below `sampled_suspect_ratio` of the greedy ones
     is suspect too: the offline estimate is greedy, so there the engine's sampled verify path is the suspect.
+    traffic: production's mix (production.traffic): the summary leads with the speedup over it (eagleflow.measure.mix),
+    and a cell carrying at least `traffic_floor_share` that serves slower beyond noise is a finding.
     """
     rows = speedups(windows)
+    mix = weigh(rows, traffic, traffic_floor_share)
     head = rows[0] if rows else None
     t0 = min(w.temperature for w in windows)
     findings: list[str] = []
@@ -249,6 +256,10 @@ def judge(
             + ". A ratio against a reused window is unpaired (another hour's load and clocks): its interval "
             "carries both windows' spread"
         )
+    if mix is not None:
+        summary = f"{mix_summary(mix)}; at the first setting, {summary}" if parts else mix_summary(mix)
+        if mix.slower:
+            findings.insert(0, "SLOWER where production serves, beyond noise: " + "; ".join(mix.slower))
     if triage is not None and triage.blame not in ("none", "undetermined"):
         summary += f"; triage blames {triage.culprit}"
     elif integration_suspect:
@@ -267,6 +278,7 @@ def judge(
         headline=head,
         suspects=[v for v in ("drafter", "current") if suspect.get(v) or v in cliff],
         triage=triage,
+        mix=mix,
     )
 
 
@@ -339,6 +351,8 @@ def render_markdown(
     for v in reused:
         w = next(x for x in windows if x.variant == v)
         lines.append(f"- {v}: reused, {w.measured}")
+    if verdict.mix is not None:
+        lines += ["", *mix_markdown(verdict.mix)]
     for name, file in (plots or {}).items():
         lines += ["", f"![{name}]({file})"]
     if verdict.triage:

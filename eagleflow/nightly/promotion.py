@@ -81,12 +81,23 @@ def decide(report: Report, promoted: PromotionRecord | None, gate: PromotionGate
     d = report.drafter
     al, al_ci = d.mean_acceptance_length or 0.0, d.al_interval
     head = report.verdict.headline if report.verdict is not None else None
+    mix = report.verdict.mix if report.verdict is not None else None
     speedup = head.drafter_vs_baseline if head is not None and head.drafter_vs_baseline is not None else report.speedup
     speedup_ci = head.drafter_vs_baseline_ci if head is not None else None
+    speed_name = "speedup over no speculation"
+    if mix is not None:  # production.traffic: the whole of what production serves, not the first setting
+        speedup, speedup_ci, speed_name = mix.speedup or 0.0, mix.speedup_ci, "speedup over production's traffic"
     checks: list[tuple[Outcome, str]] = [
-        _against("speedup over no speculation", speedup, speedup_ci, gate.min_speedup, "the gate's floor"),
+        _against(speed_name, speedup, speedup_ci, gate.min_speedup, "the gate's floor"),
         _against("mean acceptance length", al, al_ci, gate.min_acceptance_length, "the gate's floor"),
     ]
+    if mix is not None:
+        if mix.speedup is None:
+            checks.append(("fail", "the benchmark did not measure every cell of production's traffic"))
+        # a real share of production slower beyond noise keeps it out, whatever the mix's figure
+        checks += [
+            ("fail", f"slower than no speculation where production serves, beyond noise: {c}") for c in mix.slower
+        ]
     if report.verdict is not None and report.verdict.integration_suspect:
         checks.append(
             (
@@ -121,7 +132,7 @@ def decide(report: Report, promoted: PromotionRecord | None, gate: PromotionGate
             _against("mean acceptance length", al, al_ci, promoted.mean_acceptance_length, "the promoted drafter's")
         )
     elif gate.min_speedup < 1.0:  # production serves no speculation: faster than that, beyond noise
-        checks.append(_against("speedup over no speculation", speedup, speedup_ci, 1.0, "parity"))
+        checks.append(_against(speed_name, speedup, speedup_ci, 1.0, "parity"))
     failed = [why for outcome, why in checks if outcome == "fail"]
     open_ = [why for outcome, why in checks if outcome == "undecided"]
     if failed or report.drafter_dir is None:
@@ -174,3 +185,42 @@ def judge_canary(canary: dict, previous: dict | None, gate: PromotionGate, toler
                 f"(tolerance {tolerance:.0%})"
             )
     return reasons
+
+
+def decision_markdown(
+    report: Report, promoted: PromotionRecord | None, gate: PromotionGate, decision: Decision, path: str
+) -> str:
+    """The decision as the run page shows it (the promotion artifact): its heading names the drafter by its run and
+    its figures (its directory is a line below: a path is no name a person reads), then what decided, the bars, and
+    every reason it was kept out."""
+    d = report.drafter
+    head = report.verdict.headline if report.verdict is not None else None
+    mix = report.verdict.mix if report.verdict is not None else None
+    speedup = head.drafter_vs_baseline if head is not None and head.drafter_vs_baseline is not None else report.speedup
+    over = "no speculation"
+    if mix is not None and mix.speedup is not None:
+        speedup, over = mix.speedup, "no speculation over production's traffic"
+    figures = f"AL {d.mean_acceptance_length or 0:.2f}, {speedup:.2f}x over {over}"
+    verb = "Promoted" if decision.promote else ("Not promoted (undecided)" if decision.undecided else "Not promoted")
+    lines = [
+        f"# {verb}: the drafter of run {report.run} ({figures})",
+        "",
+        f"- the new drafter: {figures} ({d.output_tok_s:.1f} output tok/s), in `{report.drafter_dir}` on the host",
+    ]
+    if decision.decided_by:
+        lines.append(f"- decided by: {decision.decided_by}")
+    lines.append(
+        f"- the bars: speedup >= {gate.min_speedup}, AL >= {gate.min_acceptance_length}"
+        + (
+            f", AL >= the promoted drafter's {promoted.mean_acceptance_length:.2f} (run {promoted.run}, "
+            f"`{promoted.drafter_dir}`)"
+            if promoted
+            else ", no drafter promoted before"
+        )
+    )
+    lines += [f"- why not: {r}" for r in decision.reasons]
+    lines += [
+        "",
+        f"The promoted record: `{path}` on the host" + (" (written now)." if decision.promote else " (unchanged)."),
+    ]
+    return "\n".join(lines)

@@ -31,6 +31,11 @@ if TYPE_CHECKING:
 
 LogFn = Callable[[str], None]
 HEALTH_TIMEOUT_S = 3.0  # one health probe; a loaded server still answers /health well within this
+# While production comes back, whether its process is still there is asked this often, and two answers in a row
+# that it is gone end the wait: a unit between two states or a status command racing the start is not taken
+# for a death. A start that dies is then known within ~2 x this, where health alone waits restore_timeout_s
+# (an hour for Kimi-K2.5, whose load takes ~30 minutes: a drafter it cannot load cost a night's serving).
+GONE_POLL_S = 5.0
 
 _default_logger = logging.getLogger("eagleflow.production")
 
@@ -59,6 +64,7 @@ class ServiceSettings(Protocol):
     user_unit: bool
     start_command: list[str]
     stop_command: list[str]
+    status_command: list[str]
     health_url: str | None
     stop_timeout_s: float
     restore_timeout_s: float
@@ -79,6 +85,7 @@ class SettingsRecord:
     user_unit: bool = False
     start_command: list[str] = field(default_factory=list)
     stop_command: list[str] = field(default_factory=list)
+    status_command: list[str] = field(default_factory=list)
     health_url: str | None = None
     stop_timeout_s: float = 120.0
     restore_timeout_s: float = 1800.0
@@ -115,6 +122,7 @@ class ProductionService:
         self.cfg = cfg
         self.log = log or _default_logger.info
         self.output_log = output_log
+        self._restarts_at_start: int | None = None  # systemd's NRestarts when eagleflow last started the unit
 
     # What would run (pure; tested without systemd).
     def _systemctl(self, *args: str) -> list[str]:
@@ -147,6 +155,42 @@ class ProductionService:
         except (OSError, subprocess.TimeoutExpired):
             return None
         return out.stdout.strip() or None
+
+    def restart_count(self) -> int | None:
+        """systemd's NRestarts of the unit: how often systemd restarted it after it exited (Restart=on-failure)."""
+        if self.cfg.kind != "systemd":
+            return None
+        try:
+            out = subprocess.run(
+                self._systemctl("show", "--property=NRestarts", "--value"), capture_output=True, text=True, timeout=30
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return int(out.stdout.strip()) if out.stdout.strip().isdigit() else None
+
+    def gone(self) -> str | None:
+        """Why production, started, is not coming up any more (its process exited), or None while it may: the
+        unit failed, stopped or was restarted by systemd since eagleflow started it; production.status_command
+        exiting non-zero. None when nothing can tell (a command service without a status command)."""
+        if self.cfg.kind == "systemd":
+            state = self.unit_state()
+            if state in ("failed", "inactive"):
+                return f"systemd unit {self.cfg.unit} is {state}"
+            n, before = self.restart_count(), self._restarts_at_start
+            if n is not None and before is not None and n > before:
+                return f"systemd unit {self.cfg.unit} exited and systemd restarted it (NRestarts {before} -> {n})"
+            return None
+        argv = list(getattr(self.cfg, "status_command", None) or [])
+        if not argv:
+            return None
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired):
+            return None  # says nothing about production (the check stage names a status command that cannot run)
+        if out.returncode == 0:
+            return None
+        said = (out.stdout + out.stderr).strip().splitlines()[-1:] or ["(no output)"]
+        return f"`{' '.join(argv)}` exited with status {out.returncode} ({said[0]})"
 
     def running_before(self) -> bool:
         """Running = answering healthy, or (systemd) a unit that is up or coming up: both are restored."""
@@ -266,6 +310,28 @@ class ProductionService:
         why, said, fix = known
         return f"{why}; `{' '.join(argv)}` said {said!r}. Fix: {fix}"
 
+    def status_problem(self) -> str | None:
+        """Why production.status_command cannot tell whether production runs, found in the check stage: it cannot
+        run here, it does not answer, or it says production is gone while production answers healthy (it would end
+        every restore at once). None when it can tell, or when there is none."""
+        argv = list(getattr(self.cfg, "status_command", None) or [])
+        if self.cfg.kind != "command" or not argv:
+            return None
+        cmd = " ".join(argv)
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return f"production.status_command `{cmd}` did not answer within 30 s. Fix: make it answer at once"
+        except OSError as exc:
+            return f"production.status_command cannot run on this host: {exc}. Fix: give the argv of a command there"
+        if out.returncode != 0 and self.healthy():
+            return (
+                f"production.status_command `{cmd}` exits with status {out.returncode} (production gone) while "
+                f"production answers healthy at {self.cfg.health_url}. Fix: make it exit 0 while production's "
+                "process runs, non-zero once it has exited"
+            )
+        return None
+
     def stop(self, token: str | None = None) -> float:
         """Stop production and wait until it is down; returns seconds taken.
 
@@ -299,17 +365,32 @@ class ProductionService:
 
     def start(self) -> None:
         argv = self.start_argv()
+        self._restarts_at_start = self.restart_count()
         self.log(f"starting {self.what()}: {' '.join(argv)}")
         rc, out = self._run(argv, self.cfg.restore_timeout_s, "start")
         if rc != 0:
             raise ProductionError(self._refused("start", argv, rc, out))
 
     def wait_healthy(self, timeout_s: float) -> float:
-        """Seconds until health answers 200; ProductionError after timeout_s."""
+        """Seconds until health answers 200; ProductionError after timeout_s, or as soon as production's process is
+        known to be gone (`gone`, twice in a row GONE_POLL_S apart)."""
         t0 = time.monotonic()
-        if not wait_until(self.healthy, timeout_s):
-            raise ProductionError(
-                f"production did not answer healthy at {self.cfg.health_url} within {timeout_s:.0f} s of being "
-                f"started (production.restore_timeout_s). Fix: {self._fix('start')}"
-            )
+        strikes, next_ask = 0, t0 + GONE_POLL_S
+        while not self.healthy():
+            now = time.monotonic()
+            if now - t0 > timeout_s:
+                raise ProductionError(
+                    f"production did not answer healthy at {self.cfg.health_url} within {timeout_s:.0f} s of being "
+                    f"started (production.restore_timeout_s). Fix: {self._fix('start')}"
+                )
+            if now >= next_ask:
+                why = self.gone()
+                strikes = strikes + 1 if why else 0
+                if why and strikes >= 2:
+                    raise ProductionError(
+                        f"production exited while coming back, {now - t0:.0f} s after it was started: {why}. "
+                        f"Its own log says why. Fix: {self._fix('start')}"
+                    )
+                next_ask = time.monotonic() + GONE_POLL_S
+            time.sleep(0.2)
         return time.monotonic() - t0

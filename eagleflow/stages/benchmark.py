@@ -273,7 +273,11 @@ def run(request: StageRequest) -> Manifest:
         if on == "none":
             return references_manifest(request, variants, table, findings, len(prompts))
         offline = {v.name: v.offline_al for v in variants if v.drafter}
-        verdict = judge(table, offline, suspect_ratio=b.suspect_ratio, sampled_suspect_ratio=b.sampled_suspect_ratio)
+        # production's traffic mix (production.traffic): the verdict and the nightly's gate judge the whole of it
+        mix = {"traffic": cfg.production.traffic, "traffic_floor_share": cfg.production.traffic_floor_share}
+        verdict = judge(
+            table, offline, suspect_ratio=b.suspect_ratio, sampled_suspect_ratio=b.sampled_suspect_ratio, **mix
+        )
         if triage_on and (tri.when == "always" or verdict.suspects):
             began = time.monotonic()
             if copy_ref is None and "verify" in tri.probes:
@@ -289,6 +293,7 @@ def run(request: StageRequest) -> Manifest:
             suspect_ratio=b.suspect_ratio,
             sampled_suspect_ratio=b.sampled_suspect_ratio,
             triage=triage_result,
+            **mix,
         )
     return verdict_manifest(request, session, verdict, production, findings)
 

@@ -87,9 +87,9 @@ def run(request: StageRequest) -> Manifest:
         facts["engine"] = f"{kind} {version}"
         if kind == "vllm" and hf and is_mla(hf):
             problems += _mla_engine_problems(cfg, hf)
-    unit = ProductionService(cfg.production).unit_problem()
-    if unit is not None:  # found now, not after hours of generate when the first window stops production
-        problems.append(unit)
+    service = ProductionService(cfg.production)
+    # found now, not after hours of generate when the first window stops production
+    problems += [p for p in (service.unit_problem(), service.status_problem()) if p is not None]
     log.info("host facts: %s", facts)
     capacity = _plan(cfg, tok)
     if capacity is not None:

@@ -37,9 +37,11 @@ def is_held(lock_path: str | Path) -> bool:
     return False
 
 
-# A probe holds its shared lock for microseconds; an exclusive taker that meets one tries again this often
-# before it concludes that a real holder is there.
-PROBE_RETRIES, PROBE_PAUSE_S = 5, 0.01
+# A probe holds its shared lock for microseconds, unless the scheduler takes its CPU away between the flock and the
+# close: on a host whose cores are all busy (the GPU stages' own processes, a loaded CI machine) that is a whole
+# time slice, tens of milliseconds. An exclusive taker that meets a probe tries again for about half a second before
+# it concludes that a real holder is there (the suite saw 6 tries in 50 ms all meet a prober asking in a loop).
+PROBE_RETRIES, PROBE_PAUSE_S = 25, 0.02
 
 
 def try_lock(lock_path: str | Path) -> int | None:

@@ -63,7 +63,15 @@ def three_nights(prefect_server, tmp_path_factory) -> dict:
     )
     data["engine"]["port"] = free_port()
     data["train"].update(epochs=2)
-    data["benchmark"].update(num_prompts=8, max_tokens=48, warmup_requests=1, temperatures=[0.0], concurrencies=[1])
+    # Night 2 reuses night 1's baseline by its key, whatever the suite's other processes did to the load between.
+    data["benchmark"].update(
+        num_prompts=8,
+        max_tokens=48,
+        warmup_requests=1,
+        temperatures=[0.0],
+        concurrencies=[1],
+        reuse_max_load_change=1.0,
+    )
     data["nightly"] = {**data.get("nightly", {}), "source": str(source), "new_samples": 40, "decision_reruns": 0}
     data["report_dir"] = str(work / "reports")
     config = work / "evidence.yaml"

@@ -64,12 +64,14 @@ def write_config(workdir: Path, sshd, port: int, name: str, **sections: dict) ->
         stage_retries=3,
     )
     data["target"]["model_path"] = str(ROOT / "demo" / "target")
+    # As small as what it shows allows: two shards of generate (the link is cut after the first), a drafter the
+    # engine accepts, one benchmark cell.
     data["generate"].update(
-        prompts_path=str(ROOT / "demo" / "prompts.jsonl"), num_samples=320, holdout=12, shard_size=160
+        prompts_path=str(ROOT / "demo" / "prompts.jsonl"), num_samples=140, holdout=12, shard_size=70
     )
     data["engine"]["port"] = free_port()
     data["train"].update(epochs=2)
-    data["benchmark"].update(num_prompts=6, max_tokens=64, warmup_requests=1)
+    data["benchmark"].update(num_prompts=6, max_tokens=64, warmup_requests=1, temperatures=[0.0], concurrencies=[1])
     data["report_dir"] = str(workdir / name / "reports")
     for section, values in sections.items():
         data[section].update(values)

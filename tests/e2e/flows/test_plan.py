@@ -38,7 +38,8 @@ def test_kimi_plan_on_the_stated_h200_host_in_bf16_and_fp8():
     assert extract(p)["disk_bytes"] == pytest.approx(828e9, rel=0.05)
     assert p["bytes_per_token"] == 57344 + 9 and p["disk_free_bytes"] == 3_500_000_000_000
     assert extract(p)["gpus"] == 8 and extract(p)["gpu_bytes"] == pytest.approx(595e9 / 8, rel=0.01)
-    assert 10 * 3600 < p["total_seconds"] < 30 * 3600 and p["refusal"] is None
+    # ~8 h: the benchmark measures production's traffic (8 requests in flight), not one request at a time
+    assert 7 * 3600 < p["total_seconds"] < 30 * 3600 and p["refusal"] is None
     fp8 = json.loads(plan_cli("configs/kimi-k25.yaml", "--json", "--host-facts", str(FACTS)).stdout)
     assert fp8["storage_dtype"] == "float8_e4m3fn"
     assert extract(fp8)["disk_bytes"] == pytest.approx(extract(p)["disk_bytes"] / 2, rel=0.01)
@@ -107,7 +108,7 @@ def test_kimi_nightly_beside_the_full_run_fits_a_night():
     assert proc.returncode == 0, proc.stderr
     p = json.loads(proc.stdout)
     night = p["nightly"]
-    assert night["total_seconds"] <= 3 * 3600 < p["total_seconds"] / 4
+    assert night["total_seconds"] <= 1.25 * 3600 and night["total_seconds"] < p["total_seconds"] / 4
     bench = next(s for s in night["stages"] if s["stage"] == "benchmark")
     # production.promote deploy: the new drafter measured on production, which serves meanwhile (no load of ours)
     assert bench["seconds"] <= 20 * 60 and "on production" in bench["rate"]

@@ -77,6 +77,7 @@ def prod(tmp_path: Path):
             str(d / "drafter"),
         ],
         "stop_command": [PY, SCRIPT, "stop", "--pidfile", str(pidfile)],
+        "status_command": [PY, SCRIPT, "status", "--pidfile", str(pidfile)],
     }
     subprocess.run(cfg["start_command"], check=True, timeout=30)
     wait_for(lambda: answer(cfg["health_url"]), 30, "production not up")
@@ -138,6 +139,9 @@ def test_a_drafter_production_cannot_start_with_is_rolled_back_by_the_guardian(p
     (w / "window.release").touch()
     assert closed(w, 60)["ok"] and answer(prod["drafter_url"]) == "better"
 
+    # The broken drafter's production exits while it loads: its status command says so and the guardian rolls back
+    # then, not after restore_timeout_s (set here beyond what the test waits for the window to close).
+    prod["cfg"]["restore_timeout_s"] = 600
     w, _ = open_window(prod, "w2")
     served.switch(prod["dir"], prod["tmp"] / "broken", run="r2", window=w)
     t0 = time.monotonic()
@@ -145,6 +149,7 @@ def test_a_drafter_production_cannot_start_with_is_rolled_back_by_the_guardian(p
     result = closed(w, 90)
     assert result["ok"], result
     assert "did not come back with drafter 2" in result["rolled_back"], result
+    assert "production exited while coming back" in result["rolled_back"], result
     assert answer(prod["drafter_url"]) == "better"  # production serves the last good drafter, healthy
     summary = served.summary(prod["dir"])
     assert summary["serving"] == 1 and served.states(summary["events"])[2] == "rejected"

@@ -217,3 +217,34 @@ def test_an_engine_that_dies_while_loading_is_reported_within_10_s_with_its_root
     )
     assert "loading: Loading safetensors checkpoint shards" in log
     assert not (d / "manifest.json").exists()
+
+
+def test_the_verdict_over_productions_traffic_on_real_engines(tmp_path, drafters):
+    """production.traffic (issue 40): the stage measures the traffic's cells with its top_p on the real engines,
+    and the verdict and the report judge the mix."""
+    traffic = [
+        {"name": "chat", "temperature": 0.7, "top_p": 0.9, "concurrency": 2, "share": 0.75},
+        {"name": "tools", "temperature": 0.0, "concurrency": 2, "share": 0.25},
+    ]
+    cfg = bench_config(
+        tmp_path,
+        {
+            "benchmark.drafter": str(drafters["new"]),
+            "benchmark.temperatures": [0.7, 0.0],
+            "benchmark.concurrencies": [2],
+            "production.traffic": traffic,
+        },
+    )
+    assert cfg.benchmark.top_p == 0.9  # from the traffic
+    proc, d = start_stage(cfg)
+    assert proc.wait(timeout=1200) == 0, (d / "stage.log").read_text()[-5000:]
+    m = json.loads((d / "manifest.json").read_text())["metrics"]
+    assert sorted({(w["temperature"], w["concurrency"]) for w in m["windows"]}) == [(0.0, 2), (0.7, 2)]
+    mix = m["verdict"]["mix"]
+    assert [(c["name"], c["top_p"], c["share"]) for c in mix["cells"]] == [("chat", 0.9, 0.75), ("tools", 1.0, 0.25)]
+    rows = {(r["temperature"], r["concurrency"]): r["drafter_vs_baseline"] for r in m["verdict"]["speedups"]}
+    assert mix["speedup"] == pytest.approx(1 / (0.75 / rows[(0.7, 2)] + 0.25 / rows[(0.0, 2)]))
+    assert m["verdict"]["summary"].startswith(f"the new drafter serves {mix['speedup']:.2f}x the output tokens/s")
+    assert "over production's traffic" in m["verdict"]["summary"]
+    report = (d / "report.md").read_text()
+    assert "## Production's traffic (production.traffic)" in report and "| chat | 0.7 | 0.9 | 2 | 75% |" in report

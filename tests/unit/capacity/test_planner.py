@@ -114,7 +114,8 @@ def test_kimi_on_the_stated_h200_host_reads_true_against_the_reference_run():
     assert theirs.source.startswith("default: the reference run trained") and "are no H200s" in theirs.source
     assert all(s.source.startswith("default") for s in fp8.stages if s.status == "to run" and s.stage != "train")
     assert "measured: an H200's NVMe with vLLM 0.26" in stage(fp8, "extract").source
-    assert 10 * 3600 < bf16.total_seconds < 30 * 3600
+    # ~8 h: generate 5h 18m, extract 1h 23m, the benchmark at production's traffic (8 in flight) 1h 09m
+    assert 7 * 3600 < bf16.total_seconds < 30 * 3600
     text = render_plan(bf16)
     assert "828.2 GB" in text and "default: the reference run extracted Kimi-K2.5's states at 3,165 tok/s" in text
 

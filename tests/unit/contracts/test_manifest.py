@@ -34,6 +34,18 @@ def test_a_drafters_own_attention_backend_changes_only_the_benchmark_key_and_non
     assert {s for s in base if base[s] != other[s]} == {"benchmark"}
 
 
+@pytest.mark.parametrize(
+    ("field", "value"), [("top_p", 0.95), ("draft_sample_method", "probabilistic"), ("draft_sample_method", "greedy")]
+)
+def test_productions_sampling_changes_only_the_benchmark_key_and_its_default_keeps_it(field, value):
+    # issue 40: top_p and the draft sampling are benchmark settings; left at their defaults, a run's keys are the
+    # ones it had before they existed (no cached stage measured again for nothing)
+    demo = ROOT / "configs" / "demo.yaml"
+    assert field not in stage_settings("benchmark", load_config(demo))["benchmark"]
+    base, other = keys(load_config(demo)), keys(load_config(demo, {f"benchmark.{field}": value}))
+    assert {s for s in base if base[s] != other[s]} == {"benchmark"}
+
+
 def test_train_settings_change_train_and_downstream():
     base = keys(load_config(ROOT / "configs" / "demo.yaml"))
     other = keys(load_config(ROOT / "configs" / "demo.yaml", {"train.learning_rate": 0.0005}))

@@ -127,6 +127,12 @@ def test_the_drafters_own_attention_backend_reaches_the_speculative_config():
     }
 
 
+def test_how_drafts_are_sampled_reaches_the_speculative_config_only_when_set():
+    # issue 40: vLLM's greedy drafts are capped by the target's confidence when it samples (docs/benchmarks.md)
+    assert "draft_sample_method" not in speculative("/d", 3)
+    assert speculative("/d", 3, None, "probabilistic")["draft_sample_method"] == "probabilistic"
+
+
 def test_the_compile_cache_is_one_per_drafter_shape(tmp_path):
     """Tonight's drafter of last night's shape finds its graphs; a drafter of another shape never does (vLLM's own
     cache key names the speculative method, not the drafter). eagleflow's own figures in config.json do not count."""

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 pytest.importorskip("prometheus_client")
@@ -44,6 +46,10 @@ def test_sglang_launch_command_has_the_eagle3_flags():
         flag("--speculative-num-draft-tokens"),
     ) == ("3", "1", "4")
     assert "--trust-remote-code" in argv and "--speculative-config" not in argv
+    # vLLM's draft sampling has no SGLang flag here: refused by name, not dropped
+    sampled = dataclasses.replace(spec, speculative={**spec.speculative, "draft_sample_method": "probabilistic"})
+    with pytest.raises(ValueError, match="benchmark.draft_sample_method"):
+        server_class(spec.engine.kind).argv_for(sampled)
 
 
 def test_sglang_acceptance_from_its_decode_log_lines():

@@ -38,6 +38,7 @@ def key(overrides=None, variant="baseline", drafter=None, prompts=PROMPTS, versi
         {"engine.enforce_eager": False},
         {"benchmark.max_tokens": 64},
         {"benchmark.concurrencies": [1]},
+        {"benchmark.top_p": 0.95},
         {"target.dtype": "float16"},
     ],
 )
@@ -82,6 +83,10 @@ def test_a_drafter_is_known_by_its_files_not_its_path(tmp_path):
     # k changes what a drafter's windows measure; the stopping rule does not (a window keeps its own interval)
     assert key({"benchmark.num_speculative_tokens": 5}, "current", str(a)) != key(variant="current", drafter=str(a))
     assert key({"benchmark.precision": 0.03}, "current", str(a)) == key(variant="current", drafter=str(a))
+    # how drafts are sampled changes a drafter's acceptance when the target samples; the baseline has no drafts
+    sampled = {"benchmark.draft_sample_method": "probabilistic"}
+    assert key(sampled, "current", str(a)) != key(variant="current", drafter=str(a))
+    assert key(sampled) == key()
 
 
 def test_a_record_is_reused_while_young_and_for_its_key_only(tmp_path):

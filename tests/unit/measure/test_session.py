@@ -89,3 +89,26 @@ def test_each_settings_windows_are_timed_for_the_report():
         "drafter: windows at temperature 0, concurrency 1",
     ]
     assert all(x >= 0 for x in s.seconds.values())
+
+
+def test_sampled_requests_carry_production_top_p_and_greedy_ones_do_not():
+    # issue 40: Kimi-K2.5 is served at top_p 0.95; the benchmark sampled at top_p 1
+    cfg = load_config(
+        ROOT / "configs" / "demo.yaml",
+        {"benchmark.temperatures": [0.0, 1.0], "benchmark.top_p": 0.95, "benchmark.warmup_requests": 0},
+    )
+    sent: list[tuple[float, dict]] = []
+
+    class Recording(SteadyEngine):
+        def chat(self, convs, max_tokens, temperature, concurrency, extra, seed):
+            sent.append((temperature, extra))
+            return super().chat(convs, max_tokens, temperature, concurrency, extra, seed)
+
+    session = Session(cfg, PROMPTS, [Variant("baseline", None)])
+    engine = Recording(False)
+    session.variants[0].server = session.variants[0].client = engine
+    for group in session.groups():
+        for t in (0.0, 1.0):
+            session.measure_setting(group, t, 1)
+    assert {t: extra.get("top_p") for t, extra in sent} == {0.0: None, 1.0: 0.95}
+    assert all(extra["ignore_eos"] for _, extra in sent)

@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from eagleflow.contracts.benchmark_records import SpeedupRow
-from eagleflow.nightly.promotion import Decision, PromotionGate, PromotionRecord, decide, promotion_record_path
+from eagleflow.nightly.promotion import (
+    Decision,
+    PromotionGate,
+    PromotionRecord,
+    decide,
+    decision_markdown,
+    promotion_record_path,
+)
 from eagleflow.reporting.report import Report
 from tests.helpers.records import window
 
@@ -168,3 +175,20 @@ def test_a_current_drafter_measured_another_night_is_compared_on_acceptance_not_
         "mean acceptance length 2.40 (95% interval 2.30-2.50) not above the current drafter's (measured "
         "2026-01-01T03:00:00Z on production) 2.65"
     ]
+
+
+def test_the_decision_artifact_names_the_drafter_by_its_run_and_figures_not_its_path():
+    # issue 40: the heading was "# Promoted: <a 100-character path>"
+    r = with_intervals(report(), [1.3, 1.5], [2.8, 3.2])
+    d = decide(r, promoted(2.5), GATE)
+    md = decision_markdown(r, promoted(2.5), GATE, d, "/runs/promoted/nightly.json").splitlines()
+    assert md[0] == "# Promoted: the drafter of run nightly (AL 3.00, 1.40x over no speculation)"
+    assert "/runs/export/k/vllm" in md[2] and md[3] == f"- decided by: {d.decided_by}"
+    assert "the promoted drafter's 2.50 (run nightly, `/old`)" in md[4]
+    kept = decide(with_intervals(report(al=1.2), [1.3, 1.5], [1.1, 1.3]), None, GATE)
+    md = decision_markdown(r, None, GATE, kept, "/runs/promoted/nightly.json").splitlines()
+    assert md[0].startswith("# Not promoted: the drafter of run nightly")
+    assert any(line.startswith("- why not: mean acceptance length 1.20") for line in md) and "(unchanged)." in md[-1]
+    open_ = decide(with_intervals(report(), [0.9, 1.9], [2.8, 3.2]), None, GATE)
+    assert open_.undecided
+    assert decision_markdown(r, None, GATE, open_, "p").startswith("# Not promoted (undecided): the drafter of run")
