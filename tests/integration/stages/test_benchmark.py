@@ -1,6 +1,6 @@
 """The benchmark stage (eagleflow.stages.benchmark) on the real vLLM CPU build: every variant and
-setting measured, production stopped and given back, a dying engine reported within seconds with its
-root cause.
+setting measured, production stopped and given back, the verdict over production's traffic, a dying engine
+reported within seconds with its root cause.
 
 Production here is a real vLLM server of the demo target, run by an operator-style start/stop
 script (tests/prodservice.py); the drafters are exported by the project's own code.
@@ -35,6 +35,14 @@ def drafters(tmp_path_factory) -> dict[str, Path]:
         "current": make_drafter(tmp / "current", seed=1),
         "newer": make_drafter(tmp / "newer", seed=2),
     }
+
+
+# production.traffic (issue 40): the stage measures the traffic's cells with its top_p (on the grid below, which
+# covers them), and the verdict and the report judge the mix.
+TRAFFIC = [
+    {"name": "chat", "temperature": 0.7, "top_p": 0.9, "concurrency": 2, "share": 0.75},
+    {"name": "tools", "temperature": 0.0, "concurrency": 2, "share": 0.25},
+]
 
 
 def healthy(url: str) -> bool:
@@ -84,6 +92,7 @@ def nightly_benchmark(tmp: Path, drafter: Path, current: Path) -> tuple[Path, di
             "benchmark.current_drafter": str(current),
             "benchmark.precision": 0.5,
             "benchmark.min_requests": 2,
+            "production.traffic": TRAFFIC,  # as the first run's: the same measurements, so reusable
             # the suite's own load moves between these runs: the reuse under test is the key's (the load rule:
             # tests/unit/measure/test_reused.py)
             "benchmark.reuse_max_load_change": 1.0,
@@ -109,9 +118,10 @@ def test_every_variant_and_setting_is_measured_and_production_comes_back(tmp_pat
             {
                 "benchmark.drafter": str(drafters["new"]),
                 "benchmark.current_drafter": str(drafters["current"]),
-                "production": production,
+                "production": {**production, "traffic": TRAFFIC},
             },
         )
+        assert cfg.benchmark.top_p == 0.9  # from the traffic
         proc, d = start_stage(cfg)
         rc = proc.wait(timeout=1200)
         log = (d / "stage.log").read_text()
@@ -142,6 +152,19 @@ def test_every_variant_and_setting_is_measured_and_production_comes_back(tmp_pat
         report = (d / "report.md").read_text()
         assert report.count("| current |") == 4 and "**Verdict:**" in report
         assert "preflight:" in log and "loading: Loading safetensors checkpoint shards" in log
+
+        # The verdict over production's traffic: its cells, each with its top_p and share, and the whole mix, the
+        # time to serve the same tokens (the cells' speedups weighted by their shares).
+        mix = m["verdict"]["mix"]
+        assert [(c["name"], c["top_p"], c["share"]) for c in mix["cells"]] == [
+            ("chat", 0.9, 0.75),
+            ("tools", 1.0, 0.25),
+        ]
+        rows = {(r["temperature"], r["concurrency"]): r["drafter_vs_baseline"] for r in m["verdict"]["speedups"]}
+        assert mix["speedup"] == pytest.approx(1 / (0.75 / rows[(0.7, 2)] + 0.25 / rows[(0.0, 2)]))
+        assert m["verdict"]["summary"].startswith(f"the new drafter serves {mix['speedup']:.2f}x the output tokens/s")
+        assert "over production's traffic" in m["verdict"]["summary"]
+        assert "## Production's traffic (production.traffic)" in report and "| chat | 0.7 | 0.9 | 2 | 75% |" in report
 
         # Production was stopped during the measurement and answers again; nothing of ours is left.
         prod = m["production"]
@@ -217,34 +240,3 @@ def test_an_engine_that_dies_while_loading_is_reported_within_10_s_with_its_root
     )
     assert "loading: Loading safetensors checkpoint shards" in log
     assert not (d / "manifest.json").exists()
-
-
-def test_the_verdict_over_productions_traffic_on_real_engines(tmp_path, drafters):
-    """production.traffic (issue 40): the stage measures the traffic's cells with its top_p on the real engines,
-    and the verdict and the report judge the mix."""
-    traffic = [
-        {"name": "chat", "temperature": 0.7, "top_p": 0.9, "concurrency": 2, "share": 0.75},
-        {"name": "tools", "temperature": 0.0, "concurrency": 2, "share": 0.25},
-    ]
-    cfg = bench_config(
-        tmp_path,
-        {
-            "benchmark.drafter": str(drafters["new"]),
-            "benchmark.temperatures": [0.7, 0.0],
-            "benchmark.concurrencies": [2],
-            "production.traffic": traffic,
-        },
-    )
-    assert cfg.benchmark.top_p == 0.9  # from the traffic
-    proc, d = start_stage(cfg)
-    assert proc.wait(timeout=1200) == 0, (d / "stage.log").read_text()[-5000:]
-    m = json.loads((d / "manifest.json").read_text())["metrics"]
-    assert sorted({(w["temperature"], w["concurrency"]) for w in m["windows"]}) == [(0.0, 2), (0.7, 2)]
-    mix = m["verdict"]["mix"]
-    assert [(c["name"], c["top_p"], c["share"]) for c in mix["cells"]] == [("chat", 0.9, 0.75), ("tools", 1.0, 0.25)]
-    rows = {(r["temperature"], r["concurrency"]): r["drafter_vs_baseline"] for r in m["verdict"]["speedups"]}
-    assert mix["speedup"] == pytest.approx(1 / (0.75 / rows[(0.7, 2)] + 0.25 / rows[(0.0, 2)]))
-    assert m["verdict"]["summary"].startswith(f"the new drafter serves {mix['speedup']:.2f}x the output tokens/s")
-    assert "over production's traffic" in m["verdict"]["summary"]
-    report = (d / "report.md").read_text()
-    assert "## Production's traffic (production.traffic)" in report and "| chat | 0.7 | 0.9 | 2 | 75% |" in report
