@@ -3,10 +3,11 @@ eagleflow.production.guardian): stopped around the benchmark, restored whatever 
 
 "Production" is a real vLLM CPU server of the demo target, run by the operator's own start/stop
 scripts (tests/prodservice.py); the benchmark side is the real production_stopped and its real
-guardian. One production server serves the whole module, and the cases run in sequence: each one
-checks production answers healthy again before the guardian's restore cap (RESTORE_CAP_S) and nothing of
-the benchmark is left (no process carrying its token, no guardian, no file outside its state dir). The
-systemd argv, the token's ownership rules and kind 'none' need no server: tests/unit/production/.
+guardian. One production server serves the whole module (and test_window.py: the package's `prod`,
+conftest.py), and the cases run in sequence: each one checks production answers healthy again before the
+guardian's restore cap (RESTORE_CAP_S) and nothing of the benchmark is left (no process carrying its token,
+no guardian, no file outside its state dir). The systemd argv, the token's ownership rules and kind 'none' need
+no server: tests/unit/production/.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -179,30 +179,6 @@ def vllm_prod(d: Path) -> Prod:
     )
 
 
-@pytest.fixture(scope="module")
-def prod_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prod]:
-    p = vllm_prod(tmp_path_factory.mktemp("production"))
-    port = p.port
-    subprocess.run(p.start_command, check=True)
-    try:
-        p.first_start_s = wait_healthy(p.health_url, 600)
-        print(f"\nproduction on port {port} healthy after {p.first_start_s:.1f} s (first start)")
-        yield p
-    finally:
-        subprocess.run(p.stop_command, check=False)
-        print("\nrestore times (s): " + json.dumps({k: round(v, 1) for k, v in TIMES.items()}))
-
-
-@pytest.fixture
-def prod(prod_server: Prod) -> Prod:
-    """Production serving at the start of each case, whatever an earlier one left: case 5 takes it down for good,
-    so the cases hold in any order (run in file order, it is last and nothing restarts)."""
-    if not healthy(prod_server.health_url):
-        subprocess.run(prod_server.start_command, check=True)
-        print(f"\nproduction started again, healthy after {wait_healthy(prod_server.health_url, 600):.1f} s")
-    return prod_server
-
-
 def guardian_pid(state_dir: Path) -> int:
     return int(json.loads((state_dir / WATCHING).read_text())["pid"])
 
@@ -242,7 +218,8 @@ def start_block(prod: Prod, state_dir: Path, work_root: Path) -> tuple[subproces
     )
 
 
-# -- with production (each case leaves production as it found it, but case 5, and `prod` restarts it) --
+# -- with production (each case leaves production as it found it, but case 5, which runs after the package's other
+# cases, and `prod` restarts it) --
 
 
 def test_6_failing_stop_names_the_command_and_leaves_production_running(prod: Prod, tmp_path: Path) -> None:

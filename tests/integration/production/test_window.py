@@ -1,5 +1,5 @@
-"""The production host's two other faces, against a real vLLM CPU server as production (its own module
-instance of test_downtime's `prod`, run by tests/prodservice.py):
+"""The production host's two other faces, against a real vLLM CPU server as production (the package's `prod`,
+conftest.py, which test_downtime.py's cases share; run by tests/prodservice.py):
 
 - one production window for several stages (eagleflow.production.window): opened through its CLI, as
   the flow does; released, production is back; its holder SIGKILLed mid-window, the guardian ends
@@ -31,14 +31,12 @@ from eagleflow.contracts.manifest import stage_dir, stage_key
 from eagleflow.contracts.request import StageRequest
 from tests.conftest import ROOT
 from tests.conftest import free_port as any_free_port
-from tests.integration.production.test_downtime import (  # noqa: F401 - `prod` is this module's fixture too
+from tests.integration.production.test_downtime import (
     PY,
     Prod,
     alive,
     carrying,
     healthy,
-    prod,
-    prod_server,
     standin_engine,
     vllm_prod,
     wait_healthy,
