@@ -22,7 +22,7 @@ from eagleflow import EagleflowError
 from eagleflow.config import ConfigError, RunConfig
 from eagleflow.contracts.failure import split_message, three_lines
 from eagleflow.hosts import Host
-from eagleflow.nightly.promotion import PromotionGate, judge_canary
+from eagleflow.nightly.promotion import PromotionGate, judge_canary, judge_restored
 from flows.host_slot import host_slot, stop_jobs_of_run
 from flows.params import CONFIG_PATH, OVERRIDES, ConfigParams, main_cli
 from tasks.production import Windows, production_windows
@@ -126,16 +126,24 @@ def roll_back(
     drafter_dir: str,
     why: str,
     figures: dict[str, Any] | None,
-    gate: PromotionGate,
 ) -> dict[str, Any]:
-    """Production back on the last good drafter (one more load), measured again by the canary."""
+    """Production back on the last good drafter (one more load), measured again by the canary and held to its own
+    earlier canary (`judge_restored`)."""
     get_run_logger().warning("%s serves below the bar on production: %s; rolling back", drafter_dir, why)
     back = rollback_drafter(host, config, why, figures, windows.hold("rollback"))
     windows.close()
+    earlier = previous_canary(back, back["serving"])
     restored = measure_restored(host, config, f"Rolled back: {drafter_dir} ({why})", f"{why}; and")
     after = confirm_drafter(host, config, restored, back.get("record"))
     publish_history(config, after, f"Rolled back: {drafter_dir} served below the bar on production")
-    still = judge_canary(restored, None, gate, config.production.canary_tolerance)
+    if earlier is None:
+        get_run_logger().warning(
+            "drafter %s has no earlier canary on production to be held to (adopted, never measured): its figures "
+            "now are its first (AL %.2f)",
+            back["serving"],
+            float(restored.get("mean_acceptance_length") or 0),
+        )
+    still = judge_restored(restored, earlier, config.production.canary_tolerance)
     if still:
         raise RolledBack(
             f"production is back on the last good drafter, but it too serves below the bar now: "
@@ -159,7 +167,7 @@ def switch_and_verify(
     figures, failure = try_canary(host, config, "new drafter")
     if figures is None:
         why = f"its canary could not measure it: {failure}"
-        after = roll_back(host, config, windows, drafter_dir, why, None, gate)
+        after = roll_back(host, config, windows, drafter_dir, why, None)
         raise RolledBack(
             three_lines(
                 f"{drafter_dir} was not kept in production on {host.name}: rolled back to drafter {after['serving']}",
@@ -178,7 +186,7 @@ def switch_and_verify(
             f"Deployed: production serves {drafter_dir} (AL {figures['mean_acceptance_length']:.2f} on production)",
         )
         return SwitchOutcome(True, after, figures)
-    after = roll_back(host, config, windows, drafter_dir, "; ".join(reasons), figures, gate)
+    after = roll_back(host, config, windows, drafter_dir, "; ".join(reasons), figures)
     return SwitchOutcome(False, after, figures, reasons)
 
 

@@ -277,7 +277,7 @@ def deploy_night(
         )
     except Exception as exc:
         # Unmeasured, it does not stay: production goes back to the drafter that was measured good.
-        roll_back(host, config, windows, drafter, f"its benchmark on production failed: {exc}"[:500], None, gate)
+        roll_back(host, config, windows, drafter, f"its benchmark on production failed: {exc}"[:500], None)
         raise
     inputs = {"export": runs["export"].manifest, "extract": runs["pool"].manifest}
     decide_on_evidence(
@@ -308,7 +308,7 @@ def deploy_night(
             f"{preview.speedup:.2f}x on production)",
         )
     else:
-        roll_back(host, config, windows, drafter, "; ".join(decision.reasons), figures, gate)
+        roll_back(host, config, windows, drafter, "; ".join(decision.reasons), figures)
     return decision.promote, decision.decided_by
 
 

@@ -1,6 +1,6 @@
-"""A drafter for the demo target, exported by the project's own code (host environment).
+"""A drafter for the demo target (or another), exported by the project's own code (host environment).
 
-    .hostenv/bin/python tests/make_drafter.py OUT_DIR [--seed N]
+    .hostenv/bin/python tests/make_drafter.py OUT_DIR [--seed N] [--target DIR] [--draft-vocab-size N]
 
 The weights are freshly initialised, not trained: the serving tests need an engine that loads and
 runs an EAGLE-3 drafter beside the target (speed and faults), not a good one. Its config carries
@@ -27,9 +27,10 @@ from eagleflow.drafter.vllm_export import export_vllm  # noqa: E402
 from eagleflow.drafter.vocab import DraftVocab  # noqa: E402
 
 
-def make_drafter(out_dir: Path, seed: int = 0, draft_vocab_size: int = 256) -> Path:
+def make_drafter(out_dir: Path, seed: int = 0, draft_vocab_size: int = 256, target_dir: Path | None = None) -> Path:
+    """The drafter's shape follows the target's (train.drafter_arch auto: an MLA drafter for an MLA target)."""
     torch.manual_seed(seed)
-    target = read_target_head(ROOT / "demo" / "target")
+    target = read_target_head(target_dir or ROOT / "demo" / "target")
     arch = arch_for_target(target, TrainConfig(), draft_vocab_size)
     model = Eagle3Drafter(arch, target.embed_tokens)
     vocab = DraftVocab(torch.arange(draft_vocab_size), target.vocab_size)
@@ -42,5 +43,7 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("out_dir", type=Path)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--target", type=Path, default=None, help="the target's directory (default: demo/target)")
+    p.add_argument("--draft-vocab-size", type=int, default=256)
     args = p.parse_args()
-    print(make_drafter(args.out_dir, args.seed))
+    print(make_drafter(args.out_dir, args.seed, args.draft_vocab_size, args.target))

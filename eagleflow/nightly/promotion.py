@@ -187,6 +187,19 @@ def judge_canary(canary: dict, previous: dict | None, gate: PromotionGate, toler
     return reasons
 
 
+def judge_restored(canary: dict, earlier: dict | None, tolerance: float) -> list[str]:
+    """Why production serves the drafter it was rolled back to worse than before (empty: the restore holds).
+
+    That drafter is one production served already: it is held to its own last canary on this production (`earlier`),
+    not to the gate's floor for a new drafter. An adopted drafter that was never measured has no figure to be held
+    to: its canary now is its first, whatever it reads (a weak drafter production had is still what it had)."""
+    if earlier is None:
+        return (
+            [f"{canary['errors']} of {canary.get('requests')} canary requests failed"] if canary.get("errors") else []
+        )
+    return judge_canary(canary, earlier, PromotionGate(min_speedup=0.0, min_acceptance_length=1.0), tolerance)
+
+
 def decision_markdown(
     report: Report, promoted: PromotionRecord | None, gate: PromotionGate, decision: Decision, path: str
 ) -> str:

@@ -1,6 +1,6 @@
 """The canary's rule: a deployed drafter stays only if production serves it at the bar."""
 
-from eagleflow.nightly.promotion import PromotionGate, judge_canary
+from eagleflow.nightly.promotion import PromotionGate, judge_canary, judge_restored
 
 GATE = PromotionGate(min_acceptance_length=1.5)
 
@@ -23,3 +23,15 @@ def test_against_the_last_good_drafter_within_the_tolerance():
 
 def test_failed_requests_fail_the_canary():
     assert "2 of 16 canary requests failed" in judge_canary(fig(2.5, 100.0, errors=2), None, GATE, 0.1)[0]
+
+
+def test_a_restored_drafter_is_held_to_its_own_earlier_canary_not_the_gates_floor():
+    # Rolled back to a weak drafter production had served at AL 1.2: the gate's floor (1.5) is for new drafters; the
+    # restore holds while it serves what it did (a GPU host's nightly failed here: "it too serves below the bar").
+    earlier = fig(1.2, 100.0)
+    assert judge_restored(fig(1.19, 98.0), earlier, 0.1) == []
+    reasons = judge_restored(fig(1.0, 60.0), earlier, 0.1)
+    assert len(reasons) == 2 and "1.00 < the last good drafter's 1.20" in reasons[0]
+    # an adopted drafter never measured: its canary now is its first figure, whatever it reads; failures still count
+    assert judge_restored(fig(1.0, 60.0), None, 0.1) == []
+    assert "2 of 16 canary requests failed" in judge_restored(fig(1.0, 60.0, errors=2), None, 0.1)[0]
