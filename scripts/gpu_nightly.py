@@ -45,7 +45,7 @@ HOME = Path(os.environ.get("GN_HOME", Path.home() / "gpu-nightly"))
 NAME = "kimi-shaped"
 STATE = HOME / "state.json"
 PRODSERVICE = str(ROOT / "tests" / "prodservice.py")
-NIGHT_PROMPTS = (200, 80, 80)  # night 1's includes the held-out split
+NIGHT_PROMPTS = (200, 80, 80)  # night 1's includes the held-out split (`up --night-prompts` sets others)
 HOLDOUT = 24
 
 
@@ -111,7 +111,7 @@ def write_config(st: dict, args: argparse.Namespace) -> Path:
         "name": NAME,
         "host": {"kind": "local", "name": "gpu-host", "work_root": str(HOME / "work"), "python": st["host_python"]},
         "target": {
-            "model_path": str(HOME / "target"),
+            "model_path": st["target"],
             "served_model_name": NAME,
             "aux_layer_ids": [1, 2, 3],
             "final_layer_id": 4,
@@ -122,6 +122,7 @@ def write_config(st: dict, args: argparse.Namespace) -> Path:
             "port": st["engine_port"],
             "max_model_len": 1024,
             "kv_cache_gib": args.kv_cache_gib,
+            "reasoning_parser": args.reasoning_parser,
             # production's engine and one of the nightly's share the GPU while production sleeps (level 1 keeps ~1 GB)
             **({} if args.cpu else {"gpu_memory_utilization": 0.45}),
             "startup_timeout_s": 600,
@@ -129,7 +130,7 @@ def write_config(st: dict, args: argparse.Namespace) -> Path:
         },
         "generate": {
             "prompts_path": str(ROOT / "demo" / "prompts.jsonl"),
-            "num_samples": NIGHT_PROMPTS[0],
+            "num_samples": st["night_prompts"][0],
             "holdout": HOLDOUT,
             "max_tokens": args.max_tokens,
             "temperature": 0.0,
@@ -158,7 +159,7 @@ def write_config(st: dict, args: argparse.Namespace) -> Path:
         },
         "nightly": {
             "source": str(HOME / "source"),
-            "new_samples": NIGHT_PROMPTS[1],
+            "new_samples": st["night_prompts"][1],
             "replay": 1.0,
             "train_steps": args.night_steps,
             "learning_rate": 0.0005,
@@ -225,11 +226,14 @@ def up(args: argparse.Namespace) -> int:
     ctl, host = pythons(args)
     st = {"control_python": ctl, "host_python": host, "prod_port": free_port(), "engine_port": free_port()}
     st["prefect_port"] = free_port()
+    st["night_prompts"] = [int(x) for x in args.night_prompts.split(",")]
+    st["target"] = str(Path(args.target).resolve()) if args.target else str(HOME / "target")
     t0 = time.monotonic()
-    size = ["--hidden", "256", "--heads", "2", "--experts", "4", "--top-k", "2"] if args.cpu else []
-    run([host, str(ROOT / "scripts" / "build_kimi_shaped_target.py"), "--out", str(HOME / "target"), *size])
+    if not args.target:
+        size = ["--hidden", "256", "--heads", "2", "--experts", "4", "--top-k", "2"] if args.cpu else []
+        run([host, str(ROOT / "scripts" / "build_kimi_shaped_target.py"), "--out", st["target"], *size])
     run([host, str(ROOT / "tests" / "make_drafter.py"), str(HOME / "untrained"), "--seed", "3",
-         "--target", str(HOME / "target"), "--draft-vocab-size", "512"])  # fmt: skip
+         "--target", st["target"], "--draft-vocab-size", "512"])  # fmt: skip
     served_dir = HOME / "work" / "production" / NAME
     run([host, "-m", "eagleflow.production.served", "adopt", str(served_dir), "--drafter", str(HOME / "untrained")])
     # production launched as eagleflow launches its own engine for this config, plus what sleep and the swap need
@@ -358,8 +362,9 @@ def night(args: argparse.Namespace) -> int:
     st = load_state()
     n = args.n
     lines = (ROOT / "demo" / "prompts.jsonl").read_text().splitlines(keepends=True)
-    start = sum(NIGHT_PROMPTS[: n - 1])
-    (HOME / "source" / f"prompts-{n}.jsonl").write_text("".join(lines[start : start + NIGHT_PROMPTS[n - 1]]))
+    counts = st["night_prompts"]
+    start = sum(counts[: n - 1])
+    (HOME / "source" / f"prompts-{n}.jsonl").write_text("".join(lines[start : start + counts[n - 1]]))
     began = time.time()
     if args.plant:  # in a session of its own, like the run: both outlive this call
         spawn([sys.executable, __file__, "plant-watch", str(began), str(HOME / f"plant-{n}.json")],
@@ -521,6 +526,17 @@ def main(argv: list[str] | None = None) -> int:
         "--cpu",
         action="store_true",
         help="a CPU rehearsal: a narrow target; production stopped and started instead of asleep",
+    )
+    u.add_argument(
+        "--target",
+        help="serve this target instead of building one of Kimi's architecture with random weights (e.g. "
+        "demo/target-mla: Kimi's latent KV shape, trained, so its drafter learns something)",
+    )
+    u.add_argument("--reasoning-parser", help="engine.reasoning_parser (deepseek_r1 for the demo targets)")
+    u.add_argument(
+        "--night-prompts",
+        default=",".join(map(str, NIGHT_PROMPTS)),
+        help="new prompts per night, night 1's including the held-out split",
     )
     u.add_argument("--kv-cache-gib", type=float, default=2.0)
     u.add_argument(
