@@ -36,7 +36,8 @@ class TrafficPart(Protocol):
     name: str | None
 
 
-def _se(value: float, ci: list[float] | None, rounds: int | None) -> float | None:
+def _se(ci: list[float] | None, rounds: int | None) -> float | None:
+    """The standard error a 95% interval stands for (Student's t over its rounds, normal without them)."""
     if not ci or not all(math.isfinite(x) for x in ci):
         return None
     t = t975(rounds - 1) if rounds and rounds > 1 else 1.96
@@ -74,7 +75,7 @@ def weigh(rows: Sequence[SpeedupRow], traffic: Sequence[TrafficPart], floor_shar
             complete = False
             continue
         terms += part.share / s
-        se = _se(s, ci, row.paired_rounds if row is not None else None)
+        se = _se(ci, row.paired_rounds if row is not None else None)
         var = math.nan if se is None else var + part.share**2 * se**2 / s**4
     total = sum(p.share for p in traffic)
     speedup = total / terms if complete and terms > 0 else None

@@ -70,6 +70,15 @@ def _against(name: str, value: float, ci: list[float] | None, bar: float, bar_na
     return "undecided", f"{shown} overlaps {bar_name} {bar:.2f}"
 
 
+def _first_setting_speedup(report: Report) -> tuple[float, list[float] | None]:
+    """The drafter's speedup over no speculation at the benchmark's first setting, with its interval (the verdict's
+    paired figure where it has one, else the report's)."""
+    head = report.verdict.headline if report.verdict is not None else None
+    if head is not None and head.drafter_vs_baseline is not None:
+        return head.drafter_vs_baseline, head.drafter_vs_baseline_ci
+    return report.speedup, head.drafter_vs_baseline_ci if head is not None else None
+
+
 def decide(report: Report, promoted: PromotionRecord | None, gate: PromotionGate) -> Decision:
     """Promote the report's drafter only on evidence: it is better than what production serves beyond the 95%
     interval (faster than the current drafter on the same prompts in the same benchmark; when the current drafter
@@ -82,8 +91,7 @@ def decide(report: Report, promoted: PromotionRecord | None, gate: PromotionGate
     al, al_ci = d.mean_acceptance_length or 0.0, d.al_interval
     head = report.verdict.headline if report.verdict is not None else None
     mix = report.verdict.mix if report.verdict is not None else None
-    speedup = head.drafter_vs_baseline if head is not None and head.drafter_vs_baseline is not None else report.speedup
-    speedup_ci = head.drafter_vs_baseline_ci if head is not None else None
+    speedup, speedup_ci = _first_setting_speedup(report)
     speed_name = "speedup over no speculation"
     if mix is not None:  # production.traffic: the whole of what production serves, not the first setting
         speedup, speedup_ci, speed_name = mix.speedup or 0.0, mix.speedup_ci, "speedup over production's traffic"
@@ -207,9 +215,8 @@ def decision_markdown(
     its figures (its directory is a line below: a path is no name a person reads), then what decided, the bars, and
     every reason it was kept out."""
     d = report.drafter
-    head = report.verdict.headline if report.verdict is not None else None
     mix = report.verdict.mix if report.verdict is not None else None
-    speedup = head.drafter_vs_baseline if head is not None and head.drafter_vs_baseline is not None else report.speedup
+    speedup, _ = _first_setting_speedup(report)
     over = "no speculation"
     if mix is not None and mix.speedup is not None:
         speedup, over = mix.speedup, "no speculation over production's traffic"

@@ -184,7 +184,7 @@ class ProductionService:
         if not argv:
             return None
         try:
-            out = subprocess.run(argv, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+            out = self._ask_status(argv)
         except (OSError, subprocess.TimeoutExpired):
             return None  # says nothing about production (the check stage names a status command that cannot run)
         if out.returncode == 0:
@@ -310,6 +310,11 @@ class ProductionService:
         why, said, fix = known
         return f"{why}; `{' '.join(argv)}` said {said!r}. Fix: {fix}"
 
+    @staticmethod
+    def _ask_status(argv: list[str]) -> subprocess.CompletedProcess:
+        """production.status_command's answer (at most 30 s: it is asked while a restore waits)."""
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+
     def status_problem(self) -> str | None:
         """Why production.status_command cannot tell whether production runs, found in the check stage: it cannot
         run here, it does not answer, or it says production is gone while production answers healthy (it would end
@@ -319,7 +324,7 @@ class ProductionService:
             return None
         cmd = " ".join(argv)
         try:
-            out = subprocess.run(argv, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+            out = self._ask_status(argv)
         except subprocess.TimeoutExpired:
             return f"production.status_command `{cmd}` did not answer within 30 s. Fix: make it answer at once"
         except OSError as exc:
