@@ -16,6 +16,10 @@ IPC, wakes and probes (`production.pause: sleep`, `swap_drafter: true`, `promote
                                                   that must be refused: caught, rolled back)
     python3 scripts/gpu_nightly.py wait [--timeout S]
                                                   follow the last night's run again: exit 75 while it still runs
+    python3 scripts/gpu_nightly.py advance [--budget S] [--plant-night N] [--last N]
+                                                  follow the running night, start the next when it ended (night 3
+                                                  planted), for S seconds; then the table so far (one command for
+                                                  every call of a chain)
     python3 scripts/gpu_nightly.py table         per night: the stages' seconds, production down as the report says
                                                   and as the health log saw it, probe AL against canary AL, the
                                                   decision, and what production serves at the end (markdown)
@@ -84,8 +88,8 @@ def pythons(args: argparse.Namespace) -> tuple[str, str]:
     bin_dir = HOME / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     vllm_env = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}
-    if args.host_python:
-        host = wrapper(bin_dir / "host-python", args.host_python, [str(ROOT)], {})
+    if args.host_python:  # absolute: the wrapper runs from any directory
+        host = wrapper(bin_dir / "host-python", os.path.abspath(args.host_python), [str(ROOT)], {})
     else:
         # vLLM 0.26's ipc weight-transfer module imports ray and requests at the top; only its sending side (not
         # production's) uses them: empty stand-ins where the host has neither
@@ -97,7 +101,7 @@ def pythons(args: argparse.Namespace) -> tuple[str, str]:
                 (stubs / m / "__init__.py").write_text("")
         site = os.environ.get("VLLM_SITE", str(Path.home() / "site"))
         host = wrapper(bin_dir / "host-python", sys.executable, [str(ROOT), site, str(stubs)], vllm_env)
-    control = args.control_python or sys.executable
+    control = os.path.abspath(args.control_python) if args.control_python else sys.executable
     control_path = [str(ROOT)] if args.control_python else [str(HOME / "control"), str(ROOT)]
     ctl = wrapper(bin_dir / "control-python", control, control_path, {"PREFECT_HOME": str(HOME / "prefect")})
     return ctl, host
@@ -106,7 +110,6 @@ def pythons(args: argparse.Namespace) -> tuple[str, str]:
 def write_config(st: dict, args: argparse.Namespace) -> Path:
     import yaml
 
-    served_dir = HOME / "work" / "production" / NAME
     data = {
         "name": NAME,
         "host": {"kind": "local", "name": "gpu-host", "work_root": str(HOME / "work"), "python": st["host_python"]},
@@ -182,7 +185,6 @@ def write_config(st: dict, args: argparse.Namespace) -> Path:
         },
         "report_dir": str(HOME / "reports"),
     }
-    assert served_dir.parent.parent == HOME / "work"
     path = HOME / f"{NAME}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -416,6 +418,28 @@ def wait(args: argparse.Namespace) -> int:
     return 0 if last["state"] == "COMPLETED" else 1
 
 
+def advance(args: argparse.Namespace) -> int:
+    """One call's worth of the three nights, for a GPU host reached in calls of a few minutes: follow the night
+    that runs, start the next once it ended (night 3 with --plant), until --budget seconds are spent; then the
+    table so far. Every call is the same command."""
+    deadline = time.monotonic() + args.budget
+    nights_file = HOME / "nights.json"
+    while deadline - time.monotonic() > 30:
+        nights = json.loads(nights_file.read_text()) if nights_file.exists() else []
+        args.timeout = deadline - time.monotonic() - 20
+        if nights and nights[-1]["ended"] is None:
+            if wait(args) == 75:
+                break
+            continue
+        if len(nights) >= args.last:
+            break
+        args.n, args.plant = len(nights) + 1, len(nights) + 1 == args.plant_night
+        rc = night(args)
+        if rc == 75 or not nights_file.exists() or len(json.loads(nights_file.read_text())) == len(nights):
+            break  # still running, or the run could not be started (its trigger's output above says why)
+    return table(args)
+
+
 def down_spells(began: float, ended: float) -> list[tuple[float, float, str]]:
     """The health log's spells in which production did not serve (down or asleep) within [began, ended]."""
     spells, start, why = [], None, ""
@@ -495,6 +519,9 @@ def table(args: argparse.Namespace) -> int:
     (out / "gpu-nightly.md").write_text(text)
     for src, name in [(HOME / "health.log", "health.log"), (HOME / "nights.json", "nights.json"), *copies]:
         (out / name).write_bytes(src.read_bytes())
+    for log in ("worker", "prod"):  # what to read when a night failed: the last 256 KiB of each
+        if (HOME / f"{log}.log").exists():
+            (out / f"{log}-tail.log").write_bytes((HOME / f"{log}.log").read_bytes()[-262144:])
     return 0
 
 
@@ -554,6 +581,10 @@ def main(argv: list[str] | None = None) -> int:
     ng.add_argument("--timeout", type=float, default=3600, help="follow the run this long (then `wait` again)")
     w = sub.add_parser("wait")
     w.add_argument("--timeout", type=float, default=3600)
+    a = sub.add_parser("advance")
+    a.add_argument("--budget", type=float, default=540, help="seconds this call may spend")
+    a.add_argument("--plant-night", type=int, default=3, help="the night whose drafter is planted")
+    a.add_argument("--last", type=int, default=3, choices=(1, 2, 3), help="the last night to start")
     sub.add_parser("table")
     sub.add_parser("down")
     h = sub.add_parser("health-log")
@@ -567,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "plant-watch":
         plant_watch(args.since, args.out)
         return 0
-    return {"up": up, "night": night, "wait": wait, "table": table, "down": down}[args.cmd](args)
+    return {"up": up, "night": night, "wait": wait, "advance": advance, "table": table, "down": down}[args.cmd](args)
 
 
 if __name__ == "__main__":
