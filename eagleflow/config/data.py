@@ -29,7 +29,15 @@ class GenerateConfig(_Strict):
     num_samples: int = Field(ge=2, description="Prompts to answer, held-out ones included.")
     holdout: int = Field(ge=1, description="Samples held out of training: validation and benchmark prompts.")
     max_tokens: int = Field(512, ge=1, description="max_tokens of each answer.")
-    temperature: float = Field(0.0, ge=0, le=2, description="Sampling temperature of the answers.")
+    temperature: float = Field(
+        0.0,
+        ge=0,
+        le=2,
+        description="Sampling temperature of the answers. Production's own (production.traffic) trains the drafter on "
+        "the trajectories production samples; a sampled answer is seeded by generate.seed and its prompt, so the "
+        "stage's output is a function of its inputs.",
+    )
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling's top_p of sampled answers (1: off).")
     concurrency: int = Field(
         16,
         ge=1,
@@ -38,7 +46,7 @@ class GenerateConfig(_Strict):
         "with production.replicas, on each replica).",
     )
     shard_size: int = Field(1000, ge=1, description="Samples per Parquet shard (the unit of resume).")
-    seed: int = Field(0, description="Seed of the train/holdout split.")
+    seed: int = Field(0, description="Seed of the train/holdout split, and of sampled answers.")
     max_failed_fraction: float = Field(
         0.0,
         ge=0,

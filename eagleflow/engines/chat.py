@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -172,12 +172,12 @@ class ChatClient:
         temperature: float,
         concurrency: int,
         extra: dict[str, Any] | None = None,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
         on_result: Callable[[ChatResult], None] | None = None,
     ) -> tuple[list[ChatResult], float]:
         """Send every conversation, at most `concurrency` in flight; the results in order and the wall
-        time in seconds. `seed`: request i gets seed + i. `on_result`: called with each result as it
-        comes (progress), in the order they finish."""
+        time in seconds. `seed`: request i gets seed + i, or seed[i] for a sequence. `on_result`: called
+        with each result as it comes (progress), in the order they finish."""
         start = time.perf_counter()
         results = self._runner.run(
             self._all(
@@ -200,7 +200,7 @@ class ChatClient:
         temperature: float,
         concurrency: int,
         extra: dict[str, Any] | None,
-        seed: int | None,
+        seed: int | Sequence[int] | None,
         on_result: Callable[[ChatResult], None] | None = None,
     ) -> list[ChatResult]:
         sem = asyncio.Semaphore(concurrency)
@@ -214,8 +214,8 @@ class ChatClient:
                 "temperature": temperature,
                 **(extra or {}),
             }
-            if seed is not None:
-                payload["seed"] = seed + i  # sampled runs repeat: the same seed per prompt in every variant
+            if seed is not None:  # sampled runs repeat: the same seed per prompt in every variant
+                payload["seed"] = seed + i if isinstance(seed, int) else seed[i]
             async with sem:
                 return await post_chat(client, base_url, i, payload)
 
@@ -238,12 +238,12 @@ def chat_all(
     concurrency: int,
     timeout_s: float = 600.0,
     extra: dict[str, Any] | None = None,
-    seed: int | None = None,
+    seed: int | Sequence[int] | None = None,
     api_key: str | None = None,
     on_result: Callable[[ChatResult], None] | None = None,
 ) -> tuple[list[ChatResult], float]:
     """Send every conversation through a client of its own; return the results in order and the wall time
-    in seconds (the client's set-up included). `seed`: request i gets seed + i. `api_key`: sent as a bearer
+    in seconds (the client's set-up included). `seed`: see `ChatClient.chat`. `api_key`: sent as a bearer
     token (production's server). `on_result`: see `ChatClient.chat`."""
     start = time.perf_counter()
     with ChatClient(base_url, model, max_concurrency=concurrency, timeout_s=timeout_s, api_key=api_key) as client:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -72,8 +72,11 @@ class Replicas:
         timeout_s: float,
         wait_s: float,
         on_result: Callable[[ChatResult], None] | None = None,
+        extra: dict[str, Any] | None = None,
+        seeds: Sequence[int] | None = None,
     ) -> tuple[list[ChatResult], float]:
-        """Every conversation answered once by some replica: the results in order and the wall seconds."""
+        """Every conversation answered once by some replica: the results in order and the wall seconds.
+        `extra`: more fields of every request; `seeds`: conversation i's seed, whichever replica answers it."""
         start = time.perf_counter()
         results = asyncio.run(
             self._spread(
@@ -85,6 +88,8 @@ class Replicas:
                 timeout_s=timeout_s,
                 wait_s=wait_s,
                 on_result=on_result,
+                extra=extra,
+                seeds=seeds,
             )
         )
         return results, time.perf_counter() - start
@@ -119,6 +124,8 @@ class Replicas:
         timeout_s: float,
         wait_s: float,
         on_result: Callable[[ChatResult], None] | None,
+        extra: dict[str, Any] | None = None,
+        seeds: Sequence[int] | None = None,
     ) -> list[ChatResult]:
         n = len(conversations)
         results: list[ChatResult | None] = [None] * n
@@ -173,6 +180,8 @@ class Replicas:
                     "messages": conversations[i],
                     "max_tokens": max_tokens,
                     "temperature": temperature,
+                    **(extra or {}),
+                    **({"seed": seeds[i]} if seeds is not None else {}),
                 }
                 counts.sent += 1
                 # No retry on the same replica: another one can take the request at once.

@@ -150,6 +150,15 @@ class Tally:
     replicas: dict[str, ReplicaCounts] = field(default_factory=dict)
 
 
+def answer_seeds(cfg: RunConfig, prompt_ids: list[int]) -> list[int] | None:
+    """Sampled answers' seeds: generate.seed and each prompt's line, so a shard generated again, resumed or sent
+    again answers the same (None when answers are greedy)."""
+    g = cfg.generate
+    if g.temperature == 0:
+        return None
+    return [(g.seed * 1_000_003 + p) % 2**31 for p in prompt_ids]
+
+
 def ask(
     cfg: RunConfig,
     answers: Answers,
@@ -157,10 +166,13 @@ def ask(
     tally: Tally,
     progress: Progress | None = None,
     base: int = 0,
+    seeds: list[int] | None = None,
 ) -> list[ChatResult]:
     """Every conversation answered once; against production, what found the server gone is sent again
-    once it answers (a restart mid-shard loses no samples and fails nothing)."""
+    once it answers (a restart mid-shard loses no samples and fails nothing). `seeds`: conversation i's
+    sampling seed (`answer_seeds`), the same when it is sent again."""
     g = cfg.generate
+    extra = {"top_p": g.top_p} if g.temperature > 0 and g.top_p < 1 else None
     answered = {"n": 0, "tokens": 0, "failed": 0}  # this shard's, for the progress line
 
     def on_result(r: ChatResult) -> None:
@@ -180,17 +192,19 @@ def ask(
                 },
             )
 
-    def send(batch: list[Messages]) -> list[ChatResult]:
+    def send(batch: list[int]) -> list[ChatResult]:
         nonlocal sent_at
         sent_at = time.perf_counter()
         res, secs = chat_all(
             answers.base_url,
             served_name(cfg),
-            batch,
+            [convs[k] for k in batch],
             max_tokens=g.max_tokens,
             temperature=g.temperature,
             concurrency=g.concurrency,
             timeout_s=cfg.engine.request_timeout_s,
+            extra=extra,
+            seed=[seeds[k] for k in batch] if seeds is not None else None,
             api_key=answers.remote.api_key if answers.remote else None,
             on_result=on_result,
         )
@@ -208,11 +222,13 @@ def ask(
             timeout_s=cfg.engine.request_timeout_s,
             wait_s=g.server_wait_s,
             on_result=on_result,
+            extra=extra,
+            seeds=seeds,
         )
         tally.seconds += secs
         tally.replicas = answers.replicas.counts
         return results
-    results = send(convs)
+    results = send(list(range(len(convs))))
     for _ in range(MAX_RESEND_ROUNDS if answers.remote else 0):
         pending = [k for k, r in enumerate(results) if r.transient]
         if not pending:
@@ -227,7 +243,7 @@ def ask(
         )
         waited = answers.remote.wait_answering(g.server_wait_s)
         log.info("production answers again after %.0f s; sending %d requests again", waited, len(pending))
-        for k, r in zip(pending, send([convs[k] for k in pending])):
+        for k, r in zip(pending, send(pending)):
             r.index = k
             results[k] = r
     return results
@@ -271,7 +287,8 @@ def run(request: StageRequest) -> Manifest:
             progress.restart_clock()  # the engine's load is not generation: its own progress line says it
             for i in todo:
                 convs = [prompts[p] for _, p, _ in shards[i]]
-                results = ask(cfg, answers, convs, tally, progress, base=done_before)
+                seeds = answer_seeds(cfg, [p for _, p, _ in shards[i]])
+                results = ask(cfg, answers, convs, tally, progress, base=done_before, seeds=seeds)
                 rows, errors = _rows(shards[i], convs, results, chat_tok)
                 tally.failed += len(errors)
                 tally.truncated += sum(1 for r in rows if r["truncated"])
