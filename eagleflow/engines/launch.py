@@ -108,7 +108,15 @@ def launch_engine(config: RunConfig) -> EngineConfig:
             e.enforce_eager,
             e.kind,
         )
-    return e if eager is e.enforce_eager else e.model_copy(update={"enforce_eager": eager})
+    update: dict[str, Any] = {} if eager is e.enforce_eager else {"enforce_eager": eager}
+    if on_cpu:
+        # vLLM's CPU build dies on a seeded request whose prompt is prefilled in chunks: after each partial
+        # prefill it rewinds the request's generator with `set_offset`, which only CUDA generators have ("CPU
+        # Generator does not use offset", the engine core then exits). eagleflow seeds every sampled request (the
+        # benchmark's sampled cells, answers generated at production's sampling): whole prompts per step instead
+        # (vLLM then batches max(max_model_len, its default) tokens a step). extra_args come after: a user's wins.
+        update["extra_args"] = ["--no-enable-chunked-prefill", *e.extra_args]
+    return e.model_copy(update=update) if update else e
 
 
 def target_launch(config: RunConfig, speculative: dict[str, Any] | None = None, port_offset: int = 0) -> LaunchSpec:

@@ -20,7 +20,9 @@ def test_target_launch_follows_the_run_config():
     assert spec.port == cfg.engine.port + 2
     # "auto", resolved on this CPU build: eager, so no compile cache of its own (vLLM's default root keeps the
     # model-class inspection it would otherwise redo in a subprocess at every start)
-    assert spec.engine == cfg.engine.model_copy(update={"enforce_eager": True})
+    # and whole prompts a step (a seeded request prefilled in chunks kills vLLM's CPU build), before the user's args
+    cpu_args = ["--no-enable-chunked-prefill", *cfg.engine.extra_args]
+    assert spec.engine == cfg.engine.model_copy(update={"enforce_eager": True, "extra_args": cpu_args})
     # a compiling engine keeps its compile cache under the work root, one per drafter shape
     compiled = load_config(ROOT / "configs" / "demo.yaml", {"engine.enforce_eager": False})
     assert target_launch(compiled, speculative("/d", 3)).engine.env == {
@@ -70,6 +72,7 @@ def test_the_launch_resolves_auto_for_this_build(monkeypatch, on_cpu):
     assert spec.engine.enforce_eager is on_cpu
     argv = VllmServer.argv_for(spec)
     assert ("--enforce-eager" in argv) is on_cpu
+    assert ("--no-enable-chunked-prefill" in argv) is on_cpu  # a GPU build rewinds a seeded generator fine
     # the load strategy: vLLM's own unless set (the fastest from a local disk, measured on the H200)
     assert "--safetensors-load-strategy" not in argv
     cfg = _with_eager("auto")
