@@ -18,7 +18,7 @@ demo: envs
 
 # Three pytest processes side by side: the host suite (unit, integration, the benchmarks' tiny runs), the
 # e2e modules that need the session's demo pipeline run (first_run), and the e2e modules that need nothing
-# of it (the nightly's two nights and their page, SSH, production host, bootstrap), each with its own
+# of it (the nightly's nights and their page, SSH, production host, bootstrap), each with its own
 # Prefect server. The e2e suites wait on Prefect, engine starts and flows more than they compute, so they
 # share 2 cores well (docs/benchmarks.md has the times). Their outputs follow the first's; any failing fails.
 E2E_APART := tests/e2e/flows/test_nightly.py tests/e2e/flows/test_nightly_evidence.py tests/e2e/ui/test_nightly_ui.py tests/e2e/flows/test_promote_drafter.py tests/e2e/flows/test_pipeline_ssh.py \

@@ -264,9 +264,15 @@ def first_run(first_run_watched) -> dict:
     return first_run_watched["report"]
 
 
-# -- the nightly retrain, two nights ------------------------------------------------------------
+# -- the nightly retrain: a refused night, two promoted nights, a night with nothing new ------------------
 
-NIGHT_PROMPTS = (140, 64)  # the source as it grows: the first night holds out 12 and trains on 128
+# The source as it grows, night by night: the first night holds out 12 and trains on 88, and its gate's acceptance
+# floor is out of reach (NIGHT_FLOORS), so it is refused and production keeps the drafter it had; the second, with no
+# promoted drafter to continue, trains on the whole pool (88 + 40 = 128: a replay sample would be 40 + 40); the third
+# continues from the second's drafter. A last night with nothing appended has nothing new.
+NIGHT_PROMPTS = (100, 40, 64)
+NIGHT_FLOORS = (50.0, 1.0, 1.0)  # the gate's min_acceptance_length, night by night
+PLAIN_NIGHT = 2  # its prompts appended as a user writes their own: {"prompt": "..."} lines
 
 
 NIGHTLY_NAME = "nightly-e2e"
@@ -334,10 +340,11 @@ def nightly_production(tmp_path_factory) -> Iterator[dict]:
 
 @pytest.fixture(scope="session")
 def nightly_runs(prefect_server, nightly_production) -> dict:
-    """The nightly deployment (`nightly-e2e-nightly`) run twice by a process worker, as the schedule does, on the
-    demo with a prompt source (a directory of JSONL files) that grows between nights, and production
-    (`nightly_production`) taking each promoted drafter (`production.promote: serve`). Its reports, run ids,
-    the held-out prompts' sha256 after each night, and each night's start and end."""
+    """The nightly deployment (`nightly-e2e-nightly`) run by a process worker, as the schedule does, on the demo with
+    a prompt source (a directory of JSONL files) that grows between nights (NIGHT_PROMPTS, NIGHT_FLOORS), and
+    production (`nightly_production`) taking each promoted drafter (`production.promote: serve`); then once more
+    with nothing appended. The nights that trained: their reports, run ids, the held-out prompts' sha256 after
+    each, and each night's start and end; the night with nothing new: its run id, final state, start and end."""
     work = nightly_production["work"]
     source = work / "source"
     source.mkdir()
@@ -373,9 +380,9 @@ def nightly_runs(prefect_server, nightly_production) -> dict:
     )
     data["nightly"] = {
         "source": str(source),
-        "new_samples": NIGHT_PROMPTS[1],
+        "new_samples": max(NIGHT_PROMPTS[1:]),
         "replay": 1.0,
-        # A third of the first night's steps at most (its 128 prompts x 4 epochs came to ~88 steps).
+        # A third of the first promoted night's steps at most (its 128 prompts x 4 epochs came to ~88 steps).
         "train_steps": 24,
         "learning_rate": 0.0005,
     }
@@ -393,13 +400,18 @@ def nightly_runs(prefect_server, nightly_production) -> dict:
     config = work / "nightly.yaml"
     config.write_text(yaml.safe_dump(data))
     holdout = work / "runs" / "nightly" / "nightly-e2e" / "holdout.jsonl"
+
+    def append(night: int, chunk: list[str]) -> None:
+        if night == PLAIN_NIGHT:  # the same prompts, in the other form a source file may take
+            chunk = [json.dumps({"prompt": json.loads(x)["messages"][0]["content"]}) + "\n" for x in chunk]
+        (source / f"prompts-{night}.jsonl").write_text("".join(chunk))
+
     nights: list[dict] = []
     start = 0
     with deployed_worker(prefect_server, config, "eagleflow-nightly-e2e", work / "worker.log") as w:
         dep = w["deployments"]["nightly"]
-        for night, count in enumerate(NIGHT_PROMPTS, 1):
-            (source / f"prompts-{night}.jsonl").write_text("".join(lines[start : start + count]))
-            start += count
+
+        def night(floor: float) -> dict:
             began = time.time()
             run = api(
                 prefect_server,
@@ -410,7 +422,7 @@ def nightly_runs(prefect_server, nightly_production) -> dict:
                         "params": {
                             "config_path": str(config),
                             "min_speedup": 0.0,
-                            "min_acceptance_length": 1.0,
+                            "min_acceptance_length": floor,
                             "overrides": {},
                         }
                     }
@@ -420,13 +432,14 @@ def nightly_runs(prefect_server, nightly_production) -> dict:
                 prefect_server, run["id"], timeout_s=2700
             )  # a safety cap: ~8 min alone, 3x beside the other suites
             assert done["state"]["type"] == "COMPLETED", (done["state"], (work / "worker.log").read_text()[-5000:])
-            nights.append(
-                {
-                    "id": run["id"],
-                    "report": newest_report(work / "reports", began),
-                    "holdout_sha256": hashlib.sha256(holdout.read_bytes()).hexdigest(),
-                    "began": began,
-                    "ended": time.time(),
-                }
-            )
-    return {"config": config, "work": work, "nights": nights}
+            return {"id": run["id"], "state": done["state"], "began": began, "ended": time.time()}
+
+        for k, (count, floor) in enumerate(zip(NIGHT_PROMPTS, NIGHT_FLOORS), 1):
+            append(k, lines[start : start + count])
+            start += count
+            ran = night(floor)
+            ran["report"] = newest_report(work / "reports", ran["began"])
+            ran["holdout_sha256"] = hashlib.sha256(holdout.read_bytes()).hexdigest()
+            nights.append(ran)
+        nothing_new = night(1.0)
+    return {"config": config, "work": work, "nights": nights, "nothing_new": nothing_new}

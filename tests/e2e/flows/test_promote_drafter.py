@@ -1,15 +1,15 @@
 """Production takes the promoted drafter (issue 23): the nightly deploys, the canary keeps or rolls back.
 
 Production is a real vLLM server of the demo target (`nightly_production`, tests/e2e/conftest.py) whose launch
-reads its drafter from the link eagleflow manages; the nightly (`nightly_runs`, two nights through the
-deployment and a worker) runs with `production.promote: serve`. A thread asked production's health twice a
-second for the whole session.
+reads its drafter from the link eagleflow manages; the nightly (`nightly_runs`, nights through the deployment and
+a worker, the first refused by its gate) runs with `production.promote: serve`. A thread asked production's health
+twice a second for the whole test run.
 
-Shown from production itself: each night it went down once and came back serving that night's drafter, which
-the benchmark then measured there (its process's launch names the link, the link names a byte-identical copy,
-its own /metrics count the acceptance); a planted worse drafter is rolled back by the canary; a drafter production
-cannot start
-with is rolled back by the window's guardian, and the flow fails saying so; a drafter the canary cannot measure
+Shown from production itself: each night it went down once and came back serving that night's drafter (the night
+its gate refused: once more, back on the drafter before), which the benchmark then measured there (its process's
+launch names the link, the link names a byte-identical copy, its own /metrics count the acceptance); a planted
+worse drafter is rolled back by the canary; a drafter production cannot start with is rolled back by the window's
+guardian, and the flow fails saying so; a drafter the canary cannot measure
 (production unreachable, or down before the window) never stays on the link; `eagleflow rollback` by hand.
 Production answers at the end of each.
 """

@@ -1,7 +1,7 @@
 """The nightly retrain as the operator sees it in the Prefect UI (Debian's Chromium, Playwright): the
-nightly deployment's schedule (the demo config's: paused, so a worker left running starts no retrain), and the third
-night of the session's nightly
-(`nightly_runs`, tests/e2e/conftest.py; tests/e2e/flows/test_nightly.py) with its promotion decision in the
+nightly deployment's schedule (the demo config's: paused, so a worker left running starts no retrain), and the last
+night of the suite's nightly that trained (its third:
+`nightly_runs`, tests/e2e/conftest.py; tests/e2e/flows/test_nightly.py) with its promotion decision in the
 run's log and artifacts, the very decision the gate took, its report with AL by night, and production's drafter
 history (what production serves since that night's deploy)."""
 
