@@ -162,12 +162,15 @@ def decide(report: Report, promoted: PromotionRecord | None, gate: PromotionGate
     return Decision(promote=True, reasons=[], record=record, decided_by=checks[-1 if len(checks) > 2 else 0][1])
 
 
-def judge_canary(canary: dict, previous: dict | None, gate: PromotionGate, tolerance: float) -> list[str]:
+def judge_canary(
+    canary: dict, previous: dict | None, gate: PromotionGate, tolerance: float, speed: bool = True
+) -> list[str]:
     """Why production serves the deployed drafter worse than the bar (empty: it stays).
 
     `canary`: production's figures with it (eagleflow.production.canary); `previous`: the last good drafter's
     canary on the same production, when there is one. Acceptance is judged first: it is production's own count,
-    hardly touched by other traffic; speed only beyond `tolerance`, since other traffic moves it."""
+    hardly touched by other traffic; speed (unless `speed` is off) only beyond `tolerance`, since other traffic
+    moves it."""
     reasons = []
     if canary.get("errors"):
         reasons.append(
@@ -187,7 +190,7 @@ def judge_canary(canary: dict, previous: dict | None, gate: PromotionGate, toler
                 f"(tolerance {tolerance:.0%})"
             )
         tok = float(canary.get("output_tok_s") or 0)
-        if tok < prev_tok * (1 - tolerance):
+        if speed and tok < prev_tok * (1 - tolerance):
             reasons.append(
                 f"production's {tok:.1f} output tok/s < the last good drafter's {prev_tok:.1f} "
                 f"(tolerance {tolerance:.0%})"
@@ -200,12 +203,16 @@ def judge_restored(canary: dict, earlier: dict | None, tolerance: float) -> list
 
     That drafter is one production served already: it is held to its own last canary on this production (`earlier`),
     not to the gate's floor for a new drafter. An adopted drafter that was never measured has no figure to be held
-    to: its canary now is its first, whatever it reads (a weak drafter production had is still what it had)."""
+    to: its canary now is its first, whatever it reads (a weak drafter production had is still what it had).
+    Its acceptance against then says whether the engine has its weights; its speed against a canary taken at
+    another time says how busy the host was (the same drafter read AL 2.70 both times, 118 and then 43 output
+    tok/s on a 2-core host running three suites), so speed does not judge a restore."""
     if earlier is None:
         return (
             [f"{canary['errors']} of {canary.get('requests')} canary requests failed"] if canary.get("errors") else []
         )
-    return judge_canary(canary, earlier, PromotionGate(min_speedup=0.0, min_acceptance_length=1.0), tolerance)
+    gate = PromotionGate(min_speedup=0.0, min_acceptance_length=1.0)
+    return judge_canary(canary, earlier, gate, tolerance, speed=False)
 
 
 def decision_markdown(

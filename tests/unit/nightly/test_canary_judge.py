@@ -31,7 +31,11 @@ def test_a_restored_drafter_is_held_to_its_own_earlier_canary_not_the_gates_floo
     earlier = fig(1.2, 100.0)
     assert judge_restored(fig(1.19, 98.0), earlier, 0.1) == []
     reasons = judge_restored(fig(1.0, 60.0), earlier, 0.1)
-    assert len(reasons) == 2 and "1.00 < the last good drafter's 1.20" in reasons[0]
+    assert len(reasons) == 1 and "1.00 < the last good drafter's 1.20" in reasons[0]
+    # the same drafter at its own acceptance, slower because the host is busier now: the restore holds (a restore
+    # failed so in the suite: AL 2.70 both times, 118 then 43 output tok/s)
+    assert judge_restored(fig(2.70, 43.1), fig(2.70, 117.7), 0.35) == []
+    assert judge_canary(fig(2.70, 43.1), fig(2.70, 117.7), GATE, 0.35) != []  # a new drafter's canary still weighs it
     # an adopted drafter never measured: its canary now is its first figure, whatever it reads; failures still count
     assert judge_restored(fig(1.0, 60.0), None, 0.1) == []
     assert "2 of 16 canary requests failed" in judge_restored(fig(1.0, 60.0, errors=2), None, 0.1)[0]
