@@ -30,6 +30,12 @@ RETRYABLE = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.Remote
 SERVER_ERROR = 500
 
 
+def sampling_extra(temperature: float, top_p: float) -> dict[str, float]:
+    """The request fields beyond temperature for production's sampling: top_p only where the request samples
+    (greedy ignores it, and a greedy request stays as it was) and only below 1 (1 is the server's default)."""
+    return {"top_p": top_p} if temperature > 0 and top_p < 1 else {}
+
+
 @lru_cache(maxsize=1)
 def tls_context() -> ssl.SSLContext:
     """httpx's default verifying context (certifi's bundle, or SSL_CERT_FILE / SSL_CERT_DIR), built once per

@@ -23,7 +23,7 @@ from eagleflow.contracts.progress import Progress
 from eagleflow.contracts.prompts import Messages
 from eagleflow.contracts.request import StageError
 from eagleflow.engines import EngineServer, make_server
-from eagleflow.engines.chat import ChatClient, ChatResult
+from eagleflow.engines.chat import ChatClient, ChatResult, sampling_extra
 from eagleflow.engines.launch import served_name, speculative, target_launch
 from eagleflow.engines.remote import ProductionEndpoint
 from eagleflow.measure import reused
@@ -191,8 +191,7 @@ class Session:
             max_tokens=self.b.max_tokens,
             temperature=t,
             concurrency=c,
-            # production's sampling: top_p only where it samples (greedy ignores it, and the key stays as it was)
-            extra={"ignore_eos": True, **({"top_p": self.b.top_p} if t > 0 and self.b.top_p < 1 else {})},
+            extra={"ignore_eos": True, **sampling_extra(t, self.b.top_p)},
             seed=SEED if t > 0 else None,
         )
         errors = [r.error for r in results if r.error]

@@ -402,7 +402,12 @@ def verdict(
             }
     if "probe_per_position" not in after:
         return {**rec, "decision": "not judged", "decided_by": after.get("probe") or "no acceptance figures"}
-    if not drafts(after) and (swapped or drafts(before)):
+    # A drafter that production measured accepting nothing before (an adopted one that never drafted for this
+    # target: its canary read AL 1.00) is not refused for accepting nothing now: a restart would load the same
+    # drafter to the same figure. On a GPU host, each rollback to such a drafter restarted production (~30 s).
+    k = len(after["probe_per_position"])
+    never_drafted = expected is not None and expected.al is not None and (expected.al - 1.0) / k < PROBE_MIN_ACCEPTANCE
+    if not drafts(after) and (swapped or drafts(before)) and not never_drafted:
         return {
             **rec,
             "decision": "refuse",

@@ -37,7 +37,7 @@ from eagleflow.contracts.prompts import Messages, PromptError, load_prompts, spl
 from eagleflow.contracts.request import StageError, StageRequest
 from eagleflow.contracts.stage_records import GenerateMetrics, GenerateOutputs
 from eagleflow.engines import make_server
-from eagleflow.engines.chat import ChatResult, chat_all
+from eagleflow.engines.chat import ChatResult, chat_all, sampling_extra
 from eagleflow.engines.launch import served_name, target_launch
 from eagleflow.engines.remote import RemoteServer, production_api_key
 from eagleflow.engines.replicas import ReplicaCounts, Replicas, counts_record
@@ -172,7 +172,7 @@ def ask(
     once it answers (a restart mid-shard loses no samples and fails nothing). `seeds`: conversation i's
     sampling seed (`answer_seeds`), the same when it is sent again."""
     g = cfg.generate
-    extra = {"top_p": g.top_p} if g.temperature > 0 and g.top_p < 1 else None
+    extra = sampling_extra(g.temperature, g.top_p) or None
     answered = {"n": 0, "tokens": 0, "failed": 0}  # this shard's, for the progress line
 
     def on_result(r: ChatResult) -> None:

@@ -3,7 +3,7 @@ content and reasoning are read from either field name the servers use."""
 
 from __future__ import annotations
 
-from eagleflow.engines.chat import parse_choice
+from eagleflow.engines.chat import parse_choice, sampling_extra
 
 
 def test_answer_without_content_is_an_error():
@@ -92,3 +92,9 @@ def test_a_connection_that_keeps_breaking_fails_after_the_retries():
         timeout_s=10,
     )
     assert results[0].attempts == RETRIES + 1 and f"failed {RETRIES + 1} times" in results[0].error
+
+
+def test_sampling_extra_sends_top_p_only_where_the_request_samples():
+    assert sampling_extra(1.0, 0.95) == {"top_p": 0.95}
+    assert sampling_extra(0.0, 0.95) == {}  # greedy: top_p changes nothing, the request stays as it was
+    assert sampling_extra(0.6, 1.0) == {}  # 1 is the server's default

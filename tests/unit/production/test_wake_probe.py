@@ -97,6 +97,17 @@ def test_the_old_checks_still_stand() -> None:
     assert "swapped in does not draft" in pause.judge(nothing, BEFORE, swapped=True)
 
 
+def test_a_drafter_that_never_drafted_is_not_refused_for_accepting_nothing_after_the_swap() -> None:
+    """The rollback to an adopted drafter whose canary read AL 1.00 (on a GPU host, nights 2-4 refused it and
+    restarted production each time): what it should serve is what it serves. Without that figure, or where its
+    figure says it drafts, accepting nothing after the swap is still refused."""
+    nothing = probed([0, 0, 0, 0], [25, 25, 25, 25], [0.0, 0.0, 0.0])
+    v = pause.verdict(nothing, BEFORE, True, pause.Expected(1.0, "drafter 0's canary on production"), 0.5)
+    assert v["decision"] == "pass" and "lies above the bar 1.00" in v["decided_by"]
+    assert "does not draft" in pause.judge(nothing, BEFORE, swapped=True, expected=pause.Expected(None, "none"))
+    assert "does not draft" in pause.judge(nothing, BEFORE, swapped=True, expected=pause.Expected(1.5, "canary"))
+
+
 def drafter_dir(d: Path, offline: float | None) -> Path:
     d.mkdir(parents=True)
     conf: dict[str, Any] = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 8, "draft_vocab_size": 32}
