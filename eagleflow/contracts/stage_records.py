@@ -35,6 +35,44 @@ class MetricsRecord(Record):
 # -- check ----------------------------------------------------------------------------------------
 
 
+class ObservedTraffic(Record):
+    """Production's traffic as its own engine counted it (its /metrics page, since the engine started): the load and
+    lengths the benchmark's cells should stand for, beside what production.traffic states."""
+
+    seconds: float | None = Field(
+        description="Seconds the counts span: since the engine's process started (None: unknown)."
+    )
+    requests: int = Field(description="Requests the engine finished in that span.")
+    in_flight: float | None = Field(
+        description="Mean requests in flight over the span: the sum of the requests' latencies over its seconds "
+        "(Little's law; idle hours count as zero, so a diurnal peak is above it)."
+    )
+    requests_per_s: float | None = Field(description="Finished requests per second over the span.")
+    prompt_tokens: float | None = Field(description="Mean prompt tokens per request.")
+    answer_tokens: float | None = Field(description="Mean generated tokens per request.")
+    output_tok_s: float | None = Field(description="Generated tokens per second over the span.")
+    disagreements: list[str] = Field(
+        default_factory=list,
+        description="Where production.traffic or the benchmark's settings stand for another load than this.",
+    )
+
+    def describe(self) -> str:
+        """One line for a person: the load and lengths production's engine counted."""
+        span = (
+            f"over {self.seconds / 3600:.1f} h since its engine started" if self.seconds else "since its engine started"
+        )
+        parts = [f"{self.requests:,} requests {span}"]
+        if self.in_flight is not None:
+            parts.append(f"{self.in_flight:.2f} in flight on average")
+        if self.prompt_tokens is not None and self.answer_tokens is not None:
+            parts.append(
+                f"prompts of {self.prompt_tokens:.0f} tokens and answers of {self.answer_tokens:.0f} on average"
+            )
+        if self.output_tok_s is not None:
+            parts.append(f"{self.output_tok_s:.1f} output tok/s")
+        return "production's traffic, as its engine counted it: " + ", ".join(parts)
+
+
 class CheckMetrics(MetricsRecord):
     """What the host check saw of the target, the prompts and the engine."""
 
@@ -44,6 +82,9 @@ class CheckMetrics(MetricsRecord):
     prompts: int | None = Field(None, description="Prompts in generate.prompts_path.")
     engine: str | None = Field(None, description="The engine's distribution and version on the host.")
     plan: CapacityPlan | None = Field(None, description="Each stage's disk, GPU memory and time (eagleflow.capacity).")
+    production_traffic: ObservedTraffic | None = Field(
+        None, description="Production's traffic as its engine counted it, where production.url answers /metrics."
+    )
 
 
 # -- generate -------------------------------------------------------------------------------------

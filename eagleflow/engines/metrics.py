@@ -36,6 +36,17 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
+def parse_samples(text: str) -> dict[str, float]:
+    """Every sample of a Prometheus text page by its name (`_total`, `_sum`, `_count` kept; gauges such as
+    `process_start_time_seconds` too), each summed over its labels (engines, models, finish reasons)."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.name.endswith("_bucket"):
+                out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
+    return out
+
+
 def latency_from_deltas(before: dict[str, float], after: dict[str, float], prefix: str) -> dict[str, float | None]:
     """Mean of each latency histogram over the window (delta sum / delta count), in ms."""
     out: dict[str, float | None] = {}

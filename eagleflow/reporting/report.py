@@ -24,6 +24,7 @@ from eagleflow.contracts.stage_records import (
     CheckMetrics,
     GenerateMetrics,
     NightRecord,
+    ObservedTraffic,
     TrainMetrics,
     TrainOutputs,
 )
@@ -77,6 +78,9 @@ class Report(BaseModel):
     benchmark_settings: dict = Field(default_factory=dict)
     offline: OfflineEstimate | None = Field(None, description="None when only the benchmark ran.")
     capacity: CapacityPlan | None = Field(None, description="The check stage's capacity plan, when it ran.")
+    production_traffic: ObservedTraffic | None = Field(
+        None, description="Production's traffic as its engine counted it (the check stage's read of its /metrics)."
+    )
     stages: dict[str, StageSummary]
     plots: dict[str, str] = Field(
         default_factory=dict,
@@ -139,6 +143,7 @@ def build_report(
         benchmark_settings=bench.settings.model_dump(mode="json"),
         offline=offline,
         capacity=CheckMetrics.of(manifests["check"]).plan if "check" in manifests else None,
+        production_traffic=CheckMetrics.of(manifests["check"]).production_traffic if "check" in manifests else None,
         stages={
             s: StageSummary(
                 seconds=round(t.seconds, 2),
@@ -261,6 +266,10 @@ def _verdict_lines(report: Report) -> list[str]:
     return [f"verdict: {v.summary}"] + [f"  - {f}" for f in v.findings]
 
 
+def _traffic_lines(seen: ObservedTraffic) -> list[str]:
+    return [seen.describe()] + [f"ANOTHER LOAD: {d}" for d in seen.disagreements]
+
+
 TITLES = {
     "pipeline": "eagleflow pipeline run",
     "benchmark": "eagleflow benchmark-only run",
@@ -281,6 +290,8 @@ def render_text(report: Report) -> str:
         lines += [""] + _window_lines(report)
     if report.verdict:
         lines += [""] + _verdict_lines(report)
+    if report.production_traffic:
+        lines += ["", *_traffic_lines(report.production_traffic)]
     if _production_lines(report):
         lines += [""] + _production_lines(report)
     if report.nights:
@@ -309,6 +320,8 @@ def render_markdown(report: Report, images: dict[str, str] | None = None) -> str
     if report.verdict:
         md += ["", f"**Verdict:** {report.verdict.summary}", ""]
         md += [f"- {f}" for f in report.verdict.findings]
+    if report.production_traffic:
+        md += ["", *(f"- {line}" for line in _traffic_lines(report.production_traffic))]
     if report.windows:
         md += ["", "```", *_window_lines(report), "```"]
     for name, src in (images or {}).items():

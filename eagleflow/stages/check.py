@@ -3,8 +3,8 @@
 Catches what would otherwise fail an hour in: a missing target, a layer count that does not match
 the config, an empty or malformed prompt set, thinking markers the tokenizer splits, a missing engine,
 an engine kernel that would serve an MLA target wrongly, a production.unit systemd does not know, and a run whose
-extracted states will not fit
-the free disk. It prints the capacity plan
+extracted states will not fit the free disk. It reads production's traffic from its engine's /metrics
+(`eagleflow.production.observed`) and says where the config stands for another load. It prints the capacity plan
 (`eagleflow.capacity`: each stage's disk, GPU memory and time) and records it in its manifest; the
 prompts are counted with the target's tokenizer and chat template (up to 2,000 of them, evenly spaced),
 the rest of the facts are `eagleflow.capacity.facts`' (the same `python -m cli.plan` reads).
@@ -28,7 +28,7 @@ from eagleflow.contracts.request import StageError, StageRequest
 from eagleflow.contracts.stage_records import CheckMetrics
 from eagleflow.engines.preflight.mla import check_rotary_kernel, is_mla
 from eagleflow.hosts.facts import ENGINE_DISTRIBUTIONS, version_of
-from eagleflow.production import ProductionService
+from eagleflow.production import ProductionService, observed
 from eagleflow.stages.common import stage_main
 
 log = logging.getLogger("eagleflow.check")
@@ -90,6 +90,13 @@ def run(request: StageRequest) -> Manifest:
     service = ProductionService(cfg.production)
     # found now, not after hours of generate when the first window stops production
     problems += [p for p in (service.unit_problem(), service.status_problem()) if p is not None]
+    # Production's own counts of its load, read before any stage touches it: what the benchmark's cells stand for
+    seen = observed.read(cfg)
+    if seen is not None:
+        facts["production_traffic"] = seen
+        log.info("%s", seen.describe())
+        for d in seen.disagreements:
+            log.warning("production's traffic: %s", d)
     log.info("host facts: %s", facts)
     capacity = _plan(cfg, tok)
     if capacity is not None:

@@ -107,3 +107,14 @@ def test_the_report_shows_al_by_night_as_a_table_and_a_picture(nightly_runs):
         assert f"{n['holdout_al']:.2f}" in table and f"{n['served_al']:.2f}" in table
     png = (Path(r["path"]).parent / "al-by-night.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
+
+
+def test_each_night_reads_productions_traffic_from_its_engine(nightly_runs):
+    """From night 2 on, production's engine has finished requests (the nights' generate, canaries and probes): the
+    check stage reads its /metrics and the report says the load and lengths production served."""
+    for k, night in enumerate(nightly_runs["nights"][1:], 2):
+        seen = night["report"]["production_traffic"]
+        assert seen is not None, f"night {k}: no traffic read"
+        assert seen["requests"] > 0 and seen["seconds"] > 0 and seen["in_flight"] > 0 and seen["answer_tokens"] > 0
+        report_md = (Path(night["report"]["path"]).parent / "report.md").read_text()
+        assert f"production's traffic, as its engine counted it: {seen['requests']:,} requests" in report_md

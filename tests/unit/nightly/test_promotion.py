@@ -139,6 +139,21 @@ def test_the_floors_are_on_the_intervals_lower_end():
     )
 
 
+def test_an_undecided_gate_over_too_few_rounds_says_what_to_raise():
+    """The GPU host's nights: 24 held-out prompts at concurrency 8 made 3 rounds, an interval of 0.00-5.42 around
+    1.98x, undecided every night. The decision then says how many prompts would let it decide."""
+    r = with_intervals(report(speedup=1.98), [0.0, 5.42], [2.9, 3.1])
+    r.windows = [window("drafter", 140.0, 3.0, c=8), window("baseline", 70.0, c=8)]
+    r.windows[0].round_seconds = [1.0, 1.1, 0.9]
+    d = decide(r, None, GATE)
+    assert d.undecided and d.reasons[-1] == (
+        "the drafter's windows had as few as 3 round(s) (concurrency 8: a round is 8 prompts), too few for a "
+        "95% interval to decide: raise benchmark.num_prompts (and generate.holdout) to 64 or more"
+    )
+    r.windows[0].round_seconds = [1.0] * 12  # enough rounds: no such line
+    assert all("round(s)" not in why for why in decide(r, None, GATE).reasons)
+
+
 def test_promotion_record_path():
     assert promotion_record_path("/w/runs/", "demo") == "/w/runs/promoted/demo.json"
     assert promotion_record_path("/w/runs", "demo") == "/w/runs/promoted/demo.json"
