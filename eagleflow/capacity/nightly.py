@@ -31,6 +31,7 @@ from eagleflow.capacity.rates import (
     WAKE_H2D_GB_S,
 )
 from eagleflow.config import RunConfig
+from eagleflow.config.measure import WARMUP_TOKENS
 from eagleflow.config.production import LEVEL1_RAM_HEADROOM, choose_sleep_level
 from eagleflow.contracts.plan import CapacityPlan, HostFacts, NightlyPlan, StagePlan
 from eagleflow.extraction.backends import backend_of
@@ -122,7 +123,7 @@ def plan_nightly(cfg: RunConfig, facts: HostFacts, full: CapacityPlan) -> Nightl
             break
     req = window_requests(cfg, cv)
     windows = sum((req * b.max_tokens) / (d.decode_tok_s * c) for c in b.concurrencies) * len(b.temperatures)
-    warm = b.warmup_requests * b.max_tokens / d.decode_tok_s
+    warm = sum(n * min(b.max_tokens, WARMUP_TOKENS) / (d.decode_tok_s * c) for _, c, n in b.warmup())
     how = (
         f"stopping at +-{b.precision:.0%}: ~{req} requests a window (cv {cv:.2f})"
         if b.precision is not None

@@ -43,6 +43,7 @@ from eagleflow.capacity.rates import (
     TRAIN_GPU_FRACTION,
 )
 from eagleflow.config import RunConfig
+from eagleflow.config.measure import WARMUP_TOKENS
 from eagleflow.contracts.plan import (
     CapacityPlan,
     FinishedStages,
@@ -263,9 +264,10 @@ def plan(cfg: RunConfig, facts: HostFacts, progress: FinishedStages | None = Non
     if same:
         secs, rate, src = same[0].seconds, "", f"measured (run {same[0].run}, the same benchmark settings)"
     else:
-        per_variant = sum(
-            (b.num_prompts + b.warmup_requests) * b.max_tokens / (d.decode_tok_s * c) for c in b.concurrencies
-        ) * len(b.temperatures)
+        warm_tokens = min(b.max_tokens, WARMUP_TOKENS)
+        per_variant = sum(b.num_prompts * b.max_tokens / (d.decode_tok_s * c) for c in b.concurrencies) * len(
+            b.temperatures
+        ) + sum(n * warm_tokens / (d.decode_tok_s * c) for _, c, n in b.warmup())
         secs, rate = variants * (per_variant + start), f"{d.decode_tok_s:,.1f} tok/s a request, {variants} variants"
         src = d.decode_src + start_note
     # the triage: one engine load per probe (each alternative backend its own), a few short requests on each

@@ -88,6 +88,10 @@ class TriageConfig(_Strict):
     )
 
 
+# A warm-up answer's length: enough to run the prefill, decode and drafting kernels once at a setting's shapes.
+WARMUP_TOKENS = 16
+
+
 class BenchmarkConfig(_Strict):
     """Serving benchmark: the engine without speculation, with production's drafter and with the new one."""
 
@@ -123,7 +127,13 @@ class BenchmarkConfig(_Strict):
         description="Nucleus sampling's top_p sent with every sampled request (temperature above 0); 1: off. Set from "
         "production.traffic when that is given.",
     )
-    warmup_requests: int = Field(2, ge=0, description="Requests sent before measuring.")
+    warmup_requests: int = Field(
+        2,
+        ge=0,
+        description="Warm-up requests before measuring, at every setting (temperature x concurrency): at least one "
+        "round of its concurrency, answers of at most 16 tokens. A fresh GPU engine compiles a batch size's or a "
+        "sampler's kernels the first time it meets them. 0: no warm-up.",
+    )
     drafter_on: Literal["engine", "production", "none"] = Field(
         "engine",
         description="Where the new drafter is measured. 'engine': an engine of the stage's own (production down). "
@@ -195,6 +205,13 @@ class BenchmarkConfig(_Strict):
         "between them, so drift of a noisy machine hits all alike. Only where each engine has its own cores or GPUs: "
         "on a small CPU host the idle engine's threads slow the busy one (docs/benchmarks.md).",
     )
+
+    def warmup(self) -> list[tuple[float, int, int]]:
+        """The warm-up each engine gets before its first measured round: (temperature, concurrency, requests) for
+        every setting, one round of its concurrency at least; answers of min(max_tokens, WARMUP_TOKENS)."""
+        if not self.warmup_requests:
+            return []
+        return [(t, c, max(self.warmup_requests, c)) for t in self.temperatures for c in self.concurrencies]
 
     @field_validator("temperatures")
     @classmethod
