@@ -98,6 +98,14 @@ class BenchmarkConfig(_Strict):
     num_prompts: int = Field(32, ge=1, description="Held-out chat prompts sent in each setting to each variant.")
     max_tokens: int = Field(128, ge=1, description="Fixed max_tokens per request (ignore_eos keeps lengths equal).")
     num_speculative_tokens: int = Field(3, ge=1, le=16, description="Draft tokens per step.")
+    k_sweep: list[int] = Field(
+        default_factory=list,
+        description="More num_speculative_tokens to serve the new drafter at, after the verdict's windows: one "
+        "engine load each, the same settings, prompts and baseline. The report's table gives the speedup at every "
+        "k (over production's traffic, else the first setting) and the k that serves fastest, to launch "
+        "production with. Needs benchmark.drafter_on 'engine' (production serves the k of its own launch). "
+        "Empty: no sweep.",
+    )
     draft_attention_backend: str | None = Field(
         None,
         description="vLLM speculative_config.attention_backend: the drafter's own attention backend (e.g. "
@@ -213,12 +221,28 @@ class BenchmarkConfig(_Strict):
             return []
         return [(t, c, max(self.warmup_requests, c)) for t in self.temperatures for c in self.concurrencies]
 
+    @field_validator("k_sweep")
+    @classmethod
+    def _ks(cls, v: list[int]) -> list[int]:
+        if any(k < 1 or k > 16 for k in v) or len(set(v)) != len(v):
+            raise ValueError(f"k_sweep must be distinct values in [1, 16], got {v}")
+        return sorted(v)
+
     @field_validator("temperatures")
     @classmethod
     def _temps(cls, v: list[float]) -> list[float]:
         if any(t < 0 or t > 2 for t in v) or len(set(v)) != len(v):
             raise ValueError(f"temperatures must be distinct values in [0, 2], got {v}")
         return v
+
+    @model_validator(mode="after")
+    def _sweep_on_an_engine(self) -> BenchmarkConfig:
+        if self.k_sweep and self.drafter_on != "engine":
+            raise ValueError(
+                f"k_sweep {self.k_sweep} needs drafter_on 'engine' (it is {self.drafter_on!r}): production serves the "
+                "k of its own launch; sweep in a benchmark-only run with the drafter on an engine of its own"
+            )
+        return self
 
     @model_validator(mode="after")
     def _stopping(self) -> BenchmarkConfig:

@@ -299,6 +299,28 @@ class PreflightFinding(BaseModel):
     message: str
 
 
+class KSweepRow(BaseModel):
+    """The new drafter served at one num_speculative_tokens."""
+
+    model_config = ConfigDict(extra="forbid")
+    k: int = Field(description="num_speculative_tokens the engine served it at.")
+    speedup: float | None = Field(description="Over no speculation: over production's traffic, else the first setting.")
+    speedup_ci: list[float] | None = Field(None, description="Its 95% interval.")
+    mean_acceptance_length: float | None = Field(None, description="Served AL at the first setting.")
+    output_tok_s: float | None = Field(None, description="Output tokens/s at the first setting.")
+
+
+class KSweep(BaseModel):
+    """benchmark.k_sweep: the same drafter, windows and baseline at every k; the k that serves fastest."""
+
+    model_config = ConfigDict(extra="forbid")
+    over: str = Field(description="What each speedup is over: production's traffic or the first setting.")
+    configured_k: int = Field(description="benchmark.num_speculative_tokens: the k the verdict measured.")
+    best_k: int = Field(description="The k whose speedup is highest.")
+    rows: list[KSweepRow] = Field(description="Every k measured, ascending.")
+    summary: str = Field(description="One line for a person: the best k against the configured one.")
+
+
 class BenchmarkOutputs(Record):
     drafter_dir: str | None = Field(
         description="The new drafter measured (absolute path on the host); None: the "
@@ -340,3 +362,4 @@ class BenchmarkMetrics(MetricsRecord):
         description="Where the stage's time went, part by part: the preflight, each engine's load and warm-up, "
         "each setting's windows, the triage.",
     )
+    k_sweep: KSweep | None = Field(None, description="benchmark.k_sweep: the new drafter at every k, the fastest.")

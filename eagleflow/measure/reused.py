@@ -40,8 +40,9 @@ from eagleflow.contracts.prompts import Messages
 from eagleflow.hosts.facts import ENGINE_DISTRIBUTIONS, busy_share, gpu_load, version_of
 from eagleflow.util.files import write_json_atomic
 
-# Bump when a record's windows change meaning: every record is then measured again.
-MEASUREMENT_VERSION = "1"
+# Bump when a record's windows change meaning: every record is then measured again. 2: every setting warmed before
+# its first round (a baseline warmed at concurrency 1 alone paid a GPU engine's kernel compiles in its measured rounds).
+MEASUREMENT_VERSION = "2"
 
 
 class HostLoad(BaseModel):

@@ -49,6 +49,7 @@ class Variant:
     client: ChatClient | None = None  # one per engine: every round of every window goes through it
     key: str | None = None  # baseline / current: what determines the measurement (eagleflow.measure.reused)
     reused: VariantRecord | None = None  # measured by an earlier run, still valid: no engine for it
+    k: int | None = None  # num_speculative_tokens for this engine (benchmark.k_sweep); None: the benchmark's
 
 
 def when(t: float) -> str:
@@ -114,12 +115,17 @@ class Session:
         variants: list[Variant],
         load: reused.HostLoad | None = None,
         planned_s: float | None = None,
+        swept: list[Variant] | None = None,
     ) -> None:
         self.cfg, self.b, self.prompts, self.variants = cfg, cfg.benchmark, prompts, variants
         self.load = load  # what else kept the host busy before our engines: kept with each measured variant
         self.settings = [(t, c) for t in self.b.temperatures for c in self.b.concurrencies]
         self.measured = [v for v in variants if v.reused is None]
-        self.windows = {(v.name, t, c): WindowRecorder(v.name, t, c) for v in self.measured for t, c in self.settings}
+        # benchmark.k_sweep: the new drafter at other k, measured after the verdict's variants, outside its table
+        self.swept = swept or []
+        self.windows = {
+            (v.name, t, c): WindowRecorder(v.name, t, c) for v in self.measured + self.swept for t, c in self.settings
+        }
         self.rows: dict[Cell, Measurement] = {}
         for v in variants:
             if v.reused is not None:
@@ -132,7 +138,7 @@ class Session:
         self.progress = Progress(
             "benchmark",
             "requests",
-            max(len(self.measured) * len(self.settings) * len(prompts), 1),
+            max((len(self.measured) + len(self.swept)) * len(self.settings) * len(prompts), 1),
             "requests",
             planned_s=planned_s,
         )
@@ -143,6 +149,9 @@ class Session:
 
     def table(self) -> list[Measurement]:
         return [self.rows[(v.name, t, c)] for v in self.variants for t, c in self.settings]
+
+    def k_of(self, v: Variant) -> int:
+        return v.k or self.b.num_speculative_tokens
 
     # -- engines ----------------------------------------------------------------------------------
 
@@ -155,7 +164,7 @@ class Session:
         began = time.monotonic()
         for i, v in enumerate(group):
             spec = (
-                speculative(v.drafter, b.num_speculative_tokens, b.draft_attention_backend, b.draft_sample_method)
+                speculative(v.drafter, self.k_of(v), b.draft_attention_backend, b.draft_sample_method)
                 if v.drafter
                 else None
             )
@@ -220,7 +229,7 @@ class Session:
 
     def counters(self, v: Variant, before: dict[str, float], after: dict[str, float]) -> tuple[float, float]:
         assert v.server is not None
-        got = v.server.acceptance(before, after, self.b.num_speculative_tokens)
+        got = v.server.acceptance(before, after, self.k_of(v))
         return got["num_drafts"], got["num_accepted_tokens"]
 
     # -- windows ----------------------------------------------------------------------------------
@@ -263,7 +272,7 @@ class Session:
             w = windows[(v.name, t, c)]
             w.after = self.snapshot(v) if not v.drafter else last[v.name]
             w.stopped = why
-            self.rows[(v.name, t, c)] = w.measurement(v.server, self.b.num_speculative_tokens)
+            self.rows[(v.name, t, c)] = w.measurement(v.server, self.k_of(v))
         names = " and ".join(v.name for v in group)
         self.seconds[f"{names}: windows at temperature {t:g}, concurrency {c}"] = round(time.monotonic() - began, 1)
         if why == "precision":

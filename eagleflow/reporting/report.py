@@ -12,6 +12,7 @@ from eagleflow.capacity.render import render_plan
 from eagleflow.contracts.benchmark_records import (
     BenchmarkMetrics,
     BenchmarkOutputs,
+    KSweep,
     Measurement,
     ProductionResult,
     ProductionWindow,
@@ -78,6 +79,7 @@ class Report(BaseModel):
     benchmark_settings: dict = Field(default_factory=dict)
     offline: OfflineEstimate | None = Field(None, description="None when only the benchmark ran.")
     capacity: CapacityPlan | None = Field(None, description="The check stage's capacity plan, when it ran.")
+    k_sweep: KSweep | None = Field(None, description="benchmark.k_sweep: the new drafter at every k, the fastest.")
     production_traffic: ObservedTraffic | None = Field(
         None, description="Production's traffic as its engine counted it (the check stage's read of its /metrics)."
     )
@@ -135,6 +137,7 @@ def build_report(
         current=bench.current,
         speedup=bench.speedup,
         verdict=bench.verdict,
+        k_sweep=bench.k_sweep,
         windows=bench.windows,
         production=bench.production,
         production_windows=production_windows or [],
@@ -290,6 +293,8 @@ def render_text(report: Report) -> str:
         lines += [""] + _window_lines(report)
     if report.verdict:
         lines += [""] + _verdict_lines(report)
+    if report.k_sweep:
+        lines += ["", f"draft tokens a step (benchmark.k_sweep): {report.k_sweep.summary}"]
     if report.production_traffic:
         lines += ["", *_traffic_lines(report.production_traffic)]
     if _production_lines(report):
@@ -320,6 +325,8 @@ def render_markdown(report: Report, images: dict[str, str] | None = None) -> str
     if report.verdict:
         md += ["", f"**Verdict:** {report.verdict.summary}", ""]
         md += [f"- {f}" for f in report.verdict.findings]
+    if report.k_sweep:
+        md += ["", f"**Draft tokens a step** (benchmark.k_sweep): {report.k_sweep.summary}"]
     if report.production_traffic:
         md += ["", *(f"- {line}" for line in _traffic_lines(report.production_traffic))]
     if report.windows:

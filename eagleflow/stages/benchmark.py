@@ -16,6 +16,7 @@
    engine's own histograms and counters around each window.
 4. The verdict: speedups, and whether serving acceptance matches the drafter's offline estimate
    (eagleflow.measure.verdict). `report.md` (the table) is written beside the manifest.
+5. With `benchmark.k_sweep`: the new drafter at each other k, the k that serves fastest (eagleflow.measure.k_sweep).
 
 With `benchmark.side_by_side` all engines load at once and each window alternates request rounds
 between them (A B, B A, ...), so a noisy machine's drift hits every variant alike.
@@ -49,6 +50,7 @@ from eagleflow.contracts.stage_records import ExportOutputs
 from eagleflow.engines import make_server
 from eagleflow.engines.launch import served_name, target_launch
 from eagleflow.engines.preflight.command import preflight_argv
+from eagleflow.measure.k_sweep import KSweep, measure_sweep, sweep_result, sweep_section, sweep_variants
 from eagleflow.measure.reused import HostLoad
 from eagleflow.measure.session import Session, Variant, reuse_measurements
 from eagleflow.measure.verdict import judge, render_markdown
@@ -232,7 +234,8 @@ def run(request: StageRequest) -> Manifest:
     copy_ref = reused_copy_reference(cfg, variants)
     triage_result = None
 
-    session = Session(cfg, prompts, variants, load, planned_seconds(cfg, "benchmark"))
+    swept = sweep_variants(b, variants) if on == "engine" else []
+    session = Session(cfg, prompts, variants, load, planned_seconds(cfg, "benchmark"), swept=swept)
     if cfg.engine.preflight:
         session.seconds["preflight"] = preflight_s
     # Inside the pipeline's production window, production is already down and the flow gives it back
@@ -268,6 +271,7 @@ def run(request: StageRequest) -> Manifest:
                     dataclasses.asdict(copy_ref) if ref else None,
                     copy_settings(cfg) if ref else None,
                 )
+        measure_sweep(session, swept, request.path, env)
         session.progress.finish()
         table = session.table()
         if on == "none":
@@ -295,7 +299,7 @@ def run(request: StageRequest) -> Manifest:
             triage=triage_result,
             **mix,
         )
-    return verdict_manifest(request, session, verdict, production, findings)
+    return verdict_manifest(request, session, verdict, production, findings, sweep_result(cfg, session, swept))
 
 
 def verdict_manifest(
@@ -304,6 +308,7 @@ def verdict_manifest(
     verdict: Verdict,
     production: ProductionResult | None,
     findings: list[PreflightFinding],
+    sweep: KSweep | None = None,
 ) -> Manifest:
     """The verdict logged, the pictures and report.md written, and the manifest: the first setting's figures
     (what the report and the promotion gate read) beside every window."""
@@ -327,6 +332,7 @@ def verdict_manifest(
         plots=drawn,
         seconds=session.seconds,
     )
+    report += sweep_section(sweep)
     (request.path / "report.md").write_text(report)
 
     head_t, head_c = session.settings[0]
@@ -348,6 +354,7 @@ def verdict_manifest(
         reused={v.name: headline[v.name].measured or "" for v in variants if v.reused is not None},
         requests={v.name: sum(w.requests or 0 for w in table if w.variant == v.name) for v in session.measured},
         seconds=session.seconds,
+        k_sweep=sweep,
     )
     outputs = BenchmarkOutputs(
         drafter_dir=headline_drafter(variants), num_prompts=len(session.prompts), report_md="report.md", plots=drawn

@@ -9,6 +9,7 @@ script (tests/prodservice.py); the drafters are exported by the project's own co
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -83,7 +84,7 @@ def start_stage(cfg: RunConfig) -> tuple[subprocess.Popen, Path]:
     return proc, d
 
 
-def nightly_benchmark(tmp: Path, drafter: Path, current: Path) -> tuple[Path, dict]:
+def nightly_benchmark(tmp: Path, drafter: Path, current: Path, more: dict | None = None) -> tuple[Path, dict]:
     """The benchmark stage as a nightly runs it (no production, the stopping rule on); its dir and metrics."""
     cfg = bench_config(
         tmp,
@@ -96,6 +97,7 @@ def nightly_benchmark(tmp: Path, drafter: Path, current: Path) -> tuple[Path, di
             # the suite's own load moves between these runs: the reuse under test is the key's (the load rule:
             # tests/unit/measure/test_reused.py)
             "benchmark.reuse_max_load_change": 1.0,
+            **(more or {}),
         },
     )
     proc, d = start_stage(cfg)
@@ -199,11 +201,20 @@ def test_every_variant_and_setting_is_measured_and_production_comes_back(tmp_pat
         assert "unpaired: baseline measured" in m2["verdict"]["summary"]
         assert "(reused)" in (d2 / "report.md").read_text()
 
-        # Tonight's new drafter is tomorrow's current one: its measurement is reused under its new role.
-        d3, m3 = nightly_benchmark(tmp_path, drafters["newer"], drafters["new"])
+        # Tonight's new drafter is tomorrow's current one: its measurement is reused under its new role. It is also
+        # served at k=2 beside the configured 3 (benchmark.k_sweep): one engine more, the same windows and baseline.
+        d3, m3 = nightly_benchmark(tmp_path, drafters["newer"], drafters["new"], {"benchmark.k_sweep": [2, 3]})
         assert sorted(m3["reused"]) == ["baseline", "current"] and "as variant 'drafter'" in m3["reused"]["current"]
         assert str(d2) in m3["reused"]["current"]
-        assert sorted(p.name for p in d3.glob("engine-*.log")) == ["engine-drafter.log"]
+        assert sorted(p.name for p in d3.glob("engine-*.log")) == ["engine-drafter-k2.log", "engine-drafter.log"]
+        sweep = m3["k_sweep"]
+        assert sweep["over"] == "production's traffic" and [r["k"] for r in sweep["rows"]] == [2, 3]
+        assert sweep["best_k"] in (2, 3) and all(r["speedup"] > 0 for r in sweep["rows"])
+        k2 = sweep["rows"][0]
+        assert 1.0 <= k2["mean_acceptance_length"] <= 3.0  # at most 2 drafts accepted a step, plus the target's token
+        assert re.search(r"num_speculative_tokens['\"]?: 2\b", (d3 / "engine-drafter-k2.log").read_text())
+        assert "## Draft tokens a step (benchmark.k_sweep)" in (d3 / "report.md").read_text()
+        assert [w["variant"] for w in m3["windows"]].count("drafter-k2") == 0  # the verdict's table: its variants
         cur = [w for w in m3["windows"] if w["variant"] == "current"]
         assert [w["round_seconds"] for w in cur] == [
             w["round_seconds"] for w in m2["windows"] if w["variant"] == "drafter"

@@ -337,3 +337,15 @@ def test_a_cpu_host_is_planned_from_the_demos_measured_cpu_rates_not_a_gpu_hosts
     assert scaled["train"].seconds == pytest.approx(by["train"].seconds * 25, rel=0.01)
     # a GPU host keeps the GPU figures
     assert "Kimi-K2.5 serves 82.5 tok/s" in {s.stage: s for s in plan(kimi(), facts()).stages}["benchmark"].source
+
+
+def test_the_plan_counts_each_swept_k_as_a_variant():
+    """benchmark.k_sweep: the new drafter at each other k is one more engine load and its windows."""
+
+    def benchmark_seconds(sweep: list[int]) -> float:
+        cfg = load_config(ROOT / "configs" / "demo.yaml", {"benchmark.k_sweep": sweep})
+        facts = HostFacts(target=target_facts(cfg.target.model_path))
+        return next(s for s in plan(cfg, facts).stages if s.stage == "benchmark").seconds
+
+    one, three = benchmark_seconds([]), benchmark_seconds([2, 3, 4])  # 3 is the configured k: two more variants
+    assert three == pytest.approx(one * 4 / 2)
