@@ -317,6 +317,9 @@ class KSweep(BaseModel):
     over: str = Field(description="What each speedup is over: production's traffic or the first setting.")
     configured_k: int = Field(description="benchmark.num_speculative_tokens: the k the verdict measured.")
     best_k: int = Field(description="The k whose speedup is highest.")
+    beyond_noise: bool = Field(
+        True, description="Whether best_k's interval clears the configured k's (False: within noise, keep it)."
+    )
     rows: list[KSweepRow] = Field(description="Every k measured, ascending.")
     summary: str = Field(description="One line for a person: the best k against the configured one.")
 

@@ -113,17 +113,33 @@ def summarize(
         ci = f" (95% CI {r.speedup_ci[0]:.2f}-{r.speedup_ci[1]:.2f})" if r.speedup_ci else ""
         return f"{r.speedup:.2f}x{ci}"
 
+    # Beyond noise: the best k's interval clears the configured k's (without intervals the points decide)
+    overlap = bool(
+        configured is not None
+        and best.speedup_ci
+        and configured.speedup_ci
+        and best.speedup_ci[0] <= configured.speedup_ci[1]
+    )
     if configured is not None and best.k == configured.k:
         summary = f"k={best.k} (benchmark.num_speculative_tokens) serves fastest over {over}: {shown(best)}"
+    elif overlap:
+        summary = (
+            f"k={best.k} reads fastest over {over}: {shown(best)}, within noise of {shown(configured)} at the "
+            f"configured k={b.num_speculative_tokens}: keep it, or measure again with more prompts"
+        )
     else:
         summary = (
             f"k={best.k} serves fastest over {over}: {shown(best)}, against {shown(configured)} at the configured "
             f"k={b.num_speculative_tokens}; launch production with num_speculative_tokens {best.k}"
         )
-        if best.speedup_ci and configured is not None and configured.speedup_ci:
-            if best.speedup_ci[0] <= configured.speedup_ci[1]:
-                summary += " (their intervals overlap: within noise)"
-    return KSweep(over=over, configured_k=b.num_speculative_tokens, best_k=best.k, rows=rows, summary=summary)
+    return KSweep(
+        over=over,
+        configured_k=b.num_speculative_tokens,
+        best_k=best.k,
+        beyond_noise=not overlap,
+        rows=rows,
+        summary=summary,
+    )
 
 
 def sweep_section(s: KSweep | None) -> str:
