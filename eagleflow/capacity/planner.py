@@ -260,8 +260,7 @@ def plan(cfg: RunConfig, facts: HostFacts, progress: FinishedStages | None = Non
     settings = cfg.benchmark.model_dump(mode="json")
     same = [r for r in measured_runs(hist, "benchmark", target=target) if r.seconds and r.settings == settings]
     # baseline, the new drafter, production's current one, and the new drafter at each other k (benchmark.k_sweep)
-    swept = [k for k in cfg.benchmark.k_sweep if k != cfg.benchmark.num_speculative_tokens]
-    variants = 2 + (1 if cfg.benchmark.current_drafter else 0) + len(swept)
+    variants = 2 + (1 if cfg.benchmark.current_drafter else 0) + len(cfg.benchmark.swept_ks())
     b = cfg.benchmark
     if same:
         secs, rate, src = same[0].seconds, "", f"measured (run {same[0].run}, the same benchmark settings)"

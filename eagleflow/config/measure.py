@@ -221,6 +221,10 @@ class BenchmarkConfig(_Strict):
             return []
         return [(t, c, max(self.warmup_requests, c)) for t in self.temperatures for c in self.concurrencies]
 
+    def swept_ks(self) -> list[int]:
+        """benchmark.k_sweep's k beyond the verdict's own (num_speculative_tokens): one more engine each."""
+        return [k for k in self.k_sweep if k != self.num_speculative_tokens]
+
     @field_validator("k_sweep")
     @classmethod
     def _ks(cls, v: list[int]) -> list[int]:

@@ -29,18 +29,13 @@ def sweep_name(k: int) -> str:
     return f"drafter-k{k}"
 
 
-def sweep_ks(b: BenchmarkConfig) -> list[int]:
-    """The k to measure beyond the verdict's own (benchmark.num_speculative_tokens)."""
-    return [k for k in b.k_sweep if k != b.num_speculative_tokens]
-
-
 def sweep_variants(b: BenchmarkConfig, variants: Sequence[Variant]) -> list[Variant]:
     """The new drafter at each k of the sweep but the verdict's own: a variant each (its engine's log
     engine-drafter-k<k>.log)."""
     new = next((v for v in variants if v.name == "drafter"), None)
     if new is None:
         return []
-    return [Variant(sweep_name(k), new.drafter, new.offline_al, k=k) for k in sweep_ks(b)]
+    return [Variant(sweep_name(k), new.drafter, new.offline_al, k=k) for k in b.swept_ks()]
 
 
 def measure_sweep(session: Session, swept: Sequence[Variant], stage_dir: Path, env: dict[str, str] | None) -> None:

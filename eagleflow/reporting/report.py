@@ -128,6 +128,7 @@ def build_report(
         {n: manifests["benchmark"].path(f) for n, f in BenchmarkOutputs.of(manifests["benchmark"]).plots.items()}
     )
     plots.update(plots_on_host or {})
+    check = CheckMetrics.of(manifests["check"]) if "check" in manifests else None
     return Report(
         run=run_name,
         kind=kind,
@@ -145,8 +146,8 @@ def build_report(
         drafters=bench.drafters,
         benchmark_settings=bench.settings.model_dump(mode="json"),
         offline=offline,
-        capacity=CheckMetrics.of(manifests["check"]).plan if "check" in manifests else None,
-        production_traffic=CheckMetrics.of(manifests["check"]).production_traffic if "check" in manifests else None,
+        capacity=check.plan if check else None,
+        production_traffic=check.production_traffic if check else None,
         stages={
             s: StageSummary(
                 seconds=round(t.seconds, 2),
