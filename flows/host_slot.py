@@ -7,6 +7,11 @@ itself (`<work_root>/.eagleflow/host.lock`), which fails fast and says who holds
 says in its log (the UI's run page) which run holds the host: the holder names itself in a Prefect
 Variable, `eagleflow-host-<host.name>-holder`, while it holds it.
 
+A holder that dies without letting go (killed outright, or the temporary Prefect server of `make demo` gone with
+it, which takes the slot's lease with it: Prefect's repossessor then never frees the slot) would keep every later
+run queued for ever. The host's own lease is the witness: its holder process exits with its run. A queued run
+that finds, twice in a row, the slot's named holder holding no lease on the host takes the slot back and says so.
+
 `host_slot` yields the flow run's one `Host`: every task of the run is given it, so an SSH host is
 connected once per flow run, not once per stage.
 """
@@ -23,7 +28,7 @@ from typing import Any
 
 from prefect import get_run_logger
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate
 from prefect.concurrency.sync import concurrency
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.runtime import flow_run as current_run
@@ -34,6 +39,9 @@ from eagleflow.hosts import Host, make_host
 from tasks.naming import flow_run_owner
 
 WAIT_NOTE_S = 30.0  # while queued, who holds the host is looked up again this often
+# A slot's holder seen without the host lease this many looks in a row (WAIT_NOTE_S apart) has gone: one look
+# could fall between a live holder taking the slot and taking the lease, or letting go of each.
+GONE_LOOKS = 2
 
 
 def limit_name(host: HostConfig) -> str:
@@ -117,6 +125,33 @@ def _holders(variables: list[str]) -> list[Any]:
     return [Variable.get(v, default=None) for v in variables]
 
 
+def _holder_gone(host: HostConfig, holder: Any) -> bool:
+    """Whether the run named as holding the host's slot holds nothing on the host: its lease there is free. A host
+    that cannot say (no lease kept, unreachable, an older eagleflow) never counts as free."""
+    if not isinstance(holder, dict) or not holder.get("flow_run_id"):
+        return False
+    try:
+        with make_host(host) as h:
+            return h.lease_holder() is None
+    except Exception:  # noqa: BLE001 - not knowing is not gone
+        return False
+
+
+def _take_back(limit: str, variable: str, holder: dict, log: Any) -> None:
+    """Free the slot a gone holder left. Two queued runs may both do it; the host lease still admits one."""
+    with get_client(sync_client=True) as client:
+        client.update_global_concurrency_limit(limit, GlobalConcurrencyLimitUpdate(active_slots=0))
+    _let_go(variable, holder["flow_run_id"])
+    log.warning(
+        "took back the slot of %s from flow run %r (%s), holding it since %s: it holds no lease on the host, so "
+        "it ended without letting go (killed outright, or its Prefect server stopped with it)",
+        limit,
+        holder.get("flow_run"),
+        holder["flow_run_id"],
+        holder.get("since"),
+    )
+
+
 @contextlib.contextmanager
 def host_slot(config: RunConfig, what: str) -> Iterator[Host]:
     """Queue for the host's concurrency slot, then take the lease on the host; yield the run's host.
@@ -134,6 +169,7 @@ def host_slot(config: RunConfig, what: str) -> Iterator[Host]:
         ensure_limit(name)
     _tag_host(config.host)
     start, said = time.monotonic(), object()  # nothing said yet
+    gone, last_gone = 0, None  # looks in a row that found the slot's holder (the same one) gone from the host
     with contextlib.ExitStack() as stack:
         # For the run, not one attempt: the service thread logs a timeout just after our thread has it.
         stack.enter_context(_quiet_slot_timeouts())
@@ -153,6 +189,13 @@ def host_slot(config: RunConfig, what: str) -> Iterator[Host]:
                 stack.enter_context(concurrency(names, occupy=1, strict=True, timeout_seconds=WAIT_NOTE_S))
                 break
             except TimeoutError:
+                # the run's own host only (a train node's slot is taken with it; that node's own runs look at it)
+                looked = holders[0] if _holder_gone(config.host, holders[0]) else None
+                gone = gone + 1 if looked is not None and looked == last_gone else int(looked is not None)
+                last_gone = looked
+                if gone >= GONE_LOOKS and Variable.get(variables[0], default=None) == looked:
+                    _take_back(names[0], variables[0], looked, logger)
+                    gone, last_gone, said = 0, None, object()
                 continue
         me = {
             "flow_run_id": flow_run_owner(),

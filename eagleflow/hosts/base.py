@@ -6,6 +6,7 @@ import abc
 import contextlib
 from collections import deque
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from eagleflow import EagleflowError
 from eagleflow.contracts.failure import read_ending, split_message, three_lines
@@ -148,6 +149,11 @@ class Host(abc.ABC):
     def lease(self, owner: str, what: str, log: LogFn | None = None) -> Iterator[None]:
         """Hold the host for one pipeline: a second run, in Prefect or not, fails with HostBusy."""
         yield
+
+    def lease_holder(self) -> dict[str, Any] | None:
+        """Who holds the host lease now ({"owner": flow run id, ...}), None when it is free. A host that keeps
+        no lease, or cannot be asked, answers {"owner": "unknown"}: never taken for free."""
+        return {"owner": "unknown"}
 
     def close(self) -> None:  # noqa: B027 - a no-op where there is no connection to drop (a local host)
         """Drop connections; the host's jobs go on."""

@@ -23,6 +23,7 @@ run. `<work_root>/.eagleflow/host.lock` is the host lease: one pipeline at a tim
     python -m eagleflow.hosts.jobs stop JOB_DIR [--grace S]   end this job's process group, only it
     python -m eagleflow.hosts.jobs stop-owner ROOT OWNER      end every job of a flow run
     python -m eagleflow.hosts.jobs lease ROOT OWNER [--what]  hold the host lease until stdin closes
+    python -m eagleflow.hosts.jobs holder ROOT                who holds the host lease ({"holder": null}: free)
 
 Each command prints one JSON line, except `follow` and `run`, which print the log on stdout (`run`
 puts its JSON lines, how it started and how the job ended, on stderr); exit 3 means busy.
@@ -420,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("root")
     p.add_argument("owner")
     p.add_argument("--what", default="")
+    p = sub.add_parser("holder")
+    p.add_argument("root")
     args = parser.parse_args(argv)
 
     if args.cmd == "supervise":
@@ -438,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
         result = Job(args.job_dir).status()
     elif args.cmd == "stop":
         result = stop(args.job_dir, args.grace)
+    elif args.cmd == "holder":
+        result = {"holder": lease_holder(args.root)}
     else:
         result = stop_owner(args.root, args.owner, args.grace)
     print(json.dumps(result), flush=True)

@@ -7,6 +7,7 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from eagleflow.hosts import jobs
 from eagleflow.hosts.base import Host, HostBusy, HostError, LogFn, StageFailed, TailBuffer
@@ -33,6 +34,9 @@ class LocalHost(Host):
             yield
         finally:
             held.release()
+
+    def lease_holder(self) -> dict[str, Any] | None:
+        return jobs.lease_holder(self.work_root) if self.work_root else {"owner": "unknown"}
 
     def run(
         self, argv: list[str], *, log: LogFn, env: dict[str, str] | None = None, log_path: str | None = None

@@ -281,6 +281,12 @@ class SshHost(SshLink, SshFiles, Host):
     def stop_owner(self, owner: str) -> list[str]:
         return self._job("stop-owner", self.work_root, owner, "--grace", str(CANCEL_GRACE_S))["stopped"]
 
+    def lease_holder(self) -> dict[str, Any] | None:
+        try:
+            return self._job("holder", self.work_root)["holder"]
+        except (HostError, KeyError, ValueError):  # unreachable, or an eagleflow on the host without `holder`
+            return {"owner": "unknown"}
+
     def _take_lease(self, owner: str, what: str) -> tuple[paramiko.SSHClient, paramiko.Channel]:
         """Start the lease holder on a connection of its own; return it once the host says 'held'."""
         client = self.connect()

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from tests.conftest import ROOT
 from tests.e2e.hosts.test_ssh import HOST_PY
@@ -121,3 +122,28 @@ def test_two_runs_on_one_host_queue_and_the_waiting_one_names_the_holder(prefect
     assert f"held by flow run {r1['name']!r} ({r1['id']})" in r2["waiting"][0], r2["waiting"]
     # each 5 s give-up is Prefect's TimeoutError, logged at ERROR by its slot service: kept out of the run's output
     assert "failed to process item" not in (tmp_path / "demo-mla.log").read_text()
+
+
+def test_a_slot_left_by_a_run_that_died_is_taken_back(prefect_server, two_hosts, tmp_path):
+    """A run that died holding its host's slot (killed outright while `make demo`'s temporary Prefect server died with
+    it and took the slot's lease along, so Prefect never frees the slot): the next run finds the named holder holding
+    no lease on the host, takes the slot back after two looks, says whose, and runs. Before, it queued for ever."""
+    from flows.host_slot import holder_variable, limit_name
+    from tests.e2e.conftest import api
+
+    host = "gpu-dead"
+    limit = limit_name(SimpleNamespace(name=host))
+    dead = {"flow_run_id": "0b1d0000-0000-4000-8000-000000000000", "flow_run": "gone-run", "what": "pipeline demo"}
+    created = api(
+        prefect_server, "POST", "/v2/concurrency_limits/", json={"name": limit, "limit": 1, "active_slots": 1}
+    )
+    assert created.status_code in (200, 201), created.text
+    api(
+        prefect_server, "POST", "/variables/", json={"name": holder_variable(limit), "value": {**dead, "since": "then"}}
+    )
+    run = _start(prefect_server, two_hosts[0], host, "demo", tmp_path)
+    rec = _record(run, tmp_path / "demo.log")
+    took = [msg for _, msg in rec["logs"] if msg.startswith("took back the slot")]
+    print(f"\n{took}")
+    assert took and "'gone-run' (0b1d0000-0000-4000-8000-000000000000)" in took[0], rec["logs"]
+    assert api(prefect_server, "GET", f"/v2/concurrency_limits/{limit}").json()["active_slots"] == 0

@@ -138,20 +138,32 @@ def _run(prefect_server: dict, deployment: dict, config: Path, extract: dict) ->
     ).json()["id"]
 
 
-def _logs(prefect_server: dict, run_id: str) -> str:
-    """The run's log lines that are not the stage's own (those are read from the hosts' stage.log files)."""
-    lines, offset = [], 0
+def _logs(prefect_server: dict, run_id: str, wait_s: float = 60) -> str:
+    """The run's log lines that are not the stage's own (those are read from the hosts' stage.log files). A run's
+    logs reach the server in batches, the last ones after its state: read until its engine's closing line is in
+    ("Finished in state ..."), or `wait_s` has passed."""
+    deadline = time.monotonic() + wait_s
     while True:
-        page = api(
-            prefect_server,
-            "POST",
-            "/logs/filter",
-            json={"logs": {"flow_run_id": {"any_": [run_id]}}, "sort": "TIMESTAMP_ASC", "limit": 200, "offset": offset},
-        ).json()
-        lines += [r["message"] for r in page if not re.match(r"(\[\S+\] )?\d{4}-\d\d-\d\d ", r["message"])]
-        if len(page) < 200:
+        lines, offset = [], 0
+        while True:
+            page = api(
+                prefect_server,
+                "POST",
+                "/logs/filter",
+                json={
+                    "logs": {"flow_run_id": {"any_": [run_id]}},
+                    "sort": "TIMESTAMP_ASC",
+                    "limit": 200,
+                    "offset": offset,
+                },
+            ).json()
+            lines += [r["message"] for r in page if not re.match(r"(\[\S+\] )?\d{4}-\d\d-\d\d ", r["message"])]
+            if len(page) < 200:
+                break
+            offset += 200
+        if any(line.startswith("Finished in state") for line in lines) or time.monotonic() > deadline:
             return "\n".join(lines)
-        offset += 200
+        time.sleep(0.5)
 
 
 def _sha(path: Path) -> str:

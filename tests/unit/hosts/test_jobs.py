@@ -132,6 +132,18 @@ def test_the_lease_is_exclusive_and_blocks_jobs_of_other_runs(tmp_path):
     jobs.Lease(tmp_path, "flow-2", "pipeline other").release()
 
 
+def test_holder_says_who_holds_the_lease_and_when_it_is_free(tmp_path, capsys):
+    # what a queued run asks of the host before it takes back a slot whose holder died (flows/host_slot.py)
+    assert jobs.main(["holder", str(tmp_path)]) == 0
+    assert json.loads(capsys.readouterr().out) == {"holder": None}
+    lease = jobs.Lease(tmp_path, "flow-1", "pipeline demo")
+    jobs.main(["holder", str(tmp_path)])
+    assert json.loads(capsys.readouterr().out)["holder"]["owner"] == "flow-1"
+    lease.release()
+    jobs.main(["holder", str(tmp_path)])
+    assert json.loads(capsys.readouterr().out) == {"holder": None}
+
+
 def test_cli_prints_one_json_line(tmp_path, capsys):
     assert jobs.main(["status", str(tmp_path / "nothing")]) == 0
     assert json.loads(capsys.readouterr().out)["state"] == "absent"
