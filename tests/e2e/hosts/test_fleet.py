@@ -58,7 +58,9 @@ print("RECORD " + json.dumps(asyncio.run(records())), flush=True)
 """
 
 
-def _start(prefect_server: dict, sshd, host_name: str, config_name: str, work: Path) -> subprocess.Popen:
+def _start(
+    prefect_server: dict, sshd, host_name: str, config_name: str, work: Path, hold_s: float = HOLD_S
+) -> subprocess.Popen:
     overrides = {
         **sshd.host_overrides(),
         "host.name": host_name,
@@ -73,7 +75,7 @@ def _start(prefect_server: dict, sshd, host_name: str, config_name: str, work: P
             "-c",
             HOLD_FLOW,
             json.dumps(overrides),
-            str(HOLD_S),
+            str(hold_s),
             str(work / host_name / f"job-{config_name}"),
         ],
         cwd=ROOT,
@@ -141,7 +143,7 @@ def test_a_slot_left_by_a_run_that_died_is_taken_back(prefect_server, two_hosts,
     api(
         prefect_server, "POST", "/variables/", json={"name": holder_variable(limit), "value": {**dead, "since": "then"}}
     )
-    run = _start(prefect_server, two_hosts[0], host, "demo", tmp_path)
+    run = _start(prefect_server, two_hosts[0], host, "demo", tmp_path, hold_s=1)
     rec = _record(run, tmp_path / "demo.log")
     took = [msg for _, msg in rec["logs"] if msg.startswith("took back the slot")]
     print(f"\n{took}")
