@@ -10,7 +10,8 @@ Variable, `eagleflow-host-<host.name>-holder`, while it holds it.
 A holder that dies without letting go (killed outright, or the temporary Prefect server of `make demo` gone with
 it, which takes the slot's lease with it: Prefect's repossessor then never frees the slot) would keep every later
 run queued for ever. The host's own lease is the witness: its holder process exits with its run. A queued run
-that finds, twice in a row, the slot's named holder holding no lease on the host takes the slot back and says so.
+that finds the slot's named holder holding no lease on the host for GONE_LOOKS looks in a row (3 minutes) takes the
+slot back and says so.
 
 `host_slot` yields the flow run's one `Host`: every task of the run is given it, so an SSH host is
 connected once per flow run, not once per stage.
@@ -39,9 +40,11 @@ from eagleflow.hosts import Host, make_host
 from tasks.naming import flow_run_owner
 
 WAIT_NOTE_S = 30.0  # while queued, who holds the host is looked up again this often
-# A slot's holder seen without the host lease this many looks in a row (WAIT_NOTE_S apart) has gone: one look
-# could fall between a live holder taking the slot and taking the lease, or letting go of each.
-GONE_LOOKS = 2
+# A slot's holder seen without the host lease this many looks in a row (WAIT_NOTE_S apart: 3 minutes) has gone. One
+# look could fall between a live holder taking the slot and taking the lease, or letting go of each; and a live
+# holder whose SSH link dropped has no lease on the host until its keeper takes it again (seconds, or as long as the
+# link stays down): minutes of absence, against a slot otherwise held for ever.
+GONE_LOOKS = 6
 
 
 def limit_name(host: HostConfig) -> str:
