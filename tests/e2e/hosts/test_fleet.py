@@ -129,7 +129,8 @@ def test_two_runs_on_one_host_queue_and_the_waiting_one_names_the_holder(prefect
 def test_a_slot_left_by_a_run_that_died_is_taken_back(prefect_server, two_hosts, tmp_path):
     """A run that died holding its host's slot (killed outright while `make demo`'s temporary Prefect server died with
     it and took the slot's lease along, so Prefect never frees the slot): the next run finds the named holder holding
-    no lease on the host, takes the slot back after six looks (5 s apart here), says whose, and runs. Before, it queued for ever."""
+    no lease on the host, takes the slot back after six looks (5 s apart here), says whose, and runs. Before, it
+    queued for ever."""
     from flows.host_slot import holder_variable, limit_name
     from tests.e2e.conftest import api
 
