@@ -85,6 +85,27 @@ def api(prefect_server: dict, method: str, path: str, **kw) -> httpx.Response:
     return r
 
 
+def run_logs(prefect_server: dict, run_id: str) -> list[dict]:
+    """Every log record of the flow run the server keeps now, oldest first. Its last lines reach the server after
+    its state is final: a test that needs them waits for the one it expects."""
+    logs: list[dict] = []
+    while True:
+        batch = api(
+            prefect_server,
+            "POST",
+            "/logs/filter",
+            json={
+                "logs": {"flow_run_id": {"any_": [run_id]}},
+                "sort": "TIMESTAMP_ASC",
+                "limit": 200,
+                "offset": len(logs),
+            },
+        ).json()
+        logs += batch
+        if len(batch) < 200:
+            return logs
+
+
 @contextlib.contextmanager
 def deployed_worker(
     prefect_server: dict, config: Path, pool: str, log_path: Path, more: tuple[Path, ...] = ()

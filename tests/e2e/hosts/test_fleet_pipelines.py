@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, free_port
-from tests.e2e.conftest import api, deployed_worker, wait_flow_run
+from tests.e2e.conftest import api, deployed_worker, run_logs, wait_flow_run
 from tests.e2e.hosts.test_ssh import HOST_PY
 from tests.e2e.ui.conftest import browser, page  # noqa: F401 (the browser tests' fixtures)
 from tests.e2e.ui.pages import open_run, scroll_logs_to_end, shot
@@ -74,32 +74,12 @@ def _run(prefect_server: dict, deployment: dict, config: Path, overrides: dict |
     return run["id"]
 
 
-def _logs(prefect_server: dict, run_id: str) -> list[dict]:
-    """Every log record of the run the server keeps, oldest first (a pipeline's run: a few hundred)."""
-    logs: list[dict] = []
-    while True:
-        batch = api(
-            prefect_server,
-            "POST",
-            "/logs/filter",
-            json={
-                "logs": {"flow_run_id": {"any_": [run_id]}},
-                "sort": "TIMESTAMP_ASC",
-                "limit": 200,
-                "offset": len(logs),
-            },
-        ).json()
-        logs += batch
-        if len(batch) < 200:
-            return logs
-
-
 def _held(prefect_server: dict, run_id: str) -> tuple[float, float, list[str]]:
     """When the run held its host (its "holding host" and "released host" log lines, as the server keeps them),
     and what it said while it waited."""
     deadline = time.monotonic() + 120
     while True:  # the last log lines reach the server after the run is final
-        logs = _logs(prefect_server, run_id)
+        logs = run_logs(prefect_server, run_id)
         at = {
             what: [log["timestamp"] for log in logs if log["message"].startswith(what)]
             for what in ("holding host", "released host")
@@ -179,4 +159,4 @@ def test_pointed_at_one_host_the_second_waits_and_its_page_names_the_first(fleet
 
 
 def _said(prefect_server: dict, run_id: str, prefix: str) -> bool:
-    return any(log["message"].startswith(prefix) for log in _logs(prefect_server, run_id))
+    return any(log["message"].startswith(prefix) for log in run_logs(prefect_server, run_id))

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, free_port
-from tests.e2e.conftest import api, wait_flow_run
+from tests.e2e.conftest import api, run_logs, wait_flow_run
 from tests.e2e.hosts.test_ssh import HOST_PY
 from tests.helpers.procs import alive, end_group
 
@@ -139,30 +139,13 @@ def _run(prefect_server: dict, deployment: dict, config: Path, extract: dict) ->
 
 
 def _logs(prefect_server: dict, run_id: str, wait_s: float = 60) -> str:
-    """The run's log lines that are not the stage's own (those are read from the hosts' stage.log files). A run's
-    logs reach the server in batches, the last ones after its state: read until its engine's closing line is in
-    ("Finished in state ..."), or `wait_s` has passed."""
+    """The run's log lines that are not the stage's own (those are read from the hosts' stage.log files), once its
+    engine's closing line ("Finished in state ...") is in, or `wait_s` has passed."""
     deadline = time.monotonic() + wait_s
     while True:
-        lines, offset = [], 0
-        while True:
-            page = api(
-                prefect_server,
-                "POST",
-                "/logs/filter",
-                json={
-                    "logs": {"flow_run_id": {"any_": [run_id]}},
-                    "sort": "TIMESTAMP_ASC",
-                    "limit": 200,
-                    "offset": offset,
-                },
-            ).json()
-            lines += [r["message"] for r in page if not re.match(r"(\[\S+\] )?\d{4}-\d\d-\d\d ", r["message"])]
-            if len(page) < 200:
-                break
-            offset += 200
+        lines = [r["message"] for r in run_logs(prefect_server, run_id)]
         if any(line.startswith("Finished in state") for line in lines) or time.monotonic() > deadline:
-            return "\n".join(lines)
+            return "\n".join(line for line in lines if not re.match(r"(\[\S+\] )?\d{4}-\d\d-\d\d ", line))
         time.sleep(0.5)
 
 
