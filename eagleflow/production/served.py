@@ -104,6 +104,16 @@ def last_good(d: Path, besides: int | None = None) -> int | None:
     return max(good, key=lambda s: order[s]) if good else None
 
 
+def good_drafter(d: Path) -> str | None:
+    """The directory of the drafter production serves while it is good, else of its last good one (a drafter just
+    switched in waits for its canary); None when nothing is managed in `d`."""
+    seq = current(d) if d.is_dir() else None
+    if seq is not None and states(history(d)).get(seq) != "good":
+        seq = last_good(d, besides=seq)
+    path = d / DRAFTERS / str(seq) if seq is not None else None
+    return str(path) if path is not None and (path / "config.json").is_file() else None
+
+
 def _relink(d: Path, seq: int) -> None:
     tmp = d / f".{LINK}.{os.getpid()}"
     tmp.unlink(missing_ok=True)

@@ -56,6 +56,7 @@ from eagleflow.measure.session import Session, Variant, reuse_measurements
 from eagleflow.measure.verdict import judge, render_markdown
 from eagleflow.nightly.promotion import PromotionRecord, promotion_record_path
 from eagleflow.production import WINDOW_ENV, production_stopped
+from eagleflow.production.served import good_drafter, offline_al, served_dir
 from eagleflow.reporting import plots
 from eagleflow.stages.common import planned_seconds, stage_main
 from eagleflow.triage import CopyReference, TriageInputs, run_triage
@@ -98,20 +99,13 @@ def resolve_drafter(path: str, field: str) -> str:
 
 def offline_estimate(drafter_dir: str) -> float | None:
     """The simulated acceptance length eagleflow's trainer measured for a drafter it exported, if any."""
-    try:
-        conf = json.loads((Path(drafter_dir) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    val = (conf.get("eagleflow") or {}).get("validation") or {}
-    al = val.get("acceptance_length")
-    return float(al) if isinstance(al, (int, float)) else None
+    return got[0] if (got := offline_al(Path(drafter_dir))) else None
 
 
 def current_drafter(cfg: RunConfig) -> str | None:
-    """benchmark.current_drafter, else the drafter the nightly retrain promoted for this run name. With
-    production.promote 'serve' the promoted drafter wins once there is one: it is what production serves (a
-    rollback rewrites the record to the drafter it returned to); benchmark.current_drafter is then only what
-    production served before eagleflow's first deploy."""
+    """What production serves, variant 'current': benchmark.current_drafter (with production.promote 'serve' only
+    until the nightly promotes one), else the promoted drafter (a rollback rewrites its record), else with 'serve'
+    the good one production's link names: the bar is what production serves, not no speculation (docs/nightly.md)."""
     record = Path(promotion_record_path(cfg.host.work_root, cfg.name))
     deploy = cfg.production.promote == "serve" and record.is_file()
     if cfg.benchmark.current_drafter and not deploy:
@@ -123,6 +117,9 @@ def current_drafter(cfg: RunConfig) -> str | None:
             return path
     if cfg.benchmark.current_drafter:
         return resolve_drafter(cfg.benchmark.current_drafter, "benchmark.current_drafter")
+    if cfg.production.promote == "serve" and (served := good_drafter(Path(served_dir(cfg.host.work_root, cfg.name)))):
+        log.info("current drafter: %s, the one production serves", served)
+        return served
     return None
 
 
