@@ -8,7 +8,8 @@ measured before as 'current' or as a night's new drafter (promoted, it is the ne
 The new drafter itself is always measured. The key hashes everything that determines them:
 
 - the engine: its distribution and installed version on the host, and every launch setting (flags,
-  environment, parallelism, graphs: all change speed), the target, and the dtype;
+  environment, parallelism, graphs: all change speed), `host.env` (every stage process's environment, which
+  the engines inherit: a plugin or an attention backend named there changes them), the target, and the dtype;
 - the benchmark settings a window is made of (max_tokens, temperatures, concurrencies, top_p, warm-up,
   num_prompts; for a drafter also k, its attention backend and how its drafts are sampled; not the stopping
   rule: a kept window stands with the interval it reached);
@@ -153,6 +154,8 @@ def measurement_key(
         "drafter": drafter_identity(drafter_dir) if drafter_dir else None,
         "code": MEASUREMENT_VERSION,
     }
+    if cfg.host.env:  # every stage process's environment, the engines' too (only when set: earlier keys stay)
+        payload["host_env"] = cfg.host.env
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 

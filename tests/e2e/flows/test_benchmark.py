@@ -57,7 +57,12 @@ def test_the_benchmark_deployment_after_an_engine_flag_change_finds_the_finished
                 "parameters": {
                     "params": {
                         "config_path": str(e2e_config),
-                        "overrides": {"benchmark.triage.when": "always", "engine.kv_cache_gib": 0.5},
+                        # one concurrency (the suite's time): the sampled cells the triage reads are kept
+                        "overrides": {
+                            "benchmark.triage.when": "always",
+                            "engine.kv_cache_gib": 0.5,
+                            "benchmark.concurrencies": [1],
+                        },
                     }
                 }
             },

@@ -91,9 +91,10 @@ def test_second_run_takes_every_stage_before_the_benchmark_from_cache(first_run_
 
 
 def test_benchmark_change_and_a_vanished_manifest(first_run, prefect_server, e2e_config):
-    # The export manifest disappears from the host: its cached record must not be trusted.
+    # The export manifest disappears from the host: its cached record must not be trusted. The benchmark change is
+    # the drafter's alone (k): no speculation's windows do not depend on it, and are reused, not measured again.
     Path(first_run["stages"]["export"]["manifest"]).unlink()
-    proc = run_flow(prefect_server, str(e2e_config), "--set", "benchmark.max_tokens=32")
+    proc = run_flow(prefect_server, str(e2e_config), "--set", "benchmark.num_speculative_tokens=2")
     assert proc.returncode == 0
     r = last_report(proc)
     assert {s: r["stages"][s]["cached"] for s in UPSTREAM} == {
@@ -104,7 +105,9 @@ def test_benchmark_change_and_a_vanished_manifest(first_run, prefect_server, e2e
     }
     assert r["stages"]["export"]["key"] == first_run["stages"]["export"]["key"]
     assert r["stages"]["benchmark"]["key"] != first_run["stages"]["benchmark"]["key"]
-    assert r["benchmark_settings"]["max_tokens"] == 32
+    assert r["benchmark_settings"]["num_speculative_tokens"] == 2
+    assert r["baseline"]["measured"] is not None and r["baseline"]["measured"].startswith("measured"), r["baseline"]
+    assert r["drafter"]["measured"] is None and r["drafter"]["num_drafts"] > 0
 
 
 def test_bad_config_fails_before_any_work(prefect_server, e2e_config):

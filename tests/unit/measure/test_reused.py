@@ -34,6 +34,8 @@ def key(overrides=None, variant="baseline", drafter=None, prompts=PROMPTS, versi
     "override",
     [
         {"engine.env": {"VLLM_CPU_KVCACHE_SPACE": "2"}},
+        # every stage process's environment, the engines' too: a plugin or a backend chosen there changes them
+        {"host.env": {"VLLM_PLUGINS": "a_plugin"}},
         {"engine.extra_args": ["--max-num-seqs", "8"]},
         {"engine.enforce_eager": False},
         {"benchmark.max_tokens": 64},
