@@ -44,13 +44,19 @@ def test_first_run_trains_a_drafter_that_vllm_accepts(first_run):
     assert not r["verdict"]["integration_suspect"] and "agrees with the offline estimate" in r["verdict"]["summary"]
 
 
-def test_report_artifact_is_on_the_server(first_run, prefect_server):
+def test_report_artifact_is_on_the_server(first_run_watched, prefect_server):
     api = prefect_server["PREFECT_API_URL"]
-    arts = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["eagleflow-e2e"]}}}).json()
+    # the first run's own artifacts: later runs of the same config (other settings) publish under the same keys
+    proc = first_run_watched["proc"]
+    run_id = re.search(r"/runs/flow-run/([0-9a-f-]{36})", proc.stdout + proc.stderr).group(1)
+
+    def artifacts(key: str) -> list[dict]:
+        query = {"artifacts": {"key": {"any_": [key]}, "flow_run_id": {"any_": [run_id]}}}
+        return httpx.post(f"{api}/artifacts/filter", json=query).json()
+
+    arts = artifacts("eagleflow-e2e")
     assert arts and "mean acceptance length" in arts[0]["data"] and "**Verdict:**" in arts[0]["data"]
-    bench = httpx.post(
-        f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["eagleflow-e2e-benchmark"]}}}
-    ).json()
+    bench = artifacts("eagleflow-e2e-benchmark")
     assert bench and "| drafter | 0.7 | 4 |" in bench[0]["data"]
     # The pictures ride inline: the UI has none of the host's files.
     for art, names in ((arts[0], ("acceptance", "speedup", "curves")), (bench[0], ("acceptance", "speedup"))):
