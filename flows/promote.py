@@ -163,7 +163,7 @@ def switch_and_verify(
 ) -> SwitchOutcome:
     """Deploy, measure production with the canary, keep the drafter or roll back (`eagleflow promote`)."""
     before = switch_in_window(host, config, windows, drafter_dir, record)
-    bar = previous_canary(before, before["serving"] if before["state"] == "good" else before["last_good"])
+    bar = previous_canary(before, before["good"])
     figures, failure = try_canary(host, config, "new drafter")
     if figures is None:
         why = f"its canary could not measure it: {failure}"

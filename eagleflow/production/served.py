@@ -104,12 +104,18 @@ def last_good(d: Path, besides: int | None = None) -> int | None:
     return max(good, key=lambda s: order[s]) if good else None
 
 
-def good_drafter(d: Path) -> str | None:
-    """The directory of the drafter production serves while it is good, else of its last good one (a drafter just
-    switched in waits for its canary); None when nothing is managed in `d`."""
+def good_seq(d: Path) -> int | None:
+    """The drafter production serves while it is good, else its last good one (a drafter just switched in waits
+    for its canary): what a new drafter is measured against. None when nothing good is managed in `d`."""
     seq = current(d) if d.is_dir() else None
     if seq is not None and states(history(d)).get(seq) != "good":
         seq = last_good(d, besides=seq)
+    return seq
+
+
+def good_drafter(d: Path) -> str | None:
+    """The directory of `good_seq`'s drafter; None when there is none."""
+    seq = good_seq(d)
     path = d / DRAFTERS / str(seq) if seq is not None else None
     return str(path) if path is not None and (path / "config.json").is_file() else None
 
@@ -267,6 +273,7 @@ def summary(d: Path) -> dict[str, Any]:
         "record": serving.get("record") if serving else None,
         "drafter": str(d / DRAFTERS / str(seq)) if seq is not None else None,
         "last_good": last_good(d, besides=seq),
+        "good": good_seq(d),
         "pending": read_json(d / PENDING),
         "events": events,
     }

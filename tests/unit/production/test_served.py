@@ -34,11 +34,11 @@ def test_switch_confirm_then_a_rejected_drafter_rolls_back_to_the_last_good(tmp_
     window = tmp_path / "window"
     window.mkdir()
     out = served.switch(d, drafter(tmp_path, "night1"), run="r1", record={"mean_acceptance_length": 2.5}, window=window)
-    assert link_target(d) == "night1" and out["state"] == "pending" and out["last_good"] == 0
+    assert link_target(d) == "night1" and out["state"] == "pending" and out["last_good"] == 0 == out["good"]
     assert json.loads((window / served.WINDOW_MARK).read_text())["seq"] == 1  # the guardian may undo it
     assert (d / served.PENDING).exists()
     out = served.confirm(d, {"mean_acceptance_length": 2.4})
-    assert out["state"] == "good" and out["last_good"] == 0 and not (d / served.PENDING).exists()
+    assert out["state"] == "good" and out["last_good"] == 0 and out["good"] == 1 and not (d / served.PENDING).exists()
 
     served.switch(d, drafter(tmp_path, "night2"), run="r2")
     out = served.rollback(d, "AL 1.00 on production")
