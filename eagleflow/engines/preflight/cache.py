@@ -9,11 +9,13 @@ under a key of all those inputs and reused while the key holds:
 - the engine install: the Python, the versions of vllm, torch, transformers and safetensors, when vllm was
   installed (its metadata directory's time: a reinstall of the same version is a new key), the vLLM general
   plugins installed, every VLLM_* variable of this process, and eagleflow's own preflight and plugin sources;
-- the engine settings, all but the port;
+- the engine's launch settings (its address and port, timeouts, log patterns and the disk and GPU thresholds
+  aside: no engine check reads them, and the disk and GPU are checked every time);
 - the target's small files (config, tokenizer, code) by content, its weight files by name and size;
 - each drafter's config (eagleflow's own record in it aside: the engine never reads it) and tensor names,
   shapes and types from the safetensors headers;
-- the expected aux layer ids, the draft attention backend and the temperatures.
+- the expected aux layer ids, the draft attention backend, and whether any temperature measured samples (all the
+  sampled verify check's verdict depends on: an error is never kept, and its warning names no temperature).
 
 Only findings without an error are kept: an error's fix may lie outside the key (a package installed, a file
 made readable), and it must be checked again after it. Paths in the findings' messages are stored as placeholders
@@ -38,10 +40,26 @@ from eagleflow.engines.preflight.findings import Finding
 from eagleflow.util.files import write_json_atomic
 
 CACHE_ENV = "EAGLEFLOW_PREFLIGHT_CACHE"  # a directory shared by several work roots of one host (a fleet, a suite)
-KEY_VERSION = 1
+KEY_VERSION = 2
 DISTRIBUTIONS = ("vllm", "torch", "transformers", "safetensors")
 SMALL_SUFFIXES = (".json", ".py", ".txt", ".model", ".tiktoken", ".jinja")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+# EngineConfig fields no engine check reads: where and how long to wait for the engine, and the host-state checks'
+# thresholds (disk and GPU memory, checked every run). A nightly that changes one imports no engine to check again.
+NOT_CHECKED = frozenset(
+    {
+        "host",
+        "port",
+        "startup_timeout_s",
+        "stall_timeout_s",
+        "fatal_patterns",
+        "request_timeout_s",
+        "preflight",
+        "preflight_cache",
+        "min_free_disk_gib",
+        "min_free_gpu_fraction",
+    }
+)
 _HERE = Path(__file__).resolve().parent
 
 
@@ -122,12 +140,12 @@ def preflight_key(
     inputs = {
         "version": KEY_VERSION,
         "install": _install(),
-        "engine": engine.model_dump(mode="json", exclude={"port"}),
+        "engine": engine.model_dump(mode="json", exclude=set(NOT_CHECKED)),
         "target": _target(target_path),
         "drafters": {name: _drafter(d) for name, d in sorted(drafters.items())},
         "expected_aux": {k: list(v) for k, v in sorted(expected_aux_layer_ids.items())},
         "draft_attention_backend": draft_attention_backend,
-        "temperatures": sorted(temperatures),
+        "sampled": any(t > 0 for t in temperatures),
     }
     return _sha(json.dumps(inputs, sort_keys=True, default=str).encode())[:32]
 

@@ -58,13 +58,27 @@ def test_the_key_is_the_layout_not_the_path_nor_the_training_record(tmp_path, ta
     assert key(target, {"new": str(a)}, EngineConfig(port=9001)) == key(target, {"new": str(a)}, EngineConfig())
 
 
+def test_what_no_engine_check_reads_is_the_same_key(tmp_path, target):
+    a = drafter(tmp_path / "a")
+    base = key(target, {"new": str(a)})
+    # where and how long to wait, and the host-state thresholds (checked every run): no engine check reads them
+    waits = EngineConfig(startup_timeout_s=60, stall_timeout_s=30, request_timeout_s=5, fatal_patterns=["x"])
+    assert key(target, {"new": str(a)}, waits) == base
+    assert key(target, {"new": str(a)}, EngineConfig(min_free_disk_gib=9, min_free_gpu_fraction=0.5)) == base
+    # which sampled temperatures: the sampled verify check asks only whether one samples
+    assert key(target, {"new": str(a)}, temps=(0.7,)) == key(target, {"new": str(a)}, temps=(0.0, 0.6, 1.0))
+    assert set(cache.NOT_CHECKED) < set(EngineConfig.model_fields)  # a renamed field must not slip into the key
+
+
 def test_anything_the_checks_read_is_another_key(tmp_path, target, monkeypatch):
     a = drafter(tmp_path / "a")
     base = key(target, {"new": str(a)})
     wider = drafter(tmp_path / "wider", hidden=128)
     assert key(target, {"new": str(wider)}) != base  # a tensor shape
     assert key(target, {"new": str(a)}, EngineConfig(env={"VLLM_PLUGINS": "x"})) != base  # the engine's settings
-    assert key(target, {"new": str(a)}, temps=(0.0, 0.7)) != base  # the temperatures measured
+    assert key(target, {"new": str(a)}, temps=(0.0, 0.7)) != base  # a sampled temperature measured
+    assert key(target, {"new": str(a)}, EngineConfig(extra_args=["--x"])) != base  # the launch's arguments
+    assert key(target, {"new": str(a)}, EngineConfig(max_model_len=512)) != base
     assert key(target, {"other": str(a)}) != base  # the variant's name (expected ids are per name)
     monkeypatch.setenv("VLLM_SOMETHING", "1")
     assert key(target, {"new": str(a)}) != base  # a VLLM_* variable of this process
