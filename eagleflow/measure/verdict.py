@@ -110,7 +110,7 @@ def judge(
     offline: dict[str, float | None],
     *,
     suspect_ratio: float,
-    sampled_suspect_ratio: float = 0.25,
+    sampled_suspect_ratio: float = 0.12,
     triage: Triage | None = None,
     traffic: Sequence[TrafficPart] = (),
     traffic_floor_share: float = 0.1,
@@ -294,6 +294,14 @@ PRODUCTION_KEYS = (
     "ended_engines",
     "error",
 )
+
+
+def headline_setting(verdict: Verdict, settings: Sequence[tuple[float, int]]) -> tuple[float, int]:
+    """(temperature, concurrency) of the verdict's headline row, the lowest of each measured, else the first setting
+    measured: the one setting the run's summary table, its headline speedup and the promotion gate's AL all read
+    (settings that follow production.traffic are measured in the traffic's order, not from the lowest)."""
+    h = verdict.headline
+    return (h.temperature, h.concurrency) if h is not None else settings[0]
 
 
 def _f(x: Any, fmt: str) -> str:

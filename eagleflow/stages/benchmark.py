@@ -53,7 +53,7 @@ from eagleflow.engines.preflight.command import preflight_argv
 from eagleflow.measure.k_sweep import KSweep, measure_sweep, sweep_result, sweep_section, sweep_variants
 from eagleflow.measure.reused import HostLoad
 from eagleflow.measure.session import Session, Variant, reuse_measurements
-from eagleflow.measure.verdict import judge, render_markdown
+from eagleflow.measure.verdict import headline_setting, judge, render_markdown
 from eagleflow.nightly.promotion import PromotionRecord, promotion_record_path
 from eagleflow.production import WINDOW_ENV, production_stopped
 from eagleflow.production.served import good_drafter, offline_al, served_dir
@@ -332,11 +332,11 @@ def verdict_manifest(
     report += sweep_section(sweep)
     (request.path / "report.md").write_text(report)
 
-    head_t, head_c = session.settings[0]
+    head_t, head_c = headline_setting(verdict, session.settings)
     headline = {v.name: session.rows[(v.name, head_t, head_c)] for v in variants}
     head_speedup = verdict.headline.drafter_vs_baseline if verdict.headline else None
     metrics = BenchmarkMetrics(
-        # baseline / current / drafter at the first setting: what the report and the promotion gate read
+        # baseline / current / drafter at the headline setting: what the report and the promotion gate read
         baseline=headline["baseline"],
         current=headline.get("current"),
         drafter=headline["drafter"],

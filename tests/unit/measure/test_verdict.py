@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from eagleflow.contracts.benchmark_records import ProductionResult
-from eagleflow.measure.verdict import judge, render_markdown
+from eagleflow.measure.verdict import headline_setting, judge, render_markdown
 from tests.helpers.records import window
 
 
@@ -89,6 +89,23 @@ def test_acceptance_that_collapses_at_a_sampled_temperature_is_suspect():
     assert v.suspects == [] and not v.integration_suspect
 
 
+def test_a_sound_drafter_at_kimis_thinking_setting_is_not_suspect_by_default():
+    # The demo drafter served by vLLM 0.26 on an H100 over Kimi-K2.5's traffic: AL 3.37 greedy, 1.49 at temperature
+    # 1.0 / top_p 0.95, where the target's own confidence allows a greedy drafter 2.24 (docs/benchmarks.md): 21% of
+    # the greedy accepted drafts, and its verify path healthy. A 25% bar sent it into a 7-minute triage.
+    ws = [
+        window("baseline", 3200),
+        window("drafter", 5171, 3.37),
+        window("baseline", 2990, t=1.0),
+        window("drafter", 2115, 1.49, t=1.0),
+    ]
+    v = judge(ws, {"drafter": 3.43}, suspect_ratio=0.6)
+    assert not v.integration_suspect and not any("sampled_suspect_ratio" in f for f in v.findings)
+    assert judge(ws, {"drafter": 3.43}, suspect_ratio=0.6, sampled_suspect_ratio=0.25).integration_suspect
+    ws[-1] = window("drafter", 1500, 1.05, t=1.0)  # the faulty path's 0-7 %: still found
+    assert judge(ws, {"drafter": 3.43}, suspect_ratio=0.6).integration_suspect
+
+
 def test_a_window_that_stopped_early_is_paired_with_the_baseline_on_its_own_rounds():
     # The baseline measured 6 rounds, prompt 3 and 4 slow ones; the drafter stopped after 4. The throughput of its
     # whole window against the baseline's whole window would mix other prompts.
@@ -167,3 +184,20 @@ def test_the_report_says_where_the_stages_time_went():
     assert "| preflight | 2.1 |" in table and "| engine baseline: load and warm-up | 31.0 |" in table
     assert "| triage of drafter | 95.5 |" in table
     assert "## Where the time went" not in render_markdown("Benchmark demo", ws, v, 3)
+
+
+def test_the_headline_is_one_setting_whatever_order_the_traffic_measured_in():
+    # Settings that follow production.traffic are measured in its order (thinking 1.0, instant 0.6, then 0 for the
+    # acceptance check). The run's summary table once read the first measured (1.0: 2990 against 2115 tok/s) beside
+    # the headline speedup of temperature 0 (1.62x): one row of figures from two settings.
+    ws = [
+        window("baseline", 2990, t=1.0),
+        window("drafter", 2115, 1.49, t=1.0),
+        window("baseline", 3200),
+        window("drafter", 5171, 3.37),
+    ]
+    v = judge(ws, {"drafter": 3.43}, suspect_ratio=0.6)
+    assert headline_setting(v, [(1.0, 1), (0.0, 1)]) == (0.0, 1)
+    assert v.headline is not None and v.headline.drafter_vs_baseline == pytest.approx(5171 / 3200, rel=0.05)
+    no_rows = v.model_copy(update={"headline": None})
+    assert headline_setting(no_rows, [(1.0, 1), (0.0, 1)]) == (1.0, 1)
