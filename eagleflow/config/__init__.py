@@ -110,9 +110,9 @@ class RunConfig(_Strict):
 
     def _follow_traffic(self) -> None:
         """With production.traffic, the benchmark measures its cells: temperatures, concurrencies and top_p come from
-        it unless given (largest share first: the first setting is the one production serves most), temperature 0
-        besides, where the drafter's offline estimate applies (the verdict's acceptance check and the triage read
-        it there); given, they must cover it."""
+        it unless given (measured largest share first), temperature 0 besides, where the drafter's offline estimate
+        applies (the verdict's acceptance check, its headline setting and the triage read it there); given, they must
+        cover it."""
         traffic, b = self.production.traffic, self.benchmark
         if not traffic:
             return
