@@ -115,7 +115,15 @@ def summarize(
         and configured.speedup_ci
         and best.speedup_ci[0] <= configured.speedup_ci[1]
     )
-    if configured is not None and best.k == configured.k:
+    # Whether any k pays at all: the fastest k's interval (else its point) above no speculation's 1.0
+    pays = best.speedup is not None and (best.speedup_ci[0] if best.speedup_ci else best.speedup) > 1.0
+    if not pays:
+        summary = (
+            f"no k serves faster than no speculation beyond noise over {over}: the fastest, k={best.k}, "
+            f"{shown(best)}; the configured k={b.num_speculative_tokens} {shown(configured)}. A faster drafter, "
+            "not another k, is what this traffic needs"
+        )
+    elif configured is not None and best.k == configured.k:
         summary = f"k={best.k} (benchmark.num_speculative_tokens) serves fastest over {over}: {shown(best)}"
     elif overlap:
         summary = (

@@ -66,6 +66,20 @@ def test_over_productions_traffic_the_k_of_its_busy_sampled_cell_wins():
     )
 
 
+def test_when_no_k_beats_no_speculation_it_says_so_instead_of_naming_a_k_to_launch():
+    """The demo drafter over Kimi-K2.5's traffic on an H100 (docs/benchmarks.md): k=4 read 0.97x (0.93-1.01), the
+    configured k=3 0.79x; the sweep said "launch production with num_speculative_tokens 4", a k that pays nothing."""
+    by_k = {
+        3: drafter_at({(0.0, 1): 0.79}, 3.0, jitter=0.05),
+        4: drafter_at({(0.0, 1): 0.99}, 3.4, jitter=0.05),
+    }
+    s = summarize(B.model_copy(update={"k_sweep": [3, 4]}), BASE, by_k, [], 0.1)
+    lo, hi = s.rows[1].speedup_ci
+    assert s.best_k == 4 and lo < 1.0 < hi
+    assert s.summary.startswith("no k serves faster than no speculation beyond noise over temperature 0")
+    assert "launch production" not in s.summary and "configured k=3 0.79x" in s.summary
+
+
 def test_the_configured_k_fastest_says_so():
     by_k = {3: drafter_at({(0.0, 1): 1.8}, 3.0), 2: drafter_at({(0.0, 1): 1.4}, 2.4)}
     s = summarize(B, BASE, by_k, [], 0.1)
