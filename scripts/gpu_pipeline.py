@@ -43,8 +43,9 @@ def run(args: argparse.Namespace) -> int:
     data = yaml.safe_load((gn.ROOT / args.config).read_text())
     data["name"] = f"{data['name']}-{args.name}"
     data["host"].update(name="gpu-host", work_root=str(work / "runs"), python=host)
-    data["target"]["model_path"] = str((gn.ROOT / "configs" / data["target"]["model_path"]).resolve())
-    data["generate"]["prompts_path"] = str((gn.ROOT / "configs" / data["generate"]["prompts_path"]).resolve())
+    here = (gn.ROOT / args.config).parent  # the config's relative paths are relative to its own directory
+    data["target"]["model_path"] = str((here / data["target"]["model_path"]).resolve())
+    data["generate"]["prompts_path"] = str((here / data["generate"]["prompts_path"]).resolve())
     data["engine"].update(port=gn.free_port(), kv_cache_gib=4.0)
     data["report_dir"] = str(work / "reports")
     config = work / "config.yaml"
