@@ -36,8 +36,7 @@ def main() -> int:
     ap.add_argument("--drafter", help="the drafter to sweep (default: runs/demo/export/*/vllm)")
     ap.add_argument("--num-prompts", type=int, default=48)
     ap.add_argument("--max-tokens", type=int, default=160)
-    ap.add_argument("--host-python")
-    ap.add_argument("--control-python")
+    gn.add_python_args(ap)
     args = ap.parse_args()
     drafter = args.drafter or str(sorted(gn.ROOT.glob("runs/demo/export/*/vllm"))[-1])
     work = gn.HOME / "k-sweep"

@@ -84,6 +84,12 @@ def wrapper(path: Path, python: str, pythonpath: list[str], env: dict[str, str])
     return str(path)
 
 
+def add_python_args(ap: argparse.ArgumentParser) -> None:
+    """The options `pythons` reads: other interpreters than python3 with the staged sites (a CPU rehearsal)."""
+    ap.add_argument("--host-python", help="the host environment's python (default: python3 with $VLLM_SITE)")
+    ap.add_argument("--control-python", help="the control environment's python (default: python3 with Prefect's site)")
+
+
 def pythons(args: argparse.Namespace) -> tuple[str, str]:
     """(control, host) interpreters."""
     bin_dir = HOME / "bin"
@@ -559,8 +565,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     u = sub.add_parser("up")
-    u.add_argument("--host-python", help="the host environment's python (default: python3 with $VLLM_SITE)")
-    u.add_argument("--control-python", help="the control environment's python (default: python3 with Prefect's site)")
+    add_python_args(u)
     u.add_argument(
         "--cpu",
         action="store_true",

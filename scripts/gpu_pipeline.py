@@ -27,7 +27,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gpu_nightly as gn  # noqa: E402 - the same interpreters and staging as the nightly's
+
+from eagleflow.util.procs import group_members  # noqa: E402
 
 
 def work_of(name: str) -> Path:
@@ -63,13 +66,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def wait(args: argparse.Namespace) -> int:
     work = work_of(args.name)
     pid = int((work / "pipeline.pid").read_text())
@@ -82,7 +78,7 @@ def wait(args: argparse.Namespace) -> int:
             if any(w in line for w in ("stage", "Finished", "verdict", "Error", "error", "AL", "speedup")):
                 print(line[:300], flush=True)
         seen = len(text)
-        if not alive(pid):
+        if not group_members(pid):  # the flow and every process it started (its own session: pgid = pid)
             done = "Finished in state Completed" in text or "the new drafter" in text
             gn.say(f"pipeline {args.name} ended ({'completed' if done else 'see its log'})")
             print(text[-6000:])
@@ -138,8 +134,7 @@ def main() -> int:
     ap.add_argument("--settings", default="0:1,0.6:0.95,1.0:0.95")
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--host-python")
-    ap.add_argument("--control-python")
+    gn.add_python_args(ap)
     args = ap.parse_args()
     return {"run": run, "wait": wait, "drafts": drafts}[args.verb](args)
 
