@@ -154,6 +154,11 @@ class EvalSummary(BaseModel):
     accept_pos: list[float] | None = Field(None, description="Engine-walk acceptance per position (validation).")
     acceptance_length: float | None = Field(None, description="Simulated serving AL: 1 + sum of accept_pos.")
     drafts: int | None = Field(None, description="Engine-walk drafting rounds.")
+    judged: list[int] | None = Field(
+        None,
+        description="Per position: engine-walk rounds that judged its draft, the answer so far on the target's "
+        "argmax (all rounds' accepted drafts when the answers are greedy; fewer when they were sampled).",
+    )
     seconds: float | None = Field(None, description="Seconds the validation pass took.")
 
 

@@ -35,27 +35,30 @@ class StepStats:
     count: torch.Tensor = None  # shape: [K] positions scored
     chain_accepted: torch.Tensor = None  # shape: [K] context ends whose first k+1 drafts all match
     chain_count: int = 0  # context ends where all K drafts are scored
-    walk_accepted: torch.Tensor = None  # shape: [K] engine-walk drafts whose first k+1 tokens were accepted
+    walk_accepted: torch.Tensor = (
+        None  # shape: [K] engine-walk rounds whose first k+1 drafts were accepted, of walk_seen
+    )
+    walk_seen: torch.Tensor = None  # shape: [K] engine-walk rounds whose draft k was judged (see engine_walk)
     walk_drafts: int = 0  # engine-walk drafting rounds
     tokens: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("loss_sum", "correct", "count", "chain_accepted", "walk_accepted"):
+        for name in self._SUMS:
             if getattr(self, name) is None:
                 setattr(self, name, torch.zeros(self.steps, dtype=torch.float64))
 
     def add(self, other: StepStats) -> None:
-        for name in ("loss_sum", "correct", "count", "chain_accepted", "walk_accepted"):
+        for name in self._SUMS:
             getattr(self, name).add_(getattr(other, name))
         self.chain_count += other.chain_count
         self.walk_drafts += other.walk_drafts
         self.tokens += other.tokens
 
-    _SUMS = ("loss_sum", "correct", "count", "chain_accepted", "walk_accepted")
+    _SUMS = ("loss_sum", "correct", "count", "chain_accepted", "walk_accepted", "walk_seen")
     _COUNTS = ("chain_count", "walk_drafts", "tokens")
 
     def to_vector(self) -> torch.Tensor:
-        """All sums in one float64 vector (for all-reduce and checkpoints), shape [5K + 3]."""
+        """All sums in one float64 vector (for all-reduce and checkpoints), shape [6K + 3]."""
         return torch.cat(
             [getattr(self, n).double().cpu() for n in self._SUMS]
             + [torch.tensor([float(getattr(self, n)) for n in self._COUNTS], dtype=torch.float64)]
@@ -64,6 +67,8 @@ class StepStats:
     @classmethod
     def from_vector(cls, steps: int, vec: torch.Tensor) -> StepStats:
         vec = vec.double().cpu()
+        if vec.numel() == 5 * steps + 3:  # a checkpoint written before walk_seen: training steps never walk, so 0s
+            vec = torch.cat([vec[: 5 * steps], torch.zeros(steps, dtype=torch.float64), vec[5 * steps :]])
         out = cls(steps)
         for k, n in enumerate(cls._SUMS):
             setattr(out, n, vec[k * steps : (k + 1) * steps].clone())
@@ -76,7 +81,9 @@ class StepStats:
 
         accept_pos[k] / acceptance_length: vLLM's num_accepted_tokens_per_pos[k] / num_drafts and
         1 + accepted / drafts under greedy verification, simulated by walking each held-out answer the
-        way the engine does (`engine_walk`); this is the number the best epoch is chosen on.
+        way the engine does (`engine_walk`); this is the number the best epoch is chosen on. Each draft's
+        acceptance is the product of per-position rates, each counted where the answer so far is what greedy
+        serving would have fed the drafter (all of it when the answers are greedy: then exactly accepted / drafts).
         accept_pos_uniform / acceptance_length_uniform: the same over *every* context end (each
         weighted equally); optimistic, because the engine drafts more often right after a rejection.
         acceptance_length_indep: 1 + sum_k prod_{i<=k} acc[i] (per-step accuracies taken as independent).
@@ -96,28 +103,51 @@ class StepStats:
             "tokens": self.tokens,
         }
         if self.walk_drafts:
-            walk = (self.walk_accepted / self.walk_drafts).tolist()
+            # A draft no round judged on the argmax (answers sampled far off it): its rate along the uniform
+            # chain (accepted given the drafts before it, every context end) stands in for 0 / 0.
+            before = [float(self.chain_count)] + self.chain_accepted.tolist()[:-1]
+            rate = [
+                a / s if s else (c / d if d else 0.0)
+                for a, s, c, d in zip(
+                    self.walk_accepted.tolist(), self.walk_seen.tolist(), self.chain_accepted.tolist(), before
+                )
+            ]
+            walk = [math.prod(rate[: k + 1]) for k in range(self.steps)]
             out.update(
                 accept_pos=[round(x, 5) for x in walk],
                 acceptance_length=round(1.0 + sum(walk), 5),
                 drafts=self.walk_drafts,
+                judged=[int(x) for x in self.walk_seen.tolist()],
             )
         return out
 
 
-def engine_walk(correct: torch.Tensor, loss_mask: torch.Tensor, lengths: torch.Tensor) -> tuple[int, torch.Tensor]:
-    """Greedy speculative decoding replayed over teacher-forced drafts: (drafting rounds, accepted per pos).
+def engine_walk(
+    correct: torch.Tensor, loss_mask: torch.Tensor, lengths: torch.Tensor, greedy: torch.Tensor | None = None
+) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """Greedy speculative decoding replayed over teacher-forced drafts: (rounds, accepted [K], judged [K]).
 
     correct[k, b, p]: draft k made at context end p matches the target's argmax at p+1+k. The target
     verifies through p and samples x[p+1]; the first round is at p = (first answer token) - 1. A round
     accepts the leading run of matches, a, and the target adds one token: the next round is at
-    p + a + 1. Rounds run while all K drafted tokens lie inside the answer. Exact for greedy
-    verification when the answers are the target's own greedy output.
+    p + a + 1. Rounds run while all K drafted tokens lie inside the answer.
+
+    greedy[b, p]: x[p+1] is the target's argmax (None: every token is, answers generated greedily). Draft k
+    is judged only where x[p+1..p+k] are the target's argmax: there, once drafts 0..k-1 are accepted, the
+    drafter is fed what greedy serving would feed it. Where the answers were sampled (production's setting
+    for a reasoning model) a token off the argmax leads into a context greedy serving never reaches: judging
+    the next draft there read a demo drafter trained on answers sampled at 1.0 / 0.95 2.56 against the 2.86 it
+    served at temperature 0; judged this way it reads 2.77 (docs/benchmarks.md). judged[k] counts
+    the rounds whose draft k was judged with drafts 0..k-1 accepted; accepted[k] those it was accepted in.
+    accepted[k] / judged[k] is the rate of draft k given the drafts before it; their running product the
+    engine's accept_pos[k] (StepStats.summary). With greedy answers judged[0] = rounds, judged[k] =
+    accepted[k-1], and the product is accepted[k] / rounds: exact for greedy verification.
     """
     k_steps = correct.shape[0]
     corr = correct.cpu().numpy()
     lm = loss_mask.cpu().numpy()
-    drafts, accepted = 0, [0] * k_steps
+    on_argmax = None if greedy is None else greedy.cpu().numpy()
+    drafts, accepted, judged = 0, [0] * k_steps, [0] * k_steps
     for b, n in enumerate(lengths.tolist()):
         answer = lm[b, :n].nonzero()[0]
         if answer.size == 0:
@@ -128,12 +158,17 @@ def engine_walk(correct: torch.Tensor, loss_mask: torch.Tensor, lengths: torch.T
                 p += 1  # a prompt token (a later turn): the engine is not drafting here
                 continue
             a = 0
-            while a < k_steps and corr[a, b, p]:
+            while a < k_steps:
+                if a and on_argmax is not None and not on_argmax[b, p + a - 1]:
+                    break  # x[p+a] is off the argmax: draft a's context is one greedy serving never feeds
+                judged[a] += 1
+                if not corr[a, b, p]:
+                    break
                 accepted[a] += 1
                 a += 1
             drafts += 1
             p += a + 1
-    return drafts, torch.tensor(accepted, dtype=torch.float64)
+    return drafts, torch.tensor(accepted, dtype=torch.float64), torch.tensor(judged, dtype=torch.float64)
 
 
 def label_positions(batch: Batch) -> torch.Tensor:
@@ -251,7 +286,11 @@ def ttt_loss(
         stats.chain_accepted[i] = chain.sum().double()
     if walk:
         correct = torch.stack([c for c, _ in correct_at])  # shape: [K, B, T]
-        stats.walk_drafts, stats.walk_accepted = engine_walk(correct, batch.loss_mask, batch.lengths)
+        on_argmax = torch.zeros_like(jvalid)  # shape: [B, T] x[p+1] is the target's argmax at p
+        on_argmax[jvalid] = shift_left(batch.input_ids, 1)[jvalid] == tgt_argmax
+        stats.walk_drafts, stats.walk_accepted, stats.walk_seen = engine_walk(
+            correct, batch.loss_mask, batch.lengths, on_argmax
+        )
     return loss, stats
 
 

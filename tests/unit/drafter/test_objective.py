@@ -27,7 +27,9 @@ def test_labels_are_the_targets_distribution_at_p_plus_1_plus_i():
     final = torch.randn(b, t, H)
     mask = torch.ones(b, t, dtype=torch.bool)
     mask[:, :4] = False  # prompt
-    batch = Batch(torch.randint(0, V, (b, t)), mask, torch.tensor([t, t - 5]), torch.randn(b, t, 3 * H), final)
+    ids = torch.randint(0, V, (b, t))
+    ids[:, 1:] = target.logits(final[:, :-1]).argmax(-1)  # the answers are the target's greedy output
+    batch = Batch(ids, mask, torch.tensor([t, t - 5]), torch.randn(b, t, 3 * H), final)
     rows = torch.arange(V)
     _, good = ttt_loss(Oracle(target, final, 0), target, rows, batch, k, 0.8, walk=True)
     s = good.summary(0.8)
@@ -67,10 +69,47 @@ def test_engine_walk_replays_greedy_verification():
     correct[0, 0, 5] = False  # p=5: accepts 0 -> next p=6; p=6 accepts 3 -> p=10, past the end
     correct[:, 0, [3, 4, 7]] = False  # never visited
     mask = torch.tensor([[0, 0, 0] + [1] * 9], dtype=torch.bool)
-    drafts, accepted = engine_walk(correct, mask, torch.tensor([n]))
+    drafts, accepted, judged = engine_walk(correct, mask, torch.tensor([n]))
     assert drafts == 3 and accepted.tolist() == [2, 2, 1]
-    stats = StepStats(3, walk_accepted=accepted, walk_drafts=drafts)
+    assert judged.tolist() == [3, 2, 2]  # greedy answers: every round judges draft 0, each accepted one the next
+    stats = StepStats(3, walk_accepted=accepted, walk_seen=judged, walk_drafts=drafts)
     assert stats.summary(0.8)["acceptance_length"] == pytest.approx(1 + 5 / 3, abs=1e-4)
+    # The same answer marked all on the argmax reads the same: the greedy walk is the special case.
+    assert [
+        x.tolist() for x in engine_walk(correct, mask, torch.tensor([n]), torch.ones(1, n, dtype=torch.bool))[1:]
+    ] == [
+        [2, 2, 1],
+        [3, 2, 2],
+    ]
+
+
+def test_engine_walk_judges_a_draft_only_where_the_sampled_answer_follows_the_argmax():
+    """A sampled answer: x[p+1] off the target's argmax leaves draft 1 of that round unjudged (greedy serving
+    would have fed the drafter the argmax token, not the sampled one); the rate of draft 1 comes from the
+    rounds that did follow the argmax, and the AL is the product of the rates."""
+    n, k = 12, 3
+    correct = torch.ones(k, 1, n, dtype=torch.bool)
+    correct[2, 0, 7] = False  # p=7: drafts 0, 1 accepted, draft 2 judged and rejected -> next p=10, past the end
+    mask = torch.tensor([[0, 0, 0] + [1] * 9], dtype=torch.bool)
+    greedy = torch.ones(1, n, dtype=torch.bool)
+    greedy[0, 2] = False  # x[3] was sampled off the argmax: round p=2 judges draft 0 only, accepts 1 -> p=4
+    greedy[0, 5] = False  # x[6] off: round p=4 judges drafts 0 and 1 (x[6] would feed draft 2), accepts 2 -> p=7
+    drafts, accepted, judged = engine_walk(correct, mask, torch.tensor([n]), greedy)
+    assert drafts == 3
+    assert judged.tolist() == [3, 2, 1] and accepted.tolist() == [3, 2, 0]
+    stats = StepStats(3, walk_accepted=accepted, walk_seen=judged, walk_drafts=drafts)
+    s = stats.summary(0.8)
+    assert s["accept_pos"] == [1.0, 1.0, 0.0] and s["judged"] == [3, 2, 1]
+    # Judged as the walk did before (every draft, whatever fed it): rounds at p=2 and p=6, all accepted.
+    old = engine_walk(correct, mask, torch.tensor([n]))
+    assert old[0] == 2 and old[1].tolist() == [2, 2, 2]
+
+
+def test_step_stats_read_a_vector_written_before_walk_seen():
+    old = torch.arange(5 * 3 + 3, dtype=torch.float64)
+    s = StepStats.from_vector(3, old)
+    assert s.walk_seen.tolist() == [0, 0, 0] and s.tokens == 17 and s.walk_accepted.tolist() == [12, 13, 14]
+    assert StepStats.from_vector(3, s.to_vector()).to_vector().tolist() == s.to_vector().tolist()
 
 
 def test_label_counts_per_unroll_step():
