@@ -5,7 +5,11 @@ production.traffic: 1.0 / 0.95 thinking 70%, 0.6 / 0.95 instant 30%, 8 in flight
 `benchmark.k_sweep`: no speculation, the drafter at its k (3) and at every other k of the sweep, each on an engine of
 its own, judged by the throughput over the mix.
 
-    python3 scripts/gpu_k_sweep.py [--ks 1,2,3,4,5] [--drafter DIR]
+    python3 scripts/gpu_k_sweep.py [--ks 1,2,3,4,5] [--drafter DIR] [--config CONFIG] [--set KEY=VALUE ...]
+
+--config: the target and engine of another demo config (its relative paths are its own directory's); --set: overrides
+for the benchmark flow (e.g. `benchmark.draft_sample_method=probabilistic`, what a drafter trained on sampled answers
+serves with).
 
 Staged like scripts/gpu_nightly.sh (vLLM's site in $VLLM_SITE, Prefect's wheels in $GN_HOME/control); its run
 directory is $GN_HOME/k-sweep. Prints the report's k-sweep section and the verdict; the report stays there.
@@ -36,17 +40,20 @@ def main() -> int:
     ap.add_argument("--drafter", help="the drafter to sweep (default: runs/demo/export/*/vllm)")
     ap.add_argument("--num-prompts", type=int, default=48)
     ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--config", default="configs/demo.yaml")
+    ap.add_argument("--set", action="append", default=[], help="config override KEY=VALUE (YAML), for the flow")
     gn.add_python_args(ap)
     args = ap.parse_args()
     drafter = args.drafter or str(sorted(gn.ROOT.glob("runs/demo/export/*/vllm"))[-1])
     work = gn.HOME / "k-sweep"
     work.mkdir(parents=True, exist_ok=True)
     control, host = gn.pythons(args)
-    data = yaml.safe_load((gn.ROOT / "configs" / "demo.yaml").read_text())
-    data["name"] = "demo-k-sweep"
+    data = yaml.safe_load((gn.ROOT / args.config).read_text())
+    data["name"] = f"{data['name']}-k-sweep"
     data["host"].update(name="gpu-host", work_root=str(work / "runs"), python=host)
-    data["target"]["model_path"] = str(gn.ROOT / "demo" / "target")
-    data["generate"]["prompts_path"] = str(gn.ROOT / "demo" / "prompts.jsonl")
+    here = (gn.ROOT / args.config).parent  # the config's relative paths are relative to its own directory
+    data["target"]["model_path"] = str((here / data["target"]["model_path"]).resolve())
+    data["generate"]["prompts_path"] = str((here / data["generate"]["prompts_path"]).resolve())
     data["engine"].update(port=gn.free_port(), kv_cache_gib=4.0, startup_timeout_s=600)
     bench = data["benchmark"]
     for follows_traffic in ("temperatures", "concurrencies"):
@@ -60,10 +67,13 @@ def main() -> int:
     )
     data["production"] = {"traffic": KIMI_TRAFFIC}
     data["report_dir"] = str(work / "reports")
-    config = work / "demo-k-sweep.yaml"
+    config = work / f"{data['name']}.yaml"
     config.write_text(yaml.safe_dump(data, sort_keys=False))
     gn.say(f"config {config}: drafter {drafter}, k {bench['k_sweep']}")
-    proc = subprocess.run([control, "-m", "flows.benchmark", str(config)], cwd=gn.ROOT, env=os.environ.copy())
+    argv = [control, "-m", "flows.benchmark", str(config)]
+    for s in args.set:
+        argv += ["--set", s]
+    proc = subprocess.run(argv, cwd=gn.ROOT, env=os.environ.copy())
     reports = sorted((work / "reports").glob("*/report.md"))
     if reports:
         text = reports[-1].read_text()

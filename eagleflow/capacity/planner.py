@@ -259,9 +259,10 @@ def plan(cfg: RunConfig, facts: HostFacts, progress: FinishedStages | None = Non
     # benchmark: each variant's engine start, then every window at the decode rate
     settings = cfg.benchmark.model_dump(mode="json")
     same = [r for r in measured_runs(hist, "benchmark", target=target) if r.seconds and r.settings == settings]
-    # baseline, the new drafter, production's current one, and the new drafter at each other k (benchmark.k_sweep)
-    variants = 2 + (1 if cfg.benchmark.current_drafter else 0) + len(cfg.benchmark.swept_ks())
+    # baseline, the new drafter, production's current one, the new drafter at each other k (benchmark.k_sweep), and
+    # no speculation once more (benchmark.remeasure_baseline)
     b = cfg.benchmark
+    variants = 2 + (1 if b.current_drafter else 0) + len(b.swept_ks()) + (1 if b.remeasure_baseline else 0)
     if same:
         secs, rate, src = same[0].seconds, "", f"measured (run {same[0].run}, the same benchmark settings)"
     else:

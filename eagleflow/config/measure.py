@@ -215,6 +215,15 @@ class BenchmarkConfig(_Strict):
         "between them, so drift of a noisy machine hits all alike. Only where each engine has its own cores or GPUs: "
         "on a small CPU host the idle engine's threads slow the busy one (docs/benchmarks.md).",
     )
+    remeasure_baseline: bool = Field(
+        False,
+        description="Serve no speculation again on a fresh engine after every other variant (one engine load more): "
+        "how far its throughput moves from the first engine's is the engine-to-engine spread, which rounds paired "
+        "within a window cannot show, and every speed interval between engines (the verdict's, the mix's, the k "
+        "sweep's) then holds it. Off: the verdict says its intervals do not. Worth its load where engines vary "
+        "(a small shared CPU host: the same drafter read 1.32x a copy of itself); needs the baseline measured in "
+        "this run, not reused.",
+    )
 
     def warmup(self) -> list[tuple[float, int, int]]:
         """The warm-up each engine gets before its first measured round: (temperature, concurrency, requests) for

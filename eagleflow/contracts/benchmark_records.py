@@ -225,6 +225,21 @@ class Mix(BaseModel):
     decided_by: str = Field("", description="The cell that weighs most in the mix's figure, as a person reads it.")
 
 
+class EngineSpread(BaseModel):
+    """No speculation served twice, first and last, each on an engine of its own (benchmark.remeasure_baseline):
+    how far one engine's throughput moves from the next's at the same setting, which rounds paired within a
+    window cannot show."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    settings: list[list[float]] = Field(description="[temperature, concurrency] of each setting measured twice.")
+    ratios: list[float] = Field(description="Per setting: the second engine's throughput over the first's.")
+    log_sd: float = Field(
+        description="Standard deviation of log throughput from one engine to the next: sqrt(mean(log(ratio)^2) / 2)."
+    )
+    df: int = Field(description="Degrees of freedom of log_sd: the settings measured twice.")
+
+
 class Verdict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -238,6 +253,9 @@ class Verdict(BaseModel):
     suspects: list[str] = Field(default_factory=list, description="Drafter variants far below their offline estimate.")
     triage: Triage | None = Field(None, description="Where the acceptance is lost, when the triage ran.")
     mix: Mix | None = Field(None, description="Over production's traffic, when production.traffic is given.")
+    engine_spread: EngineSpread | None = Field(
+        None, description="The engine-to-engine spread every interval between engines holds, when it was measured."
+    )
 
 
 class ProductionWindow(BaseModel):

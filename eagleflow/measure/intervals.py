@@ -127,6 +127,21 @@ def unpaired_speedup(
     return Estimate(r, r * math.exp(-half), r * math.exp(half), n, paired=False)
 
 
+def widened(est: Estimate, spread: float, df: int) -> Estimate:
+    """A throughput ratio between two engines with the engine-to-engine spread in its interval.
+
+    `spread`: the standard deviation of log throughput from one engine to the next at the same setting (the engine
+    process's own luck: threads, memory, the host's other work in its hour), measured by serving no speculation
+    twice (eagleflow.measure.verdict.engine_spread) with `df` degrees of freedom. Rounds paired between two engines
+    cancel the prompts' spread but not the engines' offsets; each engine adds its own, so the ratio's log carries
+    2 spread^2 beyond its rounds' variance. Student's t at the smaller of the two degrees of freedom."""
+    if est.n < 2 or not (math.isfinite(est.low) and math.isfinite(est.high)) or est.value <= 0:
+        return est
+    se = math.hypot(est.rel_half_width / t975(est.n - 1), math.sqrt(2.0) * spread)
+    half = t975(min(est.n - 1, df)) * se
+    return Estimate(est.value, est.value * math.exp(-half), est.value * math.exp(half), est.n, est.paired)
+
+
 def acceptance_length(accepted: Sequence[float], drafts: Sequence[float]) -> Estimate | None:
     """1 + accepted drafts per drafting step, over rounds."""
     est = ratio_of_sums(accepted, drafts)

@@ -17,7 +17,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from eagleflow.config import BenchmarkConfig, RunConfig
-from eagleflow.contracts.benchmark_records import KSweep, KSweepRow, Measurement
+from eagleflow.contracts.benchmark_records import EngineSpread, KSweep, KSweepRow, Measurement
 from eagleflow.measure.mix import TrafficPart, weigh
 from eagleflow.measure.session import Session, Variant
 from eagleflow.measure.verdict import speedups
@@ -48,25 +48,31 @@ def measure_sweep(session: Session, swept: Sequence[Variant], stage_dir: Path, e
                 session.measure_setting([v], t, c)
 
 
-def sweep_result(cfg: RunConfig, session: Session, swept: Sequence[Variant]) -> KSweep | None:
-    """The sweep's table from the session's windows; None without a sweep."""
+def sweep_result(
+    cfg: RunConfig, session: Session, swept: Sequence[Variant], spread: EngineSpread | None = None
+) -> KSweep | None:
+    """The sweep's table from the session's windows; None without a sweep. `spread`: the engine-to-engine spread,
+    when measured (every k is an engine of its own: its interval holds it)."""
     if not swept:
         return None
     table = session.table()
     by_k = {cfg.benchmark.num_speculative_tokens: [w for w in table if w.variant == "drafter"]}
     by_k.update({session.k_of(v): [session.rows[(v.name, t, c)] for t, c in session.settings] for v in swept})
     baseline = [w for w in table if w.variant == "baseline"]
-    sweep = summarize(cfg.benchmark, baseline, by_k, cfg.production.traffic, cfg.production.traffic_floor_share)
+    sweep = summarize(cfg.benchmark, baseline, by_k, cfg.production.traffic, cfg.production.traffic_floor_share, spread)
     log.info("k sweep: %s", sweep.summary)
     return sweep
 
 
 def _speedup(
-    table: Sequence[Measurement], traffic: Sequence[TrafficPart], floor_share: float
+    table: Sequence[Measurement],
+    traffic: Sequence[TrafficPart],
+    floor_share: float,
+    spread: EngineSpread | None = None,
 ) -> tuple[float | None, list[float] | None]:
     """The drafter's speedup over no speculation in `table` (baseline and drafter windows): over the traffic's mix,
     else at the first setting."""
-    rows = speedups(list(table))
+    rows = speedups(list(table), spread)
     mix = weigh(rows, traffic, floor_share)
     if mix is not None:
         return mix.speedup, mix.speedup_ci
@@ -80,6 +86,7 @@ def summarize(
     by_k: dict[int, Sequence[Measurement]],
     traffic: Sequence[TrafficPart],
     floor_share: float,
+    spread: EngineSpread | None = None,
 ) -> KSweep:
     """The sweep's table from the baseline's windows and the drafter's windows at each k (named as any variant: each
     is read as 'drafter'), and the k with the highest speedup."""
@@ -87,7 +94,7 @@ def summarize(
     rows = []
     for k in sorted(by_k):
         windows = [w.model_copy(update={"variant": "drafter"}) for w in by_k[k]]
-        value, ci = _speedup([*baseline, *windows], traffic, floor_share)
+        value, ci = _speedup([*baseline, *windows], traffic, floor_share, spread)
         head = next((w for w in windows if (w.temperature, w.concurrency) == (t0, c0)), None)
         rows.append(
             KSweepRow(

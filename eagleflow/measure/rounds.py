@@ -65,7 +65,7 @@ class WindowRecorder:
     def measurement(self, server: Counters, k: int) -> Measurement:
         tokens = sum(r.completion_tokens for r in self.results)
         latency = sorted(r.latency_s for r in self.results if r.latency_s is not None)
-        drafter = self.variant != "baseline"
+        drafter = not self.variant.startswith("baseline")  # "baseline" and "baseline-again": no speculation
         al = acceptance_length(self.round_accepted, self.round_drafts) if drafter else None
         return Measurement(
             variant=self.variant,

@@ -35,6 +35,7 @@ from eagleflow.measure.rounds import WindowRecorder
 log = logging.getLogger("eagleflow.benchmark")
 
 SEED = 1234  # sampled settings: request i of every variant uses seed SEED + i
+AGAIN = "baseline-again"  # benchmark.remeasure_baseline: no speculation on a fresh engine after the others
 Cell = tuple[str, float, int]  # (variant, temperature, concurrency)
 
 
@@ -123,8 +124,16 @@ class Session:
         self.measured = [v for v in variants if v.reused is None]
         # benchmark.k_sweep: the new drafter at other k, measured after the verdict's variants, outside its table
         self.swept = swept or []
+        # benchmark.remeasure_baseline: no speculation once more, last, when this run measures it at all
+        self.again = (
+            [Variant(AGAIN, None)]
+            if self.b.remeasure_baseline and any(v.name == "baseline" for v in self.measured)
+            else []
+        )
         self.windows = {
-            (v.name, t, c): WindowRecorder(v.name, t, c) for v in self.measured + self.swept for t, c in self.settings
+            (v.name, t, c): WindowRecorder(v.name, t, c)
+            for v in self.measured + self.swept + self.again
+            for t, c in self.settings
         }
         self.rows: dict[Cell, Measurement] = {}
         for v in variants:
@@ -138,7 +147,7 @@ class Session:
         self.progress = Progress(
             "benchmark",
             "requests",
-            max((len(self.measured) + len(self.swept)) * len(self.settings) * len(prompts), 1),
+            max((len(self.measured) + len(self.swept) + len(self.again)) * len(self.settings) * len(prompts), 1),
             "requests",
             planned_s=planned_s,
         )
@@ -288,6 +297,17 @@ class Session:
                 else ""
             ),
         )
+
+    def measure_again(self, stage_dir: Path, env: dict[str, str] | None) -> list[Measurement]:
+        """benchmark.remeasure_baseline: no speculation on an engine of its own after every other variant (the sweep's
+        included), every setting; its windows against the first baseline's are the engine-to-engine spread
+        (eagleflow.measure.verdict.engine_spread). Empty when it is off or the baseline was reused."""
+        for v in self.again:
+            with ExitStack() as stack:
+                self.open([v], stack, stage_dir, False, env)
+                for t, c in self.settings:
+                    self.measure_setting([v], t, c)
+        return [self.rows[(v.name, t, c)] for v in self.again for t, c in self.settings]
 
     def answers_t0(self, name: str, t0: tuple[float, int]) -> list[str]:
         """A measured variant's answers at temperature 0 (speculation must not change them)."""

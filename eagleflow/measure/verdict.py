@@ -14,8 +14,15 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from eagleflow.contracts.benchmark_records import Measurement, ProductionResult, SpeedupRow, Triage, Verdict
-from eagleflow.measure.intervals import Estimate, acceptance_length, paired_speedup, unpaired_speedup
+from eagleflow.contracts.benchmark_records import (
+    EngineSpread,
+    Measurement,
+    ProductionResult,
+    SpeedupRow,
+    Triage,
+    Verdict,
+)
+from eagleflow.measure.intervals import Estimate, acceptance_length, paired_speedup, unpaired_speedup, widened
 from eagleflow.measure.mix import TrafficPart, mix_markdown, mix_summary, weigh
 
 
@@ -52,25 +59,62 @@ def _served_al(windows: list[Measurement], variant: str, temperature: float) -> 
     return sum(vals) / len(vals) if vals else None
 
 
-def paired(ref: Measurement | None, var: Measurement | None) -> Estimate | None:
+def paired(ref: Measurement | None, var: Measurement | None, spread: EngineSpread | None = None) -> Estimate | None:
     """`var`'s throughput over `ref`'s on the rounds both measured, with its 95% interval; None when either
     lacks its rounds (then the windows' throughputs are compared as they are). Two windows measured at different
     times (one reused from an earlier run: `measured` differs) are not paired: their estimate says so
-    (`Estimate.paired` False) and its interval carries both windows' spread."""
+    (`Estimate.paired` False) and its interval carries both windows' spread. `spread`: the engine-to-engine spread,
+    when measured: the interval holds it too (each window is an engine of its own)."""
     if not (ref and var and ref.round_seconds and var.round_seconds and ref.round_tokens and var.round_tokens):
         return None
     if ref.measured != var.measured:
-        return unpaired_speedup(ref.round_seconds, ref.round_tokens, var.round_seconds, var.round_tokens)
-    return paired_speedup(ref.round_seconds, ref.round_tokens, var.round_seconds, var.round_tokens)
+        est = unpaired_speedup(ref.round_seconds, ref.round_tokens, var.round_seconds, var.round_tokens)
+    else:
+        est = paired_speedup(ref.round_seconds, ref.round_tokens, var.round_seconds, var.round_tokens)
+    return widened(est, spread.log_sd, spread.df) if est is not None and spread is not None else est
 
 
-def _ratio(ref: Measurement | None, var: Measurement | None) -> tuple[float | None, list[float] | None]:
+def _ratio(
+    ref: Measurement | None, var: Measurement | None, spread: EngineSpread | None = None
+) -> tuple[float | None, list[float] | None]:
     if not (ref and var):
         return None, None
-    est = paired(ref, var)
+    est = paired(ref, var, spread)
     if est is None:
         return var.output_tok_s / ref.output_tok_s, None
     return est.value, ([est.low, est.high] if est.n > 1 else None)
+
+
+def engine_spread(first: Sequence[Measurement], again: Sequence[Measurement]) -> EngineSpread | None:
+    """`first`: the benchmark's windows (its baseline's are read); `again`: no speculation's second windows.
+    The spread from one engine to the next, from no speculation served twice on engines of their own (the first
+    and the last of a benchmark: benchmark.remeasure_baseline): per setting the second window's throughput over the
+    first's, paired round by round; the two engines' offsets differ by log(ratio), whose variance is twice the
+    engines' own, so log_sd = sqrt(mean(log(ratio)^2) / 2) with one degree of freedom a setting. None when no
+    setting was measured twice."""
+    by_setting = {(w.temperature, w.concurrency): w for w in first if w.variant == "baseline"}
+    settings, ratios = [], []
+    for w in again:
+        ref = by_setting.get((w.temperature, w.concurrency))
+        est = paired(ref, w)
+        ratio = est.value if est is not None else (w.output_tok_s / ref.output_tok_s if ref else None)
+        if ratio is not None and ratio > 0:
+            settings.append([w.temperature, float(w.concurrency)])
+            ratios.append(round(ratio, 4))
+    if not ratios:
+        return None
+    log_sd = math.sqrt(sum(math.log(r) ** 2 for r in ratios) / len(ratios) / 2)
+    return EngineSpread(settings=settings, ratios=ratios, log_sd=round(log_sd, 4), df=len(ratios))
+
+
+def spread_line(spread: EngineSpread) -> str:
+    """The verdict's finding: what the second engine read, and that the intervals hold it."""
+    each = ", ".join(f"{r:.2f}x at {t:g} / {c:g}" for (t, c), r in zip(spread.settings, spread.ratios))
+    return (
+        f"engine to engine: no speculation served again on a fresh engine after the others read {each} of its first "
+        f"engine (temperature / concurrency): {spread.log_sd:.0%} from one engine to the next, which every speed "
+        "interval between engines holds (benchmark.remeasure_baseline)"
+    )
 
 
 def _unpaired(base: Measurement | None, new: Measurement | None) -> str:
@@ -78,15 +122,16 @@ def _unpaired(base: Measurement | None, new: Measurement | None) -> str:
     return "; ".join(f"{w.variant} {w.measured}" for w in (base, new) if w is not None and w.measured) or "?"
 
 
-def speedups(windows: list[Measurement]) -> list[SpeedupRow]:
+def speedups(windows: list[Measurement], spread: EngineSpread | None = None) -> list[SpeedupRow]:
     """Per setting: each drafter's throughput over no speculation and the new drafter's over the current one,
-    paired round by round on the prompts both measured (a window that stopped early is compared on its rounds)."""
+    paired round by round on the prompts both measured (a window that stopped early is compared on its rounds);
+    with `spread`, each interval holds the engine-to-engine spread too."""
     out = []
     for t, c in sorted({(w.temperature, w.concurrency) for w in windows}):
         base, cur, new = (_at(windows, v, t, c) for v in ("baseline", "current", "drafter"))
-        dvb, dvb_ci = _ratio(base, new)
-        cvb, cvb_ci = _ratio(base, cur)
-        dvc, dvc_ci = _ratio(cur, new)
+        dvb, dvb_ci = _ratio(base, new, spread)
+        cvb, cvb_ci = _ratio(base, cur, spread)
+        dvc, dvc_ci = _ratio(cur, new, spread)
         est = paired(base, new)
         out.append(
             SpeedupRow(
@@ -114,6 +159,8 @@ def judge(
     triage: Triage | None = None,
     traffic: Sequence[TrafficPart] = (),
     traffic_floor_share: float = 0.1,
+    spread: EngineSpread | None = None,
+    engines_apart: bool = False,
 ) -> Verdict:
     """The verdict over every measured window.
 
@@ -124,8 +171,10 @@ def judge(
     is suspect too: the offline estimate is greedy, so there the engine's sampled verify path is the suspect.
     traffic: production's mix (production.traffic): the summary leads with the speedup over it (eagleflow.measure.mix),
     and a cell carrying at least `traffic_floor_share` that serves slower beyond noise is a finding.
+    spread: the engine-to-engine spread (`engine_spread`), when measured: every speed interval holds it. Without it,
+    `engines_apart` (the variants' engines ran one after another) adds a finding that the intervals do not.
     """
-    rows = speedups(windows)
+    rows = speedups(windows, spread)
     mix = weigh(rows, traffic, traffic_floor_share)
     head = rows[0] if rows else None
     t0 = min(w.temperature for w in windows)
@@ -236,7 +285,11 @@ def judge(
         speed = f"{head.drafter_vs_baseline:.2f}x the output tokens/s of no speculation"
         parts.append(f"the new drafter serves {speed}{how}")
     if head and head.drafter_vs_current is not None:
-        parts.append(f"{head.drafter_vs_current:.2f}x the current drafter's")
+        ci = head.drafter_vs_current_ci
+        parts.append(
+            f"{head.drafter_vs_current:.2f}x the current drafter's"
+            + (f" (95% CI {ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
+        )
     setting = f"(temperature {head.temperature if head else 0:g}, concurrency {head.concurrency if head else 1})"
     summary = ", ".join(parts) + f" {setting}" if parts else "no drafter was measured"
     slower = [r for r in rows if r.drafter_vs_baseline is not None and r.drafter_vs_baseline < 1.0]
@@ -255,6 +308,15 @@ def judge(
             + "; ".join(f"{v} (measured {when.removeprefix('measured ')})" for v, when in reused.items())
             + ". A ratio against a reused window is unpaired (another hour's load and clocks): its interval "
             "carries both windows' spread"
+        )
+    if spread is not None:
+        findings.append(spread_line(spread))
+    elif engines_apart and parts:
+        findings.append(
+            "engine to engine: the variants' engines ran one after another, and the speed intervals hold each "
+            "window's round-to-round noise, not how far one engine reads from the next (on 2 CPU cores the same "
+            "drafter read 1.32x a copy of itself, docs/benchmarks.md): set benchmark.remeasure_baseline to measure "
+            "it and widen them"
         )
     if mix is not None:
         summary = f"{mix_summary(mix)}; at the first setting, {summary}" if parts else mix_summary(mix)
@@ -279,6 +341,7 @@ def judge(
         suspects=[v for v in ("drafter", "current") if suspect.get(v) or v in cliff],
         triage=triage,
         mix=mix,
+        engine_spread=spread,
     )
 
 
@@ -334,7 +397,7 @@ def render_markdown(
     reused = []
     for w in windows:
         b = base.get((w.temperature, w.concurrency))
-        ratio, ci = _ratio(b, w) if b is not w else (None, None)
+        ratio, ci = _ratio(b, w, verdict.engine_spread) if b is not w else (None, None)
         pos = w.per_position_acceptance
         al_ci = w.al_interval
         requests = f"{w.requests}" + (" (stopped: precision)" if w.stopped == "precision" else "") if w.requests else ""
@@ -354,7 +417,8 @@ def render_markdown(
         f"{k} speculative tokens per step; AL = 1 + accepted drafts per verification step. TTFT, ITL "
         "(inter-token latency) and TPOT (time per output token) are means from the engine's own histograms, "
         "acceptance from its counters, over the measured window (warm-up excluded). 'vs none' pairs the "
-        "variant's rounds with the baseline's on the same prompts; the 95% intervals are over rounds.",
+        "variant's rounds with the baseline's on the same prompts; the 95% intervals are over rounds"
+        + (", and the engine-to-engine spread (findings)." if verdict.engine_spread else "."),
     ]
     for v in reused:
         w = next(x for x in windows if x.variant == v)

@@ -53,7 +53,7 @@ from eagleflow.engines.preflight.command import preflight_argv
 from eagleflow.measure.k_sweep import KSweep, measure_sweep, sweep_result, sweep_section, sweep_variants
 from eagleflow.measure.reused import HostLoad
 from eagleflow.measure.session import Session, Variant, reuse_measurements
-from eagleflow.measure.verdict import headline_setting, judge, render_markdown
+from eagleflow.measure.verdict import engine_spread, headline_setting, judge, render_markdown
 from eagleflow.nightly.promotion import PromotionRecord, promotion_record_path
 from eagleflow.production import WINDOW_ENV, production_stopped
 from eagleflow.production.served import good_drafter, offline_al, served_dir
@@ -269,15 +269,19 @@ def run(request: StageRequest) -> Manifest:
                     copy_settings(cfg) if ref else None,
                 )
         measure_sweep(session, swept, request.path, env)
+        # benchmark.remeasure_baseline: no speculation once more on a fresh engine, the engine-to-engine spread
+        spread = engine_spread(session.table(), session.measure_again(request.path, env)) if on == "engine" else None
         session.progress.finish()
         table = session.table()
         if on == "none":
             return references_manifest(request, variants, table, findings, len(prompts))
         offline = {v.name: v.offline_al for v in variants if v.drafter}
-        # production's traffic mix (production.traffic): the verdict and the nightly's gate judge the whole of it
-        mix = {"traffic": cfg.production.traffic, "traffic_floor_share": cfg.production.traffic_floor_share}
+        # production's traffic mix (production.traffic): the verdict and the nightly's gate judge the whole of it;
+        # rounds paired between engines that ran one after another hold no engine-to-engine spread unless measured
+        how = {"traffic": cfg.production.traffic, "traffic_floor_share": cfg.production.traffic_floor_share}
+        how.update(spread=spread, engines_apart=on == "engine" and not b.side_by_side and len(session.measured) > 1)
         verdict = judge(
-            table, offline, suspect_ratio=b.suspect_ratio, sampled_suspect_ratio=b.sampled_suspect_ratio, **mix
+            table, offline, suspect_ratio=b.suspect_ratio, sampled_suspect_ratio=b.sampled_suspect_ratio, **how
         )
         if triage_on and (tri.when == "always" or verdict.suspects):
             began = time.monotonic()
@@ -294,9 +298,9 @@ def run(request: StageRequest) -> Manifest:
             suspect_ratio=b.suspect_ratio,
             sampled_suspect_ratio=b.sampled_suspect_ratio,
             triage=triage_result,
-            **mix,
+            **how,
         )
-    return verdict_manifest(request, session, verdict, production, findings, sweep_result(cfg, session, swept))
+    return verdict_manifest(request, session, verdict, production, findings, sweep_result(cfg, session, swept, spread))
 
 
 def verdict_manifest(

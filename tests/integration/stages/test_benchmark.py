@@ -121,6 +121,7 @@ def test_every_variant_and_setting_is_measured_and_production_comes_back(tmp_pat
                 "benchmark.drafter": str(drafters["new"]),
                 "benchmark.current_drafter": str(drafters["current"]),
                 "production": {**production, "traffic": TRAFFIC},
+                "benchmark.remeasure_baseline": True,
             },
         )
         assert cfg.benchmark.top_p == 0.9  # from the traffic
@@ -153,6 +154,13 @@ def test_every_variant_and_setting_is_measured_and_production_comes_back(tmp_pat
         assert [f for f in m["preflight"] if f["level"] == "error"] == []
         report = (d / "report.md").read_text()
         assert report.count("| current |") == 4 and "**Verdict:**" in report
+        # No speculation served again last, on a fresh engine: the engine-to-engine spread, in every interval.
+        spread = m["verdict"]["engine_spread"]
+        assert (d / "engine-baseline-again.log").exists() and "baseline-again" not in m["requests"]
+        assert spread["df"] == 4 and sorted(map(tuple, spread["settings"])) == [(0, 1), (0, 2), (0.7, 1), (0.7, 2)]
+        assert all(r > 0 for r in spread["ratios"]) and spread["log_sd"] >= 0
+        assert "engine to engine: no speculation served again on a fresh engine" in report
+        print(f"engine to engine: {spread}")
         assert "preflight:" in log and "loading: Loading safetensors checkpoint shards" in log
 
         # The verdict over production's traffic: its cells, each with its top_p and share, and the whole mix, the
@@ -179,7 +187,10 @@ def test_every_variant_and_setting_is_measured_and_production_comes_back(tmp_pat
 
         # The next run (a nightly) measures only the new drafter: the baseline and the current drafter come from
         # this run's kept measurements, and the drafter's windows may stop once precise enough.
-        d2, m2 = nightly_benchmark(tmp_path, drafters["new"], drafters["current"])
+        # (benchmark.remeasure_baseline needs the baseline measured in this run: with it reused, no engine for it.)
+        d2, m2 = nightly_benchmark(
+            tmp_path, drafters["new"], drafters["current"], {"benchmark.remeasure_baseline": True}
+        )
         assert sorted(m2["reused"]) == ["baseline", "current"] and str(d) in m2["reused"]["baseline"]
         assert sorted(p.name for p in d2.glob("engine-*.log")) == ["engine-drafter.log"]  # one engine load
         assert list(m2["requests"]) == ["drafter"] and m2["requests"]["drafter"] <= 16
@@ -198,7 +209,7 @@ def test_every_variant_and_setting_is_measured_and_production_comes_back(tmp_pat
         # against the baseline reused from the first run: the same prompts, another hour, so not called paired
         row = m2["verdict"]["headline"]
         assert row["paired_rounds"] is None and row["unpaired"].startswith("baseline measured ")
-        assert "unpaired: baseline measured" in m2["verdict"]["summary"]
+        assert "unpaired: baseline measured" in m2["verdict"]["summary"] and m2["verdict"]["engine_spread"] is None
         assert "(reused)" in (d2 / "report.md").read_text()
 
         # Tonight's new drafter is tomorrow's current one: its measurement is reused under its new role. It is also

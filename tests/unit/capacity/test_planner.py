@@ -339,13 +339,18 @@ def test_a_cpu_host_is_planned_from_the_demos_measured_cpu_rates_not_a_gpu_hosts
     assert "Kimi-K2.5 serves 82.5 tok/s" in {s.stage: s for s in plan(kimi(), facts()).stages}["benchmark"].source
 
 
-def test_the_plan_counts_each_swept_k_as_a_variant():
-    """benchmark.k_sweep: the new drafter at each other k is one more engine load and its windows."""
+def test_the_plan_counts_each_swept_k_and_a_second_baseline_as_a_variant():
+    """benchmark.k_sweep: the new drafter at each other k is one more engine load and its windows; so is
+    benchmark.remeasure_baseline's second baseline."""
 
-    def benchmark_seconds(sweep: list[int]) -> float:
-        cfg = load_config(ROOT / "configs" / "demo.yaml", {"benchmark.k_sweep": sweep})
+    def benchmark_seconds(sweep: list[int], again: bool = False) -> float:
+        cfg = load_config(
+            ROOT / "configs" / "demo.yaml", {"benchmark.k_sweep": sweep, "benchmark.remeasure_baseline": again}
+        )
         facts = HostFacts(target=target_facts(cfg.target.model_path))
         return next(s for s in plan(cfg, facts).stages if s.stage == "benchmark").seconds
 
     one, three = benchmark_seconds([]), benchmark_seconds([2, 3, 4])  # 3 is the configured k: two more variants
     assert three == pytest.approx(one * 4 / 2)
+    # benchmark.remeasure_baseline: no speculation once more, one variant more
+    assert benchmark_seconds([], again=True) == pytest.approx(one * 3 / 2)

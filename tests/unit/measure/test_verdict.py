@@ -3,10 +3,12 @@ suspicion, and the markdown table. Windows are eagleflow.contracts.benchmark_rec
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from eagleflow.contracts.benchmark_records import ProductionResult
-from eagleflow.measure.verdict import headline_setting, judge, render_markdown
+from eagleflow.measure.verdict import engine_spread, headline_setting, judge, render_markdown
 from tests.helpers.records import window
 
 
@@ -201,3 +203,43 @@ def test_the_headline_is_one_setting_whatever_order_the_traffic_measured_in():
     assert v.headline is not None and v.headline.drafter_vs_baseline == pytest.approx(5171 / 3200, rel=0.05)
     no_rows = v.model_copy(update={"headline": None})
     assert headline_setting(no_rows, [(1.0, 1), (0.0, 1)]) == (1.0, 1)
+
+
+def _timed(variant: str, seconds: list[float], al: float | None = None, t: float = 0.0):
+    w = window(variant, 100 * len(seconds) / sum(seconds), al, t=t)
+    return w.model_copy(update=dict(round_seconds=seconds, round_tokens=[100] * len(seconds)))
+
+
+def test_no_speculation_served_twice_widens_every_interval_between_engines_by_their_spread():
+    # issue 40: the same drafter read 1.32x a copy of itself from one engine to the next on 2 cores, where the rounds'
+    # interval was a few percent wide. No speculation served again on a fresh engine shows that spread.
+    base = [_timed("baseline", [1.0, 1.1, 0.9, 1.0, 1.05, 0.95], t=t) for t in (0.0, 0.7)]
+    new = [_timed("drafter", [0.8, 0.85, 0.75, 0.8, 0.82, 0.78], 2.5, t=t) for t in (0.0, 0.7)]
+    again = [
+        _timed("baseline-again", [s * f for s in [1.0, 1.1, 0.9, 1.0, 1.05, 0.95]], t=t)
+        for t, f in ((0.0, 0.8), (0.7, 1.15))
+    ]
+    spread = engine_spread([*base, *new], again)
+    assert spread.settings == [[0.0, 1.0], [0.7, 1.0]] and spread.df == 2
+    assert spread.ratios == pytest.approx([1 / 0.8, 1 / 1.15], rel=1e-3)
+    assert spread.log_sd == pytest.approx(math.sqrt((math.log(1.25) ** 2 + math.log(1 / 1.15) ** 2) / 4), abs=1e-4)
+    narrow = judge([*base, *new], {"drafter": None}, suspect_ratio=0.6, engines_apart=True)
+    wide = judge([*base, *new], {"drafter": None}, suspect_ratio=0.6, spread=spread)
+    (lo, hi), (nlo, nhi) = wide.headline.drafter_vs_baseline_ci, narrow.headline.drafter_vs_baseline_ci
+    assert wide.headline.drafter_vs_baseline == narrow.headline.drafter_vs_baseline
+    assert nlo > 1.0  # the rounds alone rank the drafter faster...
+    assert lo < 1.0 < hi  # ...the engines' spread says they cannot
+    assert any(
+        f.startswith("engine to engine: no speculation served again") and "1.25x at 0 / 1" in f for f in wide.findings
+    )
+    assert any("not how far one engine reads from the next" in f for f in narrow.findings)
+    assert not any(f.startswith("engine to engine") for f in judge([*base, *new], {}, suspect_ratio=0.6).findings)
+    md = render_markdown("Benchmark demo", [*base, *new], wide, 3)
+    assert f"{lo:.2f}-{hi:.2f}" in md and "and the engine-to-engine spread (findings)" in md
+    # the same engine read twice alike: no spread, the intervals as the rounds give them
+    same = engine_spread(base, [w.model_copy(update={"variant": "baseline-again"}) for w in base])
+    assert same.log_sd == 0.0
+    assert judge([*base, *new], {}, suspect_ratio=0.6, spread=same).headline.drafter_vs_baseline_ci == pytest.approx(
+        [nlo, nhi], rel=0.3
+    )
+    assert engine_spread(base, []) is None
