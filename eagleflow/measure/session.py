@@ -124,10 +124,12 @@ class Session:
         self.measured = [v for v in variants if v.reused is None]
         # benchmark.k_sweep: the new drafter at other k, measured after the verdict's variants, outside its table
         self.swept = swept or []
-        # benchmark.remeasure_baseline: no speculation once more, last, when this run measures it at all
+        # benchmark.remeasure_baseline: no speculation once more, last, when this run measures it and its drafters
         self.again = (
             [Variant(AGAIN, None)]
-            if self.b.remeasure_baseline and any(v.name == "baseline" for v in self.measured)
+            if self.b.remeasure_baseline
+            and self.b.drafter_on == "engine"
+            and any(v.name == "baseline" for v in self.measured)
             else []
         )
         self.windows = {

@@ -270,7 +270,7 @@ def run(request: StageRequest) -> Manifest:
                 )
         measure_sweep(session, swept, request.path, env)
         # benchmark.remeasure_baseline: no speculation once more on a fresh engine, the engine-to-engine spread
-        spread = engine_spread(session.table(), session.measure_again(request.path, env)) if on == "engine" else None
+        spread = engine_spread(session.table(), session.measure_again(request.path, env))
         session.progress.finish()
         table = session.table()
         if on == "none":
