@@ -30,6 +30,8 @@ from eagleflow.contracts.manifest import Manifest
 from eagleflow.extraction.backends import backend_of
 from eagleflow.hosts import Host
 from eagleflow.production.served import link_path
+from eagleflow.production.state import RESULT
+from eagleflow.production.window import CLOSED
 from tasks.dispatch import StageRun, is_finished, run_cached
 from tasks.naming import flow_run_owner
 
@@ -118,8 +120,12 @@ def restore_production(host: Host, config: RunConfig, window: dict[str, Any], st
     deadline_s = 2 * config.production.restore_timeout_s + CLOSE_MARGIN_S
     deadline = time.monotonic() + deadline_s
     while True:
-        rc, out, _ = host.exec([config.host.python, "-m", WINDOW_CLI, "status", d], timeout=60)
-        status = json.loads(out.strip().splitlines()[-1]) if rc == 0 and out.strip() else {}
+        # Until the window's record or its guardian's result is there it is still open: a look at two files,
+        # not a Python start on the host every poll (one a second or two for the minutes production takes to load)
+        status: dict[str, Any] = {}
+        if host.exists(f"{d}/{CLOSED}") or host.exists(f"{d}/{RESULT}"):
+            rc, out, _ = host.exec([config.host.python, "-m", WINDOW_CLI, "status", d], timeout=60)
+            status = json.loads(out.strip().splitlines()[-1]) if rc == 0 and out.strip() else {}
         if status.get("state") == "closed":
             break
         if time.monotonic() > deadline:

@@ -11,10 +11,10 @@ from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from eagleflow.drafter.arch import DrafterArch
-from eagleflow.drafter.kernels import RMSNorm, apply_rope, apply_rope_interleaved
+from eagleflow.drafter.kernels import CudaCompiled, RMSNorm, apply_rope, apply_rope_interleaved
 
 # flex_attention runs its fused kernel only when compiled; eager flex is a slow reference.
-_compiled_flex = torch.compile(flex_attention)
+_compiled_flex = CudaCompiled(flex_attention)
 
 # Rows of a fused TTT unroll are padded to whole flex blocks: each step's diagonal keys then start on a block
 # edge, so a diagonal touches one key block per query block instead of two (half the partially masked blocks).

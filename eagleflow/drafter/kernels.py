@@ -6,9 +6,34 @@ per op. CPU runs them eager, so CPU training needs no C++ compiler.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+class CudaCompiled:
+    """`torch.compile(fn, **options)`, made on the first call: only CUDA paths call it.
+
+    Compiled at import, every process that imports the drafter paid about 2 CPU-seconds of dynamo and inductor
+    imports (a CPU train or export stage is mostly its imports) for kernels only a GPU runs.
+    """
+
+    def __init__(self, fn: Callable[..., Any], **options: Any) -> None:
+        self.fn, self.options = fn, options
+        self._compiled: Callable[..., Any] | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._compiled is None:
+            # One compiled norm serves every RMSNorm: fp32 and bf16 inputs, with and without grad (training and
+            # validation), size-1 batches. Each is a dynamo variant of the same code; at the default limit (8)
+            # the later ones silently ran eager and most of a GPU run's first epoch went to recompiling. The
+            # limit is dynamo's, process-wide; raising it only lets already-needed variants compile.
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+            self._compiled = torch.compile(self.fn, **self.options)
+        return self._compiled(*args, **kwargs)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -19,12 +44,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch
 
 
 # Element-wise chains fused into one kernel each way on CUDA (eager, each op is a pass over memory).
-_rms_norm_fused = torch.compile(rms_norm, dynamic=True)
-# One compiled norm serves every RMSNorm: fp32 and bf16 inputs, with and without grad (training and
-# validation), size-1 batches. Each is a dynamo variant of the same code; at the default limit (8)
-# the later ones silently ran eager and most of a GPU run's first epoch went to recompiling. The
-# limit is dynamo's, process-wide; raising it only lets already-needed variants compile.
-torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+_rms_norm_fused = CudaCompiled(rms_norm, dynamic=True)
 
 
 class RMSNorm(nn.Module):
@@ -61,7 +81,7 @@ def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)  # in x's dtype, as HF and vLLM do
 
 
-_apply_rope_fused = torch.compile(_apply_rope, dynamic=True)
+_apply_rope_fused = CudaCompiled(_apply_rope, dynamic=True)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -74,7 +94,7 @@ def _apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
 
 
-_apply_rope_interleaved_fused = torch.compile(_apply_rope_interleaved, dynamic=True)
+_apply_rope_interleaved_fused = CudaCompiled(_apply_rope_interleaved, dynamic=True)
 
 
 def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -85,7 +105,7 @@ def _silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-_silu_mul_fused = torch.compile(_silu_mul, dynamic=True)
+_silu_mul_fused = CudaCompiled(_silu_mul, dynamic=True)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,8 @@ from functools import cached_property
 
 import torch
 
+from eagleflow.drafter.kernels import CudaCompiled
+
 
 class TargetDistribution:
     """The target at the labelled positions, over the draft vocabulary; no gradient flows into it."""
@@ -43,7 +45,7 @@ def _soft_ce_eager(logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(x, dim=-1) - (probs * x).sum(-1)  # shape: [N]
 
 
-_soft_ce_fused = torch.compile(_soft_ce_eager, dynamic=True)
+_soft_ce_fused = CudaCompiled(_soft_ce_eager, dynamic=True)
 
 
 def _lk_eager(logits: torch.Tensor, probs: torch.Tensor, entropy: torch.Tensor, eta: float) -> torch.Tensor:
@@ -63,7 +65,7 @@ def _lk_eager(logits: torch.Tensor, probs: torch.Tensor, entropy: torch.Tensor, 
     return w * kl + (1.0 - w) * (1.0 - alpha)
 
 
-_lk_fused = torch.compile(_lk_eager, dynamic=True)
+_lk_fused = CudaCompiled(_lk_eager, dynamic=True)
 
 
 def soft_ce_loss(logits: torch.Tensor, target: TargetDistribution, lk_eta: float = 0.0) -> torch.Tensor:

@@ -6,9 +6,10 @@ it: about 9 CPU-seconds on a CPU host, half a minute on a GPU host, every benchm
 drafter of the same shape on the same engine every night; so do the benchmark-only reruns. The findings are kept
 under a key of all those inputs and reused while the key holds:
 
-- the engine install: the Python, the versions of vllm, torch, transformers and safetensors, when vllm was
-  installed (its metadata directory's time: a reinstall of the same version is a new key), the vLLM general
-  plugins installed, every VLLM_* variable of this process, and eagleflow's own preflight and plugin sources;
+- the engine install: the Python (its environment's real path), the versions of vllm, torch, transformers and
+  safetensors, when vllm was installed (its metadata directory's time: a reinstall of the same version is a new
+  key), the vLLM general plugins installed, every VLLM_* variable of this process, and eagleflow's own preflight
+  and plugin sources;
 - the engine's launch settings (its address and port, timeouts, log patterns and the disk and GPU thresholds
   aside: no engine check reads them, and the disk and GPU are checked every time);
 - the target's small files (config, tokenizer, code) by content, its weight files by name and size;
@@ -87,7 +88,8 @@ def _install() -> dict[str, Any]:
     )
     sources = sorted(_HERE.glob("*.py")) + [_HERE.parent / "vllm_plugin.py"]
     return {
-        "python": [sys.executable, sys.version],
+        # the environment by where it really lies: a checkout that links the same venv is the same install
+        "python": [os.path.realpath(sys.prefix), sys.version],
         "distributions": dists,
         "plugins": plugins,
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("VLLM_")},
