@@ -55,9 +55,6 @@ def prod_service_config(
     drafter), started and stopped by tests/prodservice.py, as an operator's scripts would.
     `env_from`: K=VAR pairs the server gets from the start command's environment (an API key); `env`: more
     K=V pairs of its environment."""
-    import sys
-
-    pidfile, log = tmp / "prod.pid", tmp / "prod.log"
     argv = [
         python,
         "-m",
@@ -80,6 +77,31 @@ def prod_service_config(
         str(2**28),
         *engine_args,
     ]
+    return _service_config(tmp, port, argv, env_from, env, **extra)
+
+
+def standin_service_config(tmp: Path, port: int, load_s: float = 10.0, **extra) -> dict:
+    """production: the same operator scripts around a stand-in server (`prodservice.py serve`) that answers its
+    health load_s seconds after its start, as an engine loads first: for a case where production is only stopped
+    and given back, at none of an engine start's ~17 CPU-seconds."""
+    import sys
+
+    argv = [
+        sys.executable,
+        str(ROOT / "tests" / "prodservice.py"),
+        "serve",
+        "--port",
+        str(port),
+        "--load-s",
+        str(load_s),
+    ]
+    return _service_config(tmp, port, argv, (), (), **extra)
+
+
+def _service_config(tmp: Path, port: int, argv: list[str], env_from: tuple, env: tuple, **extra) -> dict:
+    import sys
+
+    pidfile, log = tmp / "prod.pid", tmp / "prod.log"
     script = str(ROOT / "tests" / "prodservice.py")
     return {
         "kind": "command",

@@ -11,10 +11,11 @@ benchmark stage. Standard library only, except `block`, which uses eagleflow.pro
         exit 0 while the process P names runs (loading or serving), 3 once it has exited (production.status_command)
     python tests/prodservice.py refuse
         a stop command that fails: prints why, exits 3
-    python tests/prodservice.py serve --port N --drafter LINK
-        a stand-in production server that reads its drafter where production's launch would: it exits at once
-        when LINK/config.json says {"broken": true} (as an engine dies on a bad drafter), else answers 200 on
-        /health and LINK/config.json's "name" on /drafter
+    python tests/prodservice.py serve --port N [--drafter LINK] [--load-s S]
+        a stand-in production server: it binds its port after S seconds (as an engine loads before it answers;
+        sleeping, no CPU), then answers 200 on /health. With LINK it reads its drafter where production's launch
+        would: it exits at once when LINK/config.json says {"broken": true} (as an engine dies on a bad
+        drafter), else answers LINK/config.json's "name" on /drafter
     python tests/prodservice.py block --state-dir D --work-root W --config JSON
         a stand-in benchmark stage: enter production_stopped, launch a stand-in engine carrying the
         token, write its pid file, print "in-block <token> <engine pid>", sleep until killed
@@ -145,11 +146,11 @@ def block(state_dir: str, work_root: str, config: str) -> int:
     return 0
 
 
-def serve(port: int, drafter: Path) -> int:
+def serve(port: int, drafter: Path | None, load_s: float = 0.0) -> int:
     import http.server
     import json
 
-    conf = json.loads((drafter / "config.json").read_text())
+    conf = json.loads((drafter / "config.json").read_text()) if drafter else {}
     if conf.get("broken"):
         print(f"cannot load the drafter at {drafter}: broken", flush=True)
         return 1
@@ -164,6 +165,7 @@ def serve(port: int, drafter: Path) -> int:
         def log_message(self, *args: object) -> None:
             pass
 
+    time.sleep(load_s)
     http.server.ThreadingHTTPServer.allow_reuse_address = True
     http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
     return 0
@@ -186,7 +188,8 @@ def main() -> int:
     sub.add_parser("refuse")
     p = sub.add_parser("serve")
     p.add_argument("--port", type=int, required=True)
-    p.add_argument("--drafter", type=Path, required=True)
+    p.add_argument("--drafter", type=Path)
+    p.add_argument("--load-s", type=float, default=0.0)
     p = sub.add_parser("block")
     p.add_argument("--state-dir", required=True)
     p.add_argument("--work-root", required=True)
@@ -200,7 +203,7 @@ def main() -> int:
     if args.cmd == "status":
         return status(args.pidfile)
     if args.cmd == "serve":
-        return serve(args.port, args.drafter)
+        return serve(args.port, args.drafter, args.load_s)
     if args.cmd == "refuse":
         print("prod-stop: permission denied: this account may not stop the production server")
         return 3

