@@ -212,7 +212,13 @@ def plan(cfg: RunConfig, facts: HostFacts, progress: FinishedStages | None = Non
                 disk_bound,
                 f"default: the disk writes {size_text(DEFAULT_DISK_WRITE_BPS)}/s (an H200 host, docs/benchmarks.md)",
             )
-    if backend.loads_engine:
+    if backend.on_production:  # production's own engine computes them while it serves: no GPU of ours, no load
+        secs = tok.tokens / x_tok_s
+        src += (
+            f"; prefills on production while it serves, at most {cfg.extract.concurrency} capture requests in flight "
+            "(extract.concurrency)"
+        )
+    elif backend.loads_engine:
         x_gpu, x_n, x_detail = _per_gpu(weights, tp), tp, f"weights / TP {tp}"
         secs, src = tok.tokens / x_tok_s + start, src + start_note
     else:
@@ -227,7 +233,8 @@ def plan(cfg: RunConfig, facts: HostFacts, progress: FinishedStages | None = Non
         secs,
         f"{x_tok_s:,.0f} tok/s ({backend.name})",
         src,
-        *((x_gpu, x_n, x_detail) if weights and gpus else ()),
+        # on production: no GPU column, the GPUs stay production's
+        *((x_gpu, x_n, x_detail) if weights and gpus and not backend.on_production else ()),
     )
     # train
     train_tokens = tok.tokens * (tok.samples - cfg.generate.holdout) / tok.samples

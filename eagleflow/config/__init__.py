@@ -106,6 +106,12 @@ class RunConfig(_Strict):
                 f"extract.backend is 'vllm' but engine.kind is {self.engine.kind!r}: SGLang has no hidden-states "
                 "capture; set extract.backend to 'hf' or serve the target with vLLM"
             )
+        if self.extract.backend == "production" and not (self.production.url and self.extract.capture_dir):
+            raise ValueError(
+                "extract.backend 'production' needs production.url (where the capture requests go) and "
+                "extract.capture_dir (where production's capture plugin writes, its EAGLEFLOW_CAPTURE_DIR); "
+                "or set extract.backend to 'vllm' or 'hf'"
+            )
         return self
 
     def _follow_traffic(self) -> None:

@@ -71,12 +71,16 @@ class GenerateConfig(_Strict):
 class ExtractConfig(_Strict):
     """The target's hidden states for every generated conversation, streamed to shards on the host."""
 
-    backend: Literal["hf", "vllm"] = Field(
+    backend: Literal["hf", "vllm", "production"] = Field(
         "hf",
         description="'vllm': the serving engine (engine.*: its tensor parallel size, quantized kernels, the same "
         "checkpoint) captures the states with its extract_hidden_states method; what production serves is what the "
-        "drafter learns from (needs engine.kind vllm). 'hf': a transformers forward, for small targets and CPU; on "
-        "CUDA it spreads the layers over the host's GPUs when the weights do not fit one.",
+        "drafter learns from (needs engine.kind vllm). 'production': production itself computes them while it "
+        "serves: each conversation is one prefill-only request to production.url, whose engine runs eagleflow's "
+        "capture plugin (launched with EAGLEFLOW_CAPTURE_DIR = extract.capture_dir and EAGLEFLOW_CAPTURE_LAYERS = "
+        "the aux and final layer ids; docs/production.md); no production window, no engine of our own. 'hf': a "
+        "transformers forward, for small targets and CPU; on CUDA it spreads the layers over the host's GPUs when "
+        "the weights do not fit one.",
     )
     max_seq_len: int = Field(2048, ge=16, description="Longer sequences are cut to this many tokens.")
     batch_tokens: int = Field(8192, ge=16, description="hf: tokens per forward pass (padded batch size x length).")
@@ -98,7 +102,15 @@ class ExtractConfig(_Strict):
         "with it: states stream to disk as they come.",
     )
     concurrency: int = Field(
-        16, ge=1, description="vllm: requests in flight (each one conversation, max_tokens 1, prompt tokens saved)."
+        16,
+        ge=1,
+        description="vllm, production: requests in flight (each one conversation, max_tokens 1, prompt tokens saved). "
+        "On production it bounds what capture takes of it: at most this many prefills of ours beside its traffic.",
+    )
+    capture_dir: str | None = Field(
+        None,
+        description="production: the directory production's capture plugin writes each request's states to (its "
+        "launch's EAGLEFLOW_CAPTURE_DIR), on the host the stages run on; the stage reads and deletes each file.",
     )
     spool_dir: str | None = Field(
         None,

@@ -1,6 +1,7 @@
 """The target's hidden states for the drafter to learn from: shard plans (`plan`), the backends' registry
-(`backends`), the transformers forward (`hf`), the serving engine's own capture (`vllm`). The extract stage
-opens the backend its config names (`open_capture`) and wires it to the shard writer (`eagleflow.drafter.shards`).
+(`backends`), the transformers forward (`hf`), the serving engine's own capture (`vllm`), production's own engine
+while it serves (`production`). The extract stage opens the backend its config names (`open_capture`) and wires it
+to the shard writer (`eagleflow.drafter.shards`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,13 @@ def _open_vllm(cfg: RunConfig, stage_dir: Path, stack: ExitStack, hidden_size: i
     return open_vllm(cfg, stage_dir, stack, hidden_size)
 
 
-OPENERS = {"hf": _open_hf, "vllm": _open_vllm}  # one per entry of backends.BACKENDS
+def _open_production(cfg: RunConfig, stage_dir: Path, stack: ExitStack, hidden_size: int) -> Capture:
+    from eagleflow.extraction.production import open_production
+
+    return open_production(cfg, stack)
+
+
+OPENERS = {"hf": _open_hf, "vllm": _open_vllm, "production": _open_production}  # one per entry of backends.BACKENDS
 
 
 def open_capture(cfg: RunConfig, stage_dir: Path, stack: ExitStack, hidden_size: int) -> Capture:

@@ -1,7 +1,8 @@
 """Extraction backends: what computes the target's states, what it takes of the host, and how it starts.
 
-    hf     a transformers forward in the stage's own process (small targets, CPU, or the host's GPUs)
-    vllm   the serving engine's own capture, at production's tensor parallel size and kernels
+    hf          a transformers forward in the stage's own process (small targets, CPU, or the host's GPUs)
+    vllm        the serving engine's own capture, at production's tensor parallel size and kernels
+    production  production's own engine, while it serves (eagleflow's capture plugin): no window, no engine
 
 Each backend says whether it loads the target in an engine of its own (then its load is part of the
 stage and the engine takes the GPUs) and the rate a plan assumes where the host measured none (with its
@@ -24,9 +25,12 @@ class ExtractionBackend:
     loads_engine: bool  # the target loaded in a serving engine of its own, for the stage's duration
     default_tok_s: float  # tokens a second a plan assumes where the host measured none
     default_source: str
+    on_production: bool = False  # production computes the states while it serves: the stage holds no GPU
 
     def uses_gpus(self, cfg: RunConfig) -> bool:
         """Whether the stage takes the GPUs production holds ('auto' counts: on a GPU host it picks CUDA)."""
+        if self.on_production:
+            return False
         return self.loads_engine or cfg.extract.device != "cpu"
 
 
@@ -43,6 +47,14 @@ BACKENDS: dict[str, ExtractionBackend] = {
         loads_engine=True,
         default_tok_s=3_165.0,
         default_source="default: the reference run extracted Kimi-K2.5's states at 3,165 tok/s (docs/reference-run.md)",
+    ),
+    "production": ExtractionBackend(
+        "production",
+        loads_engine=False,
+        default_tok_s=3_165.0,
+        default_source="default: as the vllm backend's, the reference run's 3,165 tok/s of Kimi-K2.5's prefill "
+        "(docs/reference-run.md); production's own traffic shares the engine",
+        on_production=True,
     ),
 }
 

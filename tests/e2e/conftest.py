@@ -353,7 +353,9 @@ def nightly_production(tmp_path_factory) -> Iterator[dict]:
         orphan_grace_s=10,
         engine_args=("--speculative-config", json.dumps(spec)),
         restore_timeout_s=420,
-        env=("OMP_NUM_THREADS=2",),
+        # eagleflow's capture plugin on (docs/production.md, Capture from production): each night's states come
+        # from production's own forward, behind its drafter's aux layers (extract.backend 'production')
+        env=("OMP_NUM_THREADS=2", f"EAGLEFLOW_CAPTURE_DIR={work / 'capture'}", "EAGLEFLOW_CAPTURE_LAYERS=1,2,3,4"),
     )
     subprocess.run(prod["start_command"], check=True, timeout=60)
     deadline = time.monotonic() + 420
@@ -404,7 +406,10 @@ def nightly_runs(prefect_server, nightly_production) -> dict:
         server="production",
     )
     data["engine"]["port"] = free_port()
-    data["train"].update(epochs=4)
+    # The states from production itself while it serves: no window for extract, no engine of our own.
+    # (1,023 tokens and the one a capture request asks for: production's context of 1,024)
+    data["extract"].update(backend="production", capture_dir=str(work / "capture"), max_seq_len=1023)
+    data["train"].update(epochs=4, max_seq_len=1023)
     data["benchmark"].update(
         num_prompts=12,
         max_tokens=64,

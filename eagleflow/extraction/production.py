@@ -1,0 +1,127 @@
+"""Hidden states from production itself, while it serves (extract.backend 'production').
+
+Production's engine runs eagleflow's capture plugin (eagleflow.engines.capture_plugin), switched on by its launch:
+EAGLEFLOW_CAPTURE_DIR (here extract.capture_dir) and EAGLEFLOW_CAPTURE_LAYERS (the aux and final layer ids). Each
+conversation is one `/v1/completions` request to production.url of its token ids with `max_tokens: 1`, marked as a
+capture request (`vllm_xargs: {"eagleflow_capture": NAME}`) and salted (`cache_salt: NAME`: production's prefix
+cache must not serve it, every position is computed); the plugin writes the request's states, [T, n_layers, H],
+to `<capture_dir>/NAME.safetensors` under the lock the `vllm` backend's reader waits on, so the rest is that
+backend's: the states checked against the ids sent, into the shard in plan order, the file deleted.
+
+Production keeps serving everyone else: at most extract.concurrency capture requests are in flight beside its own
+traffic, each a prefill and one token. No production window, no engine of our own, no load.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import uuid
+from collections.abc import Sequence
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+
+from eagleflow.config import RunConfig
+from eagleflow.contracts.request import StageError
+from eagleflow.engines.capture_plugin import DIR_ENV, LAYERS_ENV, XARG, capture_file
+from eagleflow.engines.chat import RETRYABLE
+from eagleflow.engines.remote import RemoteServer
+from eagleflow.extraction.vllm import EngineStates
+
+log = logging.getLogger("eagleflow.extract")
+
+
+class ProductionStates(EngineStates):
+    """Capture requests to production, and the files its plugin writes back."""
+
+    where = "production"
+
+    def __init__(self, cfg: RunConfig) -> None:
+        remote = RemoteServer(cfg)
+        super().__init__(
+            remote.base_url, cfg.target.served_model_name, cfg.engine.request_timeout_s, cfg.extract.concurrency
+        )
+        if remote.api_key:
+            self.client.headers["Authorization"] = f"Bearer {remote.api_key}"
+        self.remote = remote
+        self.wait_s = cfg.generate.server_wait_s
+        self.capture_dir = Path(str(cfg.extract.capture_dir))
+        self.layers = ",".join(str(i) for i in [*cfg.target.aux_layer_ids, cfg.target.final_layer_id])
+        self.run = uuid.uuid4().hex[:12]  # names no other stage's request, on any night
+        self.count = itertools.count()
+
+    def request(self, ids: Sequence[int]) -> str:
+        name = f"eagleflow-{self.run}-{next(self.count)}"
+        body = {
+            "model": self.model,
+            "prompt": [int(t) for t in ids],
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "vllm_xargs": {XARG: name},
+            "cache_salt": name,
+        }
+        for attempt in range(3):
+            try:
+                r = self.client.post("/v1/completions", json=body)
+                break
+            except RETRYABLE:
+                if attempt == 2:
+                    raise
+                self.remote.wait_answering(self.wait_s)  # a restart of production: ask again once it answers
+        if r.status_code != 200:
+            raise StageError(
+                f"production refused a {len(ids)}-token capture request: HTTP {r.status_code} {r.text[:300]}"
+            )
+        path = capture_file(self.capture_dir, name)
+        if not Path(f"{path}.lock").exists():
+            raise StageError(
+                f"production answered a capture request but its capture plugin wrote nothing to {self.capture_dir}\n"
+                f"production's engine must run eagleflow's capture plugin: launch it with {DIR_ENV}={self.capture_dir} "
+                f"and {LAYERS_ENV}={self.layers} (docs/production.md, Capture from production)\n"
+                "or set extract.backend to 'vllm' (a capture engine of our own, in a production window)"
+            )
+        return str(path)
+
+
+def fits_production(states: ProductionStates, max_seq_len: int) -> None:
+    """A conversation of extract.max_seq_len tokens and the one token it asks for must fit production's context
+    (its /v1/models says how long; a server that does not say is taken at its word when a request is refused)."""
+    try:
+        r = states.client.get("/v1/models")
+        cards = [m for m in r.json().get("data") or [] if m.get("id") == states.model] if r.status_code == 200 else []
+    except (httpx.HTTPError, ValueError, AttributeError):
+        cards = []
+    longest = cards[0].get("max_model_len") if cards else None
+    if longest is not None and max_seq_len + 1 > int(longest):
+        raise StageError(
+            f"extract.max_seq_len {max_seq_len} and the one token a capture request asks for do not fit production's "
+            f"context of {longest} tokens ({states.remote.base_url}/v1/models)\n"
+            f"set extract.max_seq_len to {int(longest) - 1} or less (longer conversations are cut there)\n"
+            "or set extract.backend to 'vllm' (an engine of our own, launched for the run's max_seq_len)"
+        )
+
+
+def open_production(cfg: RunConfig, stack: ExitStack) -> ProductionStates:
+    """The `production` backend opened (eagleflow.extraction.backends): production answering, its capture directory
+    there; the client closed with `stack`."""
+    states = ProductionStates(cfg)
+    stack.callback(states.close)
+    log.info(
+        "states from production at %s while it serves (%d capture requests in flight at most); production is not "
+        "stopped",
+        states.remote.base_url,
+        cfg.extract.concurrency,
+    )
+    states.remote.wait_answering(cfg.generate.server_wait_s)
+    fits_production(states, cfg.extract.max_seq_len)
+    if not os.path.isdir(states.capture_dir):
+        raise StageError(
+            f"extract.capture_dir {states.capture_dir} does not exist on this host: production's capture plugin "
+            f"creates it at production's start when launched with {DIR_ENV}={states.capture_dir}\n"
+            "start production with eagleflow's capture plugin on (docs/production.md, Capture from production), "
+            "or set extract.backend to 'vllm'"
+        )
+    return states
