@@ -231,6 +231,7 @@ def test_production_backend_takes_the_states_from_production_while_it_serves(tmp
                 "extract.backend": "production",
                 "extract.capture_dir": str(capture),
                 "extract.max_seq_len": 1023,  # with the token each request asks for: production's 1,024
+                "train.max_seq_len": 1023,
                 "extract.concurrency": 4,
                 "extract.shard_bytes": 256 << 10,
             },
