@@ -27,7 +27,6 @@ import httpx
 from eagleflow.config import RunConfig
 from eagleflow.contracts.request import StageError
 from eagleflow.engines.capture_plugin import DIR_ENV, LAYERS_ENV, XARG, capture_file
-from eagleflow.engines.chat import RETRYABLE
 from eagleflow.engines.remote import RemoteServer
 from eagleflow.extraction.vllm import EngineStates
 
@@ -53,6 +52,9 @@ class ProductionStates(EngineStates):
         self.run = uuid.uuid4().hex[:12]  # names no other stage's request, on any night
         self.count = itertools.count()
 
+    def before_retry(self) -> None:
+        self.remote.wait_answering(self.wait_s)  # a restart of production: ask again once it answers
+
     def request(self, ids: Sequence[int]) -> str:
         name = f"eagleflow-{self.run}-{next(self.count)}"
         body = {
@@ -63,14 +65,7 @@ class ProductionStates(EngineStates):
             "vllm_xargs": {XARG: name},
             "cache_salt": name,
         }
-        for attempt in range(3):
-            try:
-                r = self.client.post("/v1/completions", json=body)
-                break
-            except RETRYABLE:
-                if attempt == 2:
-                    raise
-                self.remote.wait_answering(self.wait_s)  # a restart of production: ask again once it answers
+        r = self.post(body)
         if r.status_code != 200:
             raise StageError(
                 f"production refused a {len(ids)}-token capture request: HTTP {r.status_code} {r.text[:300]}"

@@ -102,13 +102,7 @@ class EngineStates:
     def request(self, ids: Sequence[int]) -> str:
         """Send one conversation; the path of the file its states go to."""
         body = {"model": self.model, "prompt": [int(t) for t in ids], "max_tokens": 1, "temperature": 0.0}
-        for attempt in range(3):
-            try:
-                r = self.client.post("/v1/completions", json=body)
-                break
-            except RETRYABLE:
-                if attempt == 2:
-                    raise
+        r = self.post(body)
         if r.status_code != 200:
             raise StageError(
                 f"the capturing engine refused a {len(ids)}-token request: HTTP {r.status_code} {r.text[:300]}"
@@ -122,6 +116,20 @@ class EngineStates:
                 "extract_hidden_states method and its connector active? (see the engine log)"
             )
         return str(path)
+
+    def post(self, body: dict) -> httpx.Response:
+        """One completions request, sent again (twice at most) when the connection dropped."""
+        for attempt in range(3):
+            try:
+                return self.client.post("/v1/completions", json=body)
+            except RETRYABLE:
+                if attempt == 2:
+                    raise
+                self.before_retry()
+        raise AssertionError("unreachable")
+
+    def before_retry(self) -> None:
+        """What to do before asking again (the capture engine is ours: nothing)."""
 
     @staticmethod
     def collect(path: str, ids: Sequence[int]) -> torch.Tensor:

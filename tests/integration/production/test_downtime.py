@@ -140,7 +140,6 @@ def vllm_prod(d: Path) -> Prod:
     """A real vLLM CPU server of the demo target (served as "prod") behind the operator's start/stop scripts,
     on a port of ours; not started yet."""
     port = free_port()
-    pidfile = d / "prod.pid"
     engine = [
         PY,
         "-m",
@@ -161,51 +160,27 @@ def vllm_prod(d: Path) -> Prod:
         "--kv-cache-memory-bytes",
         str(2**28),  # the demo config's engine.kv_cache_gib
     ]
-    return Prod(
-        port=port,
-        pidfile=pidfile,
-        health_url=f"http://127.0.0.1:{port}/health",
-        start_command=[
-            PY,
-            PRODSERVICE,
-            "start",
-            "--pidfile",
-            str(pidfile),
-            "--log",
-            str(d / "prod.log"),
-            "--port",
-            str(port),
-            # the dev routes production.pause 'sleep' drives (/sleep, /wake_up, /is_sleeping)
-            "--env",
-            "VLLM_SERVER_DEV_MODE=1",
-            "--",
-            *engine,
-        ],
-        stop_command=[PY, PRODSERVICE, "stop", "--pidfile", str(pidfile)],
-    )
+    # the dev routes production.pause 'sleep' drives (/sleep, /wake_up, /is_sleeping)
+    return operated(d, "prod", port, engine, env=("VLLM_SERVER_DEV_MODE=1",))
 
 
 def standin_prod(d: Path) -> Prod:
     """The stand-in production server behind the same operator scripts, on a port of ours; not started yet."""
     port = free_port()
-    pidfile = d / "standin.pid"
-    serve = [PY, PRODSERVICE, "serve", "--port", str(port), "--load-s", str(LOAD_S)]
+    return operated(d, "standin", port, [PY, PRODSERVICE, "serve", "--port", str(port), "--load-s", str(LOAD_S)])
+
+
+def operated(d: Path, name: str, port: int, argv: list[str], env: tuple[str, ...] = ()) -> Prod:
+    """argv as production, started and stopped by the operator's scripts (tests/prodservice.py): its pid file and
+    log under d, named `name`."""
+    pidfile = d / f"{name}.pid"
     return Prod(
         port=port,
         pidfile=pidfile,
         health_url=f"http://127.0.0.1:{port}/health",
         start_command=[
-            PY,
-            PRODSERVICE,
-            "start",
-            "--pidfile",
-            str(pidfile),
-            "--log",
-            str(d / "standin.log"),
-            "--port",
-            str(port),
-            "--",
-            *serve,
+            *(PY, PRODSERVICE, "start", "--pidfile", str(pidfile), "--log", str(d / f"{name}.log")),
+            *("--port", str(port), *(a for kv in env for a in ("--env", kv)), "--", *argv),
         ],
         stop_command=[PY, PRODSERVICE, "stop", "--pidfile", str(pidfile)],
     )
