@@ -1,11 +1,11 @@
-"""The extract stage's backends side by side: do the engine's states equal transformers' states?
+"""The extract stage's backends side by side: do the engine's states equal transformers' states, and production's?
 
     .hostenv/bin/python benchmarks/extract_backends.py [--config configs/demo.yaml] [--out DIR]
-        [--backends hf vllm] [--storage bfloat16] [--max-samples N]
+        [--backends hf vllm production] [--storage bfloat16] [--max-samples N] [--train-seeds 0 1]
 
 Runs the real stage (`python -m eagleflow.stages.extract request.json`) once per backend on the
 config's finished generate stage (the newest under host.work_root, e.g. after `make demo`), then
-compares the states of every sequence per layer:
+compares the states of every sequence per layer against the first backend's:
 
     cos       cosine similarity per token, mean (and min) over tokens
     max rel   max |a - b| / max |b| over the layer: what separates right from wrong here (the
@@ -14,6 +14,12 @@ compares the states of every sequence per layer:
 
 and prints each run's rate, bytes and peak memory. With `--max-samples` only the first N
 conversations of the generate stage are used (a copy of its Parquet, cut).
+
+`production`: the target served as production (eagleflow's own launch of engine.*, its context long enough for
+extract.max_seq_len) with eagleflow's capture plugin on, for that run; the stage sends it capture requests.
+`--train-seeds`: the real train stage on each run's states, once per seed (train.seed; the config's train.*
+otherwise): the drafters' simulated serving AL on the holdout, so a difference between backends reads against
+the spread between seeds.
 """
 
 from __future__ import annotations
@@ -35,7 +41,12 @@ from stage_run import run_stage  # noqa: E402
 
 from eagleflow.config import load_config  # noqa: E402
 from eagleflow.contracts.manifest import Manifest, read_manifest  # noqa: E402
-from eagleflow.contracts.stage_records import ExtractMetrics, ExtractOutputs, GenerateOutputs  # noqa: E402
+from eagleflow.contracts.stage_records import (  # noqa: E402
+    ExtractMetrics,
+    ExtractOutputs,
+    GenerateOutputs,
+    TrainMetrics,
+)
 from eagleflow.drafter.data import SequenceStore, read_index  # noqa: E402
 
 
@@ -57,7 +68,42 @@ def cut_generate(gen: Manifest, n: int, out: Path) -> Manifest:
 
 
 def run_extract(config_data: dict, gen: Manifest, stage_dir: Path) -> tuple[Manifest, float]:
+    if config_data["extract"].get("backend") == "production":
+        return extract_from_production(config_data, gen, stage_dir)
     return run_stage("extract", config_data, {"generate": gen}, stage_dir)
+
+
+def extract_from_production(config_data: dict, gen: Manifest, stage_dir: Path) -> tuple[Manifest, float]:
+    """The stage against the target served as production with the capture plugin on (stopped afterwards)."""
+    from capture_gpu import entry_point_env, free_port
+
+    from eagleflow.config import parse_config
+    from eagleflow.engines import make_server
+    from eagleflow.engines.capture_plugin import DIR_ENV, LAYERS_ENV
+    from eagleflow.engines.launch import target_launch
+
+    capture = stage_dir.parent / f"{stage_dir.name}-capture"
+    data = json.loads(json.dumps(config_data))
+    data["extract"]["capture_dir"] = str(capture)
+    data["production"]["url"] = "http://127.0.0.1:1"  # production's own, once it serves
+    cfg = parse_config(data)
+    layers = ",".join(str(i) for i in [*cfg.target.aux_layer_ids, cfg.target.final_layer_id])
+    spec = target_launch(cfg)
+    longest = max(spec.engine.max_model_len, cfg.extract.max_seq_len + 1)
+    spec.engine = spec.engine.model_copy(update={"max_model_len": longest, "port": free_port()})
+    env = {**entry_point_env(stage_dir.parent), DIR_ENV: str(capture), LAYERS_ENV: layers}
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    with make_server(spec, stage_dir.parent / f"{stage_dir.name}-production.log", env=env, name="production") as s:
+        data["production"]["url"] = s.base_url
+        return run_stage("extract", data, {"generate": gen}, stage_dir)
+
+
+def train_al(config_data: dict, m: Manifest, seed: int, stage_dir: Path) -> float:
+    """The simulated serving AL on the holdout of a drafter trained on `m`'s states (the train stage's best)."""
+    data = json.loads(json.dumps(config_data))
+    data["train"].update(seed=seed, device="cpu")
+    t, _ = run_stage("train", data, {"extract": m}, stage_dir)
+    return float(TrainMetrics.of(t).best.acceptance_length or 0.0)
 
 
 def sequences(m: Manifest) -> dict[tuple[int, ...], torch.Tensor]:
@@ -100,9 +146,10 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"))
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "extract-backends")
-    p.add_argument("--backends", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm"])
+    p.add_argument("--backends", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm", "production"])
     p.add_argument("--storage", nargs="+", default=["bfloat16"], choices=["bfloat16", "float8_e4m3fn"])
     p.add_argument("--max-samples", type=int, default=None)
+    p.add_argument("--train-seeds", type=int, nargs="*", default=[], help="train a drafter on each run, per seed")
     p.add_argument(
         "--generate",
         type=Path,
@@ -146,6 +193,14 @@ def main() -> int:
                 f"{r['layer']:22}{r['cos_mean']:>10.6f}{r['cos_min']:>10.6f}{r['max_rel_err']:>10.2e}"
                 f"{r['mean_rel_err']:>10.2e}"
             )
+    if args.train_seeds:
+        data = config.model_dump(mode="json")
+        print(f"\nsimulated serving AL on the holdout of drafters trained on each run (train.seed {args.train_seeds})")
+        report["holdout_al"] = {}
+        for name, m in runs.items():
+            als = [train_al(data, m, seed, out / f"train-{name}-seed{seed}") for seed in args.train_seeds]
+            report["holdout_al"][name] = als
+            print(f"{name:24}" + "".join(f"{a:>8.3f}" for a in als) + f"   mean {sum(als) / len(als):.3f}")
     (out / "extract_backends.json").write_text(json.dumps(report, indent=1))
     return 0
 

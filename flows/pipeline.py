@@ -19,7 +19,7 @@ from eagleflow.reporting.report import Report
 from flows.host_slot import host_slot, stop_jobs_of_run
 from flows.params import RunParams, main_cli
 from tasks.benchmark import benchmark
-from tasks.check import check
+from tasks.check import check, extract_config
 from tasks.dispatch import StageRun, run_cached
 from tasks.export import export
 from tasks.extract import extract
@@ -36,7 +36,8 @@ def run_stages(host: Host, config: RunConfig) -> tuple[dict[str, StageRun], list
     runs: dict[str, StageRun] = {"check": StageRun(check(host, config), cached=False, seconds=time.monotonic() - start)}
     with production_windows(host, config) as windows:
         runs["generate"] = run_cached(generate, host, config)
-        runs["extract"] = windows.run(extract, {"generate": runs["generate"].manifest})
+        up = {"generate": runs["generate"].manifest}
+        runs["extract"] = windows.run(extract, up, config=extract_config(host, config, runs["check"].manifest, up))
         runs["train"] = windows.run(train, {"extract": runs["extract"].manifest})
         runs["export"] = windows.run(export, {"train": runs["train"].manifest})
         # extract rides along (not in the benchmark's key): the triage compares the engine's states with it

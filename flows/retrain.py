@@ -48,7 +48,7 @@ from flows.host_slot import host_slot, stop_jobs_of_run
 from flows.params import RetrainParams, main_cli
 from flows.promote import roll_back, switch_in_window
 from tasks.benchmark import benchmark
-from tasks.check import check
+from tasks.check import check, extract_config
 from tasks.dispatch import StageRun, run_cached
 from tasks.export import export
 from tasks.extract import extract
@@ -97,12 +97,11 @@ def run_night(host: Host, config: RunConfig, windows: Windows) -> Night:
     promoted = None if sel.first_night else promoted_drafter(host, config)
     runs["generate: holdout"] = run_cached(generate, host, held, label="generate: holdout")
     runs["generate"] = run_cached(generate, host, new, label=f"generate: batch {sel.batch_id}")
-    runs["extract: holdout"] = windows.run(
-        extract, {"generate": runs["generate: holdout"].manifest}, config=held, label="extract: holdout"
-    )
-    runs["extract"] = windows.run(
-        extract, {"generate": runs["generate"].manifest}, config=new, label=f"extract: batch {sel.batch_id}"
-    )
+    checked = runs["check"].manifest
+    for key, cfg, gen in (("extract: holdout", held, "generate: holdout"), ("extract", new, "generate")):
+        up = {"generate": runs[gen].manifest}
+        label = key if key != "extract" else f"extract: batch {sel.batch_id}"
+        runs[key] = windows.run(extract, up, config=extract_config(host, cfg, checked, up), label=label)
     # No drafter to continue: tonight is a full run, and a full run trains on all the data, not a replay sample.
     pool_config = config if sel.first_night or promoted else whole_pool_config(config)
     runs["pool"] = run_cached(

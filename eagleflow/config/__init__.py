@@ -101,10 +101,11 @@ class RunConfig(_Strict):
             )
         self._train_nodes()
         self._follow_traffic()
-        if self.extract.backend == "vllm" and self.engine.kind != "vllm":
+        if self.extract.backend in ("vllm", "production") and self.engine.kind != "vllm":
             raise ValueError(
-                f"extract.backend is 'vllm' but engine.kind is {self.engine.kind!r}: SGLang has no hidden-states "
-                "capture; set extract.backend to 'hf' or serve the target with vLLM"
+                f"extract.backend is {self.extract.backend!r} but engine.kind is {self.engine.kind!r}: SGLang has no "
+                "hidden-states capture (eagleflow's capture plugin is vLLM's); set extract.backend to 'hf' or serve "
+                "the target with vLLM"
             )
         if self.extract.backend == "production" and not (self.production.url and self.extract.capture_dir):
             raise ValueError(

@@ -105,12 +105,20 @@ class ExtractConfig(_Strict):
         16,
         ge=1,
         description="vllm, production: requests in flight (each one conversation, max_tokens 1, prompt tokens saved). "
-        "On production it bounds what capture takes of it: at most this many prefills of ours beside its traffic.",
+        "On production it bounds what capture takes of it: at most this many prefills of ours beside its traffic "
+        "(concurrency x max_seq_len prompt tokens in flight).",
     )
     capture_dir: str | None = Field(
         None,
         description="production: the directory production's capture plugin writes each request's states to (its "
         "launch's EAGLEFLOW_CAPTURE_DIR), on the host the stages run on; the stage reads and deletes each file.",
+    )
+    fallback: Literal["vllm", "hf", "none"] = Field(
+        "vllm",
+        description="production: what extracts the states when production cannot capture (the check stage asks it "
+        "with one capture request before the night's work, and names the cause): 'vllm', an engine of our own in a "
+        "production window, the path without capture; 'hf'; 'none': the check fails instead. States already "
+        "extracted are kept either way.",
     )
     spool_dir: str | None = Field(
         None,

@@ -57,7 +57,7 @@ _ENGINE_RUNTIME = (
     "min_free_disk_gib",
     "min_free_gpu_fraction",
 )
-_EXTRACT_RUNTIME = ("spread", "concurrency", "spool_dir", "capture_dir")
+_EXTRACT_RUNTIME = ("spread", "concurrency", "spool_dir", "capture_dir", "fallback")
 _GENERATE_RUNTIME = ("server_wait_s",)
 # What of the engine's launch changes the *data* an upstream stage makes (answers, hidden states): the engine,
 # the context it allows, the model code it trusts, and the flags that change what the model computes. Not its

@@ -73,6 +73,9 @@ class ObservedTraffic(Record):
         return "production's traffic, as its engine counted it: " + ", ".join(parts)
 
 
+CAPTURES = "captures"  # CheckMetrics.production_capture when production captures
+
+
 class CheckMetrics(MetricsRecord):
     """What the host check saw of the target, the prompts and the engine."""
 
@@ -84,6 +87,11 @@ class CheckMetrics(MetricsRecord):
     plan: CapacityPlan | None = Field(None, description="Each stage's disk, GPU memory and time (eagleflow.capacity).")
     production_traffic: ObservedTraffic | None = Field(
         None, description="Production's traffic as its engine counted it, where production.url answers /metrics."
+    )
+    production_capture: str | None = Field(
+        None,
+        description=f"extract.backend 'production': {CAPTURES!r} when production answered a capture request with "
+        "the run's layers, else why it did not (what, cause, fix); the flow then extracts with extract.fallback.",
     )
 
 

@@ -12,8 +12,10 @@ the final layer's output before its norm), and after each forward the rows of th
 copied out: a request is one when its sampling parameters carry `extra_args["eagleflow_capture"]` (the OpenAI
 server's `vllm_xargs`), whose value names its file. A prompt prefilled in several chunks, or recomputed after a
 preemption, fills its rows by position; once every prompt position is in, the file `<dir>/<name>.safetensors`
-holds `hidden_states` [T, n_layers, H] and `token_ids` [T], written under an exclusive lock on `<file>.lock` as
-the `vllm` backend's connector writes (eagleflow.engines.hidden_states_connector), so one reader serves both.
+holds `hidden_states` [T, n_layers, H] and `token_ids` [T] (its metadata names the layers), written under an
+exclusive lock on `<file>.lock` as the `vllm` backend's connector writes (eagleflow.engines.hidden_states_connector),
+so one reader serves both. From a GPU the rows go to pinned memory without a wait; a writer thread waits for the
+copies and writes the file, so production's steps never wait on them or on the disk.
 Other requests are not touched: nothing is copied or written for them.
 
 Production serving an EAGLE-3 drafter computes the drafter's aux layers already; the final layer's id is added to
@@ -41,6 +43,7 @@ log = logging.getLogger("vllm.eagleflow_capture")  # under "vllm.": the lines la
 
 DIR_ENV = "EAGLEFLOW_CAPTURE_DIR"
 LAYERS_ENV = "EAGLEFLOW_CAPTURE_LAYERS"
+LAYERS_META = "eagleflow_capture_layers"  # the file's metadata key: the layer ids of its states, comma-separated
 XARG = "eagleflow_capture"  # the key of a capture request's SamplingParams.extra_args (vllm_xargs)
 RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"  # vLLM's V1 model runner (MoE and MLA targets: Kimi-K2.5's)
 V2_RUNNER_MODULE = "vllm.v1.worker.gpu.model_runner"  # vLLM's V2 runner, the default for dense targets from 0.26
@@ -57,24 +60,37 @@ def valid_name(name: str) -> bool:
 
 
 class Pending:
-    """One capture request's prompt, filled by position."""
+    """One capture request's prompt, filled by position.
 
-    def __init__(self, name: str, token_ids: list[int], n_layers: int, hidden: int, dtype: Any) -> None:
+    Kept layer-major, [n_layers, T, H], so each layer's chunk lands in one contiguous block: from a GPU the copy
+    is then an asynchronous DMA into pinned memory (a strided destination would be staged and synchronous), and
+    production's next step is not held up by it. The writer thread waits for the copies (`copied`) and writes the
+    file's [T, n_layers, H]."""
+
+    def __init__(self, name: str, token_ids: list[int], n_layers: int, hidden: int, dtype: Any, pin: bool) -> None:
         import torch
 
         self.name = name
         self.token_ids = torch.tensor(token_ids, dtype=torch.int64)
-        self.states = torch.empty(len(token_ids), n_layers, hidden, dtype=dtype)  # shape: [T, n_layers, H]
+        self.states = torch.empty(n_layers, len(token_ids), hidden, dtype=dtype, pin_memory=pin)  # [n_layers, T, H]
         self.filled = torch.zeros(len(token_ids), dtype=torch.bool)
+        self.copied: Any = None  # a CUDA event recorded after the last copies (None: the copies were synchronous)
 
     def take(self, start: int, rows: Any) -> bool:
-        """rows [n, n_layers, H] at positions start.. (those past the prompt are the generated token's: dropped);
-        whether the prompt is whole."""
-        n = max(0, min(rows.shape[0], self.states.shape[0] - start))
+        """rows: one [n, H] tensor a layer, at positions start.. (those past the prompt are the generated token's:
+        dropped); copied without waiting when they are on a GPU. Whether every prompt position is in."""
+        n = max(0, min(rows[0].shape[0], self.states.shape[1] - start))
         if n:
-            self.states[start : start + n] = rows[:n]
+            for layer, r in enumerate(rows):
+                self.states[layer, start : start + n].copy_(r[:n], non_blocking=True)
             self.filled[start : start + n] = True
         return bool(self.filled.all())
+
+    def hidden_states(self) -> Any:
+        """[T, n_layers, H], once the copies are done (on the writer thread: it may wait)."""
+        if self.copied is not None:
+            self.copied.synchronize()
+        return self.states.transpose(0, 1).contiguous()
 
 
 class Capture:
@@ -126,10 +142,15 @@ class Capture:
             p = self.pending.get(req_id)
             if p is None:
                 prompt = runner.requests[req_id].prompt_token_ids or []
-                p = self.pending[req_id] = Pending(name, list(prompt), len(aux), aux[0].shape[-1], aux[0].dtype)
+                shape = (len(aux), aux[0].shape[-1], aux[0].dtype)
+                p = self.pending[req_id] = Pending(name, list(prompt), *shape, pin=aux[0].is_cuda)
             lo, hi = int(starts[i]), int(starts[i + 1])
-            rows = torch.stack([h[lo:hi] for h in aux], dim=1).to("cpu")  # shape: [n, n_layers, H]
-            if p.take(int(batch.num_computed_tokens_cpu[i]), rows):
+            # Queued on the stream that computed the states, so they are copied before the next step reuses their
+            # buffers (CUDA graphs' outputs are static), and nothing here waits for the GPU.
+            if p.take(int(batch.num_computed_tokens_cpu[i]), [h[lo:hi] for h in aux]):
+                if aux[0].is_cuda:
+                    p.copied = torch.cuda.Event()
+                    p.copied.record()
                 self._write(p)
                 del self.pending[req_id]
                 self.done.add(req_id)
@@ -144,15 +165,18 @@ class Capture:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if self.writer is None:
             self.writer = ThreadPoolExecutor(1, thread_name_prefix="eagleflow-capture")
-        self.writer.submit(_save, p, path, lock)
+        self.writer.submit(_save, p, path, lock, self.layers)
 
 
-def _save(p: Pending, path: Path, lock: Any) -> None:
+def _save(p: Pending, path: Path, lock: Any, layers: tuple[int, ...]) -> None:
     from safetensors.torch import save_file
 
     try:
         tmp = path.with_name(path.name + ".tmp")
-        save_file({"hidden_states": p.states.contiguous(), "token_ids": p.token_ids}, str(tmp))
+        tensors = {"hidden_states": p.hidden_states(), "token_ids": p.token_ids}
+        # which layers these are: the reader refuses states of other layers than its run's (production launched
+        # with another EAGLEFLOW_CAPTURE_LAYERS), which no shape would show
+        save_file(tensors, str(tmp), metadata={LAYERS_META: ",".join(str(i) for i in layers)})
         os.replace(tmp, path)
     except Exception:  # noqa: BLE001 - the reader finds no file and says so; the engine serves on
         log.exception("eagleflow_capture: %s not written", path)
@@ -171,6 +195,15 @@ def _writes_here() -> bool:
         return True
 
 
+def _pipeline_stages() -> int:
+    try:
+        from vllm.distributed import get_pp_group
+
+        return int(get_pp_group().world_size)
+    except Exception:  # noqa: BLE001 - no distributed state (a single process): one stage
+        return 1
+
+
 def patch_runner(module: Any) -> None:
     """Wrap the model runner class of `module` (vLLM's V1 GPU model runner; the CPU runner inherits from it)."""
     runner_cls = module.GPUModelRunner
@@ -185,6 +218,9 @@ def patch_runner(module: Any) -> None:
         setup(self)
         self._eagleflow_capture = None
         if not _writes_here():
+            return
+        if _pipeline_stages() > 1:  # an aux layer's state stays on the stage that computes it
+            log.warning("eagleflow_capture: production runs %d pipeline stages: capture off", _pipeline_stages())
             return
         model = self.get_model()
         if not hasattr(model, "set_aux_hidden_state_layers"):

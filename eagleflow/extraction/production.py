@@ -26,7 +26,7 @@ import httpx
 
 from eagleflow.config import RunConfig
 from eagleflow.contracts.request import StageError
-from eagleflow.engines.capture_plugin import DIR_ENV, LAYERS_ENV, XARG, capture_file
+from eagleflow.engines.capture_plugin import DIR_ENV, LAYERS_ENV, LAYERS_META, XARG, capture_file
 from eagleflow.engines.remote import RemoteServer
 from eagleflow.extraction.vllm import EngineStates
 
@@ -51,6 +51,18 @@ class ProductionStates(EngineStates):
         self.layers = ",".join(str(i) for i in [*cfg.target.aux_layer_ids, cfg.target.final_layer_id])
         self.run = uuid.uuid4().hex[:12]  # names no other stage's request, on any night
         self.count = itertools.count()
+
+    def check_file(self, path: str, metadata: dict[str, str]) -> None:
+        """States of the run's layers only: production launched with other layers writes states of the same shape
+        that would train the drafter on the wrong inputs."""
+        wrote = metadata.get(LAYERS_META)
+        if wrote != self.layers:
+            raise StageError(
+                f"production's capture plugin wrote layers {wrote} to {path}; this run reads layers {self.layers} "
+                f"(target.aux_layer_ids and target.final_layer_id)\n"
+                f"production's launch sets {LAYERS_ENV}={wrote}: restart it with {LAYERS_ENV}={self.layers}\n"
+                "or set target.aux_layer_ids to the layers production captures"
+            )
 
     def before_retry(self) -> None:
         self.remote.wait_answering(self.wait_s)  # a restart of production: ask again once it answers
@@ -99,9 +111,9 @@ def fits_production(states: ProductionStates, max_seq_len: int) -> None:
         )
 
 
-def open_production(cfg: RunConfig, stack: ExitStack) -> ProductionStates:
-    """The `production` backend opened (eagleflow.extraction.backends): production answering, its capture directory
-    there; the client closed with `stack`."""
+def open_production(cfg: RunConfig, stack: ExitStack, wait_s: float | None = None) -> ProductionStates:
+    """The `production` backend opened (eagleflow.extraction.backends): production answering (waited for up to
+    `wait_s`, generate.server_wait_s by default), its capture directory there; the client closed with `stack`."""
     states = ProductionStates(cfg)
     stack.callback(states.close)
     log.info(
@@ -110,7 +122,7 @@ def open_production(cfg: RunConfig, stack: ExitStack) -> ProductionStates:
         states.remote.base_url,
         cfg.extract.concurrency,
     )
-    states.remote.wait_answering(cfg.generate.server_wait_s)
+    states.remote.wait_answering(cfg.generate.server_wait_s if wait_s is None else wait_s)
     fits_production(states, cfg.extract.max_seq_len)
     if not os.path.isdir(states.capture_dir):
         raise StageError(
@@ -120,3 +132,20 @@ def open_production(cfg: RunConfig, stack: ExitStack) -> ProductionStates:
             "or set extract.backend to 'vllm'"
         )
     return states
+
+
+PROBE_WAIT_S = 30.0  # production should be serving when the night starts; a restart under way gets this long
+
+
+def capture_problem(cfg: RunConfig, ids: Sequence[int]) -> str | None:
+    """Whether production captures now, asked before the night's work (the check stage): one capture request of
+    `ids` must come back as a file of the run's layers. None when it does; else what stands in the
+    way, why, and what to do, in three lines."""
+    with ExitStack() as stack:
+        try:
+            states = open_production(cfg, stack, wait_s=PROBE_WAIT_S)
+            got = states.collect(states.request(ids), ids)  # [T, n_layers, H]
+        except (StageError, httpx.HTTPError) as exc:
+            return str(exc)
+    log.info("production captures: %d tokens of layers %s, hidden size %d", got.shape[0], states.layers, got.shape[2])
+    return None

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import httpx
 import torch
-from safetensors.torch import load_file
+from safetensors import safe_open
 
 from eagleflow.config import RunConfig
 from eagleflow.contracts.request import StageError
@@ -131,25 +131,30 @@ class EngineStates:
     def before_retry(self) -> None:
         """What to do before asking again (the capture engine is ours: nothing)."""
 
-    @staticmethod
-    def collect(path: str, ids: Sequence[int]) -> torch.Tensor:
+    def collect(self, path: str, ids: Sequence[int]) -> torch.Tensor:
         """Wait until the engine has written `path` (its companion lock is held while writing), read
         and delete it; the states [T, n_layers, H] of the tokens sent."""
         lock = path + ".lock"
         try:
             with open(lock) as lf:
                 fcntl.flock(lf, fcntl.LOCK_SH)  # sleeps until the writer releases its exclusive lock
-                data = load_file(path, device="cpu")
+                if not os.path.exists(path):
+                    raise StageError(f"{path}: the engine released it unwritten (its log says why: 'not written')")
+                with safe_open(path, "pt", device="cpu") as f:
+                    self.check_file(path, f.metadata() or {})
+                    states, saved = f.get_tensor("hidden_states"), f.get_tensor("token_ids")
         finally:
             for p in (path, lock):
                 Path(p).unlink(missing_ok=True)
-        states, saved = data["hidden_states"], data["token_ids"]
         if saved.tolist() != [int(t) for t in ids]:
             raise StageError(
                 f"{path}: the engine saved states for {saved.numel()} tokens that are not the "
                 f"{len(ids)} sent (prefix caching on? a request mixed up?)"
             )
         return states
+
+    def check_file(self, path: str, metadata: dict[str, str]) -> None:
+        """A refusal of a written file by what its metadata says (our own engine's connector: nothing to check)."""
 
     def extract(self, shard: PlannedShard, writer: ShardWriter) -> None:
         extract_vllm(self, shard, writer)

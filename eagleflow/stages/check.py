@@ -3,7 +3,8 @@
 Catches what would otherwise fail an hour in: a missing target, a layer count that does not match
 the config, an empty or malformed prompt set, thinking markers the tokenizer splits, a missing engine,
 an engine kernel that would serve an MLA target wrongly, a production.unit systemd does not know, and a run whose
-extracted states will not fit the free disk. It reads production's traffic from its engine's /metrics
+extracted states will not fit the free disk, and a production that cannot capture (extract.backend 'production':
+the night then takes extract.fallback's path). It reads production's traffic from its engine's /metrics
 (`eagleflow.production.observed`) and says where the config stands for another load. It prints the capacity plan
 (`eagleflow.capacity`: each stage's disk, GPU memory and time) and records it in its manifest; the
 prompts are counted with the target's tokenizer and chat template (up to 2,000 of them, evenly spaced),
@@ -16,6 +17,7 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 from eagleflow.capacity.facts import chat_token_counter, gather
 from eagleflow.capacity.planner import plan
@@ -25,13 +27,14 @@ from eagleflow.contracts.manifest import Manifest
 from eagleflow.contracts.plan import CapacityPlan, FinishedStages, HostFacts
 from eagleflow.contracts.prompts import PromptError, load_prompts, split_indices
 from eagleflow.contracts.request import StageError, StageRequest
-from eagleflow.contracts.stage_records import CheckMetrics
+from eagleflow.contracts.stage_records import CAPTURES, CheckMetrics
 from eagleflow.engines.preflight.mla import check_rotary_kernel, is_mla
 from eagleflow.hosts.facts import ENGINE_DISTRIBUTIONS, version_of
 from eagleflow.production import ProductionService, observed
 from eagleflow.stages.common import stage_main
 
 log = logging.getLogger("eagleflow.check")
+CAPTURE_PROBE = "eagleflow asks production whether it captures hidden states."  # a few tokens of any tokenizer
 
 
 def run(request: StageRequest) -> Manifest:
@@ -97,6 +100,8 @@ def run(request: StageRequest) -> Manifest:
         log.info("%s", seen.describe())
         for d in seen.disagreements:
             log.warning("production's traffic: %s", d)
+    if cfg.extract.backend == "production" and tok is not None:
+        problems += _production_capture(cfg, tok, facts)
     log.info("host facts: %s", facts)
     capacity = _plan(cfg, tok)
     if capacity is not None:
@@ -118,6 +123,25 @@ def _mla_engine_problems(cfg: RunConfig, text_cfg: dict) -> list[str]:
     )
     log.info("engine: %s %s: %s", finding.level.upper(), finding.check, finding.message)
     return [f"engine {finding.check}: {finding.message}"] if finding.level == "error" else []
+
+
+def _production_capture(cfg: RunConfig, tok: Any, facts: dict[str, object]) -> list[str]:
+    """Production asked, with one short capture request, whether it captures the run's layers; asked now so the
+    night can take extract.fallback's path before any work, or (fallback 'none') stop here."""
+    from eagleflow.extraction.production import capture_problem  # torch: only for a run that captures
+
+    problem = capture_problem(cfg, tok(CAPTURE_PROBE, add_special_tokens=False)["input_ids"])
+    facts["production_capture"] = problem or CAPTURES
+    if problem is None:
+        return []
+    if cfg.extract.fallback == "none":
+        return ["production cannot capture (extract.fallback is 'none'):\n    " + problem.replace("\n", "\n    ")]
+    log.warning(
+        "production cannot capture: the states come from extract.backend %r instead (extract.fallback)\n%s",
+        cfg.extract.fallback,
+        problem,
+    )
+    return []
 
 
 def _plan(cfg: RunConfig, tok: object | None) -> CapacityPlan | None:

@@ -32,7 +32,11 @@ def test_examples_load_and_resolve_paths():
     assert (kimi.target.aux_layer_ids, kimi.target.final_layer_id) == ([2, 30, 58], 61)
     assert (kimi.generate.num_samples, kimi.generate.holdout, kimi.train.epochs) == (10000, 1000, 5)
     assert kimi.train.warm_start and kimi.production.unit == "vllm-kimi-k25-int4"
-    assert (kimi.extract.backend, kimi.extract.storage_dtype) == ("vllm", "float8_e4m3fn")
+    assert (kimi.extract.backend, kimi.extract.fallback, kimi.extract.storage_dtype) == (
+        "production",
+        "vllm",
+        "float8_e4m3fn",
+    )
     # the nightly: the demo's deployed paused (a worker left running starts nothing), Kimi's active
     assert (demo.schedule.cron, demo.schedule.timezone, demo.schedule.active) == ("0 2 * * *", "UTC", False)
     assert kimi.schedule.active and kimi.schedule.describe() == "cron '0 2 * * *' (UTC), schedule active"

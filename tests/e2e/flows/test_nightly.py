@@ -46,6 +46,7 @@ def test_each_night_generates_and_extracts_only_its_new_prompts(nightly_runs):
         assert (ExtractMetrics.of(x).backend, ExtractMetrics.of(x).device) == ("production", "production")
         assert not list(Path(x.dir).glob("engine*.log"))
         assert all("extract" not in w["stages"] for w in r["production_windows"]), r["production_windows"]
+        assert read_manifest(r["stages"]["check"]["manifest"]).metrics["production_capture"] == "captures"
     ledger = json.loads((nightly_runs["work"] / "runs" / "nightly" / "nightly-e2e" / "ledger.json").read_text())
     assert [len(b["prompts"]) for b in ledger["batches"]] == [NIGHT_PROMPTS[0] - 12, *NIGHT_PROMPTS[1:]]
     used = [h for b in ledger["batches"] for h in b["prompts"]]

@@ -82,7 +82,11 @@ def run(prefect_server, workdir, production, key) -> dict:
         shard_size=48,
         concurrency=8,
     )
-    data["train"].update(epochs=2)
+    # Capture from production asked for, but production runs without eagleflow's plugin: the check finds it out
+    # and the night takes extract.fallback's path (hf here), in the window as before.
+    (workdir / "capture").mkdir(exist_ok=True)
+    data["extract"].update(backend="production", capture_dir=str(workdir / "capture"), fallback="hf", max_seq_len=1023)
+    data["train"].update(epochs=2, max_seq_len=1023)
     data["benchmark"].update(num_prompts=4, max_tokens=48, temperatures=[0.0], concurrencies=[1], warmup_requests=1)
     data["production"] = {**production, "url": url, "api_key_env": KEY_VAR, "window": "pipeline"}
     config = workdir / "e2e-prod.yaml"
@@ -116,14 +120,21 @@ def test_generate_asks_production_which_stays_up_and_goes_down_once_for_the_gpu_
     assert [ok for _, ok in health.samples if ok is not None][-1]
     assert window["down_s"] == pytest.approx(closed["back_at"] - opened["stop_issued_at"], abs=0.5)
     commands = (Path(window["dir"]) / "production-commands.log").read_text()
+    out = run["proc"].stdout + run["proc"].stderr  # the flow's log and the report table, as printed
     assert commands.count('"stop", "--pidfile"') == 1 and commands.count('"start", "--pidfile"') == 1
+
+    checked = json.loads(Path(report["stages"]["check"]["manifest"]).read_text())["metrics"]
+    said = checked["production_capture"]
+    assert "capture plugin wrote nothing" in said and "EAGLEFLOW_CAPTURE_DIR=" in said, said
+    extracted = json.loads(Path(report["stages"]["extract"]["manifest"]).read_text())["metrics"]
+    assert extracted["backend"] == "hf"  # extract.fallback
+    assert "production cannot capture" in out and "extract.backend 'hf'" in out
 
     gen = json.loads(Path(report["stages"]["generate"]["manifest"]).read_text())
     assert gen["metrics"]["server"] == "production" and gen["metrics"]["failed"] == 0
     assert gen["outputs"]["num_train"] == 90
     assert report["drafter"]["num_drafts"] > 0  # the data trained a drafter the engine accepts
     assert report["production"] is None  # the benchmark measured inside the window, it stopped nothing itself
-    out = run["proc"].stdout + run["proc"].stderr  # the report table, as printed
     assert "production down" in out and "for extract, train, export, benchmark" in out
 
 

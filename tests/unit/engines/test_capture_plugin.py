@@ -12,13 +12,17 @@ from eagleflow.engines.capture_plugin import Pending, capture_file, valid_name  
 
 
 def test_a_prompt_is_whole_once_every_position_is_in_whatever_the_chunks():
-    p = Pending("r", [5, 6, 7, 8, 9], n_layers=2, hidden=3, dtype=torch.float32)
+    p = Pending("r", [5, 6, 7, 8, 9], n_layers=2, hidden=3, dtype=torch.float32, pin=False)
     rows = torch.arange(5 * 2 * 3, dtype=torch.float32).reshape(5, 2, 3)  # [T, n_layers, H]
-    assert not p.take(2, rows[2:4])  # a middle chunk first (recomputed after a preemption, say)
-    assert not p.take(0, torch.zeros(2, 2, 3))
-    assert not p.take(0, rows[0:2])  # the same positions again: the later rows stand
-    assert p.take(4, torch.cat([rows[4:5], torch.full((1, 2, 3), -1.0)]))  # the last prompt row + a generated one
-    assert torch.equal(p.states, rows) and p.token_ids.tolist() == [5, 6, 7, 8, 9]
+
+    def chunk(r):  # what the runner hands over: one [n, H] tensor a layer
+        return list(r.unbind(1))
+
+    assert not p.take(2, chunk(rows[2:4]))  # a middle chunk first (recomputed after a preemption, say)
+    assert not p.take(0, chunk(torch.zeros(2, 2, 3)))
+    assert not p.take(0, chunk(rows[0:2]))  # the same positions again: the later rows stand
+    assert p.take(4, chunk(torch.cat([rows[4:5], torch.full((1, 2, 3), -1.0)])))  # the last row + a generated one
+    assert torch.equal(p.hidden_states(), rows) and p.token_ids.tolist() == [5, 6, 7, 8, 9]
 
 
 @pytest.mark.parametrize(

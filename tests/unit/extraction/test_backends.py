@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from eagleflow.config import ExtractConfig, RunConfig, load_config
+from eagleflow.contracts.manifest import stage_key
 from eagleflow.extraction import OPENERS
 from eagleflow.extraction.backends import BACKENDS, backend_of
 from tests.conftest import ROOT
@@ -48,3 +49,14 @@ def test_an_unknown_backend_names_the_choices():
         ValueError, match=r"unknown extract.backend 'sglang'; expected one of \['hf', 'production', 'vllm'\]"
     ):
         backend_of(cfg)
+
+
+def test_capture_from_production_is_vllms_and_its_fallback_is_not_in_the_key():
+    given = {"extract.backend": "production", "extract.capture_dir": "/c", "production.url": "http://127.0.0.1:8000"}
+    with pytest.raises(ValueError, match=r"extract.backend is 'production' but engine.kind is 'sglang'"):
+        load_config(ROOT / "configs" / "demo.yaml", {**given, "engine.kind": "sglang"})
+    a = load_config(ROOT / "configs" / "demo.yaml", given)
+    b = load_config(ROOT / "configs" / "demo.yaml", {**given, "extract.fallback": "none"})
+    # where the states would have come from had production not captured is not what they are
+    assert stage_key("extract", a, {"generate": "g"}) == stage_key("extract", b, {"generate": "g"})
+    assert stage_key("extract", a, {"generate": "g"}) != stage_key("extract", config(), {"generate": "g"})
