@@ -64,15 +64,16 @@ class Sshd:
 
 
 # The test run's machine-wide settings (`make test` exports them: OpenMP threads that wait without spinning, vLLM's
-# CPU engine unpinned and in two processes instead of three, one preflight cache for the run). An SSH session
-# starts with a clean environment, so the loopback host gets them as a host's administrator would set them, in
-# sshd's own SetEnv; a stage's `host.env` still comes on top.
+# CPU engine unpinned, in two processes instead of three, its core forked, one preflight cache for the run). An
+# SSH session starts with a clean environment, so the loopback host gets them as a host's administrator would set
+# them, in sshd's own SetEnv; a stage's `host.env` still comes on top.
 # PYTHONPATH too, when the run sets it: a second checkout of the project (a git worktree) sharing the first one's
 # environments, whose editable install points at the first.
 RUN_SETTINGS = (
     "OMP_WAIT_POLICY",
     "VLLM_CPU_OMP_THREADS_BIND",
     "VLLM_ENABLE_V1_MULTIPROCESSING",
+    "EAGLEFLOW_ENGINE_CORE_FORK",
     "EAGLEFLOW_PREFLIGHT_CACHE",
     "PYTHONPATH",
 )

@@ -94,6 +94,7 @@ def test_the_readme_commands_work_as_written(first_run, tmp_path):
         "OMP_WAIT_POLICY",
         "VLLM_CPU_OMP_THREADS_BIND",
         "VLLM_ENABLE_V1_MULTIPROCESSING",
+        "EAGLEFLOW_ENGINE_CORE_FORK",
         "EAGLEFLOW_PREFLIGHT_CACHE",
     )
     env = {k: os.environ[k] for k in keep if k in os.environ}
