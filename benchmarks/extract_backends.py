@@ -1,10 +1,12 @@
 """The extract stage's backends side by side: do the engine's states equal transformers' states, and production's?
 
-    .hostenv/bin/python benchmarks/extract_backends.py [--config configs/demo.yaml] [--out DIR]
-        [--backends hf vllm production] [--storage bfloat16] [--max-samples N] [--train-seeds 0 1]
+    .hostenv/bin/python benchmarks/extract_backends.py [--config configs/demo.yaml] [--set KEY=VALUE ...]
+        [--out DIR] [--backends hf vllm production] [--storage bfloat16] [--max-samples N]
+        [--train-seeds 0 1] [--train-device cpu] [--run-generate]
 
 Runs the real stage (`python -m eagleflow.stages.extract request.json`) once per backend on the
-config's finished generate stage (the newest under host.work_root, e.g. after `make demo`), then
+config's finished generate stage (the newest under host.work_root, e.g. after `make demo`; with
+`--run-generate` the real generate stage first, in DIR: a GPU host with nothing run yet), then
 compares the states of every sequence per layer against the first backend's:
 
     cos       cosine similarity per token, mean (and min) over tokens
@@ -98,10 +100,10 @@ def extract_from_production(config_data: dict, gen: Manifest, stage_dir: Path) -
         return run_stage("extract", data, {"generate": gen}, stage_dir)
 
 
-def train_al(config_data: dict, m: Manifest, seed: int, stage_dir: Path) -> float:
+def train_al(config_data: dict, m: Manifest, seed: int, stage_dir: Path, device: str = "cpu") -> float:
     """The simulated serving AL on the holdout of a drafter trained on `m`'s states (the train stage's best)."""
     data = json.loads(json.dumps(config_data))
-    data["train"].update(seed=seed, device="cpu")
+    data["train"].update(seed=seed, device=device)
     t, _ = run_stage("train", data, {"extract": m}, stage_dir)
     return float(TrainMetrics.of(t).best.acceptance_length or 0.0)
 
@@ -145,11 +147,14 @@ def compare(a: dict, b: dict, names: list[str]) -> list[dict]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"))
+    p.add_argument("--set", action="append", default=[], help="KEY=VALUE (YAML value) config overrides")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "extract-backends")
     p.add_argument("--backends", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm", "production"])
     p.add_argument("--storage", nargs="+", default=["bfloat16"], choices=["bfloat16", "float8_e4m3fn"])
     p.add_argument("--max-samples", type=int, default=None)
     p.add_argument("--train-seeds", type=int, nargs="*", default=[], help="train a drafter on each run, per seed")
+    p.add_argument("--train-device", default="cpu", help="train.device of those drafters (cuda on a GPU host)")
+    p.add_argument("--run-generate", action="store_true", help="run the generate stage first, in DIR/generate-run")
     p.add_argument(
         "--generate",
         type=Path,
@@ -157,9 +162,18 @@ def main() -> int:
         help="a generate stage's manifest.json (default: the newest under the config's host.work_root)",
     )
     args = p.parse_args()
+    import yaml
+
     out = args.out.resolve()
-    config = load_config(args.config)
-    gen = read_manifest(args.generate) if args.generate else newest(Path(config.host.work_root), "generate")
+    sets = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)}
+    config = load_config(args.config, {"host.python": sys.executable, **sets})
+    if args.run_generate:
+        gen, wall = run_stage("generate", config.model_dump(mode="json"), {}, out / "generate-run")
+        print(f"generate stage: {wall:.1f} s")
+    elif args.generate:
+        gen = read_manifest(args.generate)
+    else:
+        gen = newest(Path(config.host.work_root), "generate")
     if args.max_samples:
         gen = cut_generate(gen, args.max_samples, out / "generate")
     runs: dict[str, Manifest] = {}
@@ -198,7 +212,10 @@ def main() -> int:
         print(f"\nsimulated serving AL on the holdout of drafters trained on each run (train.seed {args.train_seeds})")
         report["holdout_al"] = {}
         for name, m in runs.items():
-            als = [train_al(data, m, seed, out / f"train-{name}-seed{seed}") for seed in args.train_seeds]
+            als = [
+                train_al(data, m, seed, out / f"train-{name}-seed{seed}", args.train_device)
+                for seed in args.train_seeds
+            ]
             report["holdout_al"][name] = als
             print(f"{name:24}" + "".join(f"{a:>8.3f}" for a in als) + f"   mean {sum(als) / len(als):.3f}")
     (out / "extract_backends.json").write_text(json.dumps(report, indent=1))
