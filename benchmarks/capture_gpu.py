@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from eagleflow.config import RunConfig, load_config  # noqa: E402
+from eagleflow.config import RunConfig, load_config, parse_overrides  # noqa: E402
 from eagleflow.contracts.prompts import load_prompts  # noqa: E402
 from eagleflow.engines import make_server  # noqa: E402
 from eagleflow.engines.capture_plugin import DIR_ENV, LAYERS_ENV  # noqa: E402
@@ -157,12 +157,10 @@ def main() -> int:
     ap.add_argument("--parity", type=int, default=16)
     ap.add_argument("--drafter", type=Path, help="an EAGLE-3 drafter both engines serve (k = 3)")
     args = ap.parse_args()
-    import yaml
-
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     capture_dir = out / "capture"
-    sets = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)}
+    sets = parse_overrides(args.set)
     cfg = load_config(args.config, {"host.python": sys.executable, "engine.port": free_port(), **sets})
     layers = ",".join(str(i) for i in [*cfg.target.aux_layer_ids, cfg.target.final_layer_id])
     vocab = json.loads((Path(cfg.target.model_path) / "config.json").read_text())["vocab_size"]

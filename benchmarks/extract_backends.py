@@ -41,7 +41,7 @@ for p in (ROOT, Path(__file__).parent):
 
 from stage_run import run_stage  # noqa: E402
 
-from eagleflow.config import load_config  # noqa: E402
+from eagleflow.config import load_config, parse_overrides  # noqa: E402
 from eagleflow.contracts.manifest import Manifest, read_manifest  # noqa: E402
 from eagleflow.contracts.stage_records import (  # noqa: E402
     ExtractMetrics,
@@ -162,10 +162,8 @@ def main() -> int:
         help="a generate stage's manifest.json (default: the newest under the config's host.work_root)",
     )
     args = p.parse_args()
-    import yaml
-
     out = args.out.resolve()
-    sets = {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)}
+    sets = parse_overrides(args.set)
     config = load_config(args.config, {"host.python": sys.executable, **sets})
     if args.run_generate:
         gen, wall = run_stage("generate", config.model_dump(mode="json"), {}, out / "generate-run")

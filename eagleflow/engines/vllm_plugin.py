@@ -35,13 +35,19 @@ log = logging.getLogger("vllm.eagleflow_fixes")  # under "vllm.": the line lands
 
 def expand_is_broken() -> bool:
     """Whether the CPU build's expand kernel wrapper leaves a float output unwritten (a buffer of 1e30 stays so).
-    Asked of the wrapper itself: the kernel overrides are registered by the worker after the plugins load."""
+    Asked of the wrapper itself: the kernel overrides are registered by the worker after the plugins load. On one
+    OpenMP thread: libgomp's team is then never made, so no thread is left behind to break a fork."""
     import torch
     from vllm.utils import cpu_triton_utils as cpu_tl
 
-    out = torch.full((3,), 1e30)
-    cpu_tl._expand_kernel_impl(out, torch.tensor([0.7, 0.5]), torch.tensor([2, 3]), 0, 0)
-    return not torch.allclose(out, torch.tensor([0.7, 0.7, 0.5]))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out = torch.full((3,), 1e30)
+        cpu_tl._expand_kernel_impl(out, torch.tensor([0.7, 0.5]), torch.tensor([2, 3]), 0, 0)
+        return not torch.allclose(out, torch.tensor([0.7, 0.7, 0.5]))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from=0, replace_to=0):  # noqa: ANN001, ANN201
@@ -52,18 +58,6 @@ def expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from=0, replace
     counts = torch.diff(cu_num_tokens, prepend=cu_num_tokens.new_zeros(1)).long()
     out = torch.repeat_interleave(x, counts, output_size=num_tokens)
     return torch.where(out == replace_from, torch.full_like(out, replace_to), out)
-
-
-def expand_is_broken_one_thread() -> bool:
-    """`expand_is_broken` with libgomp's team kept at one thread (no thread left behind to break a fork)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return expand_is_broken()
-    finally:
-        torch.set_num_threads(threads)
 
 
 def fork_engine_core(platform: type) -> None:
@@ -93,7 +87,7 @@ def register() -> None:
         if getattr(rs.expand_batch_to_tokens, "eagleflow_fix", False):
             return
         current_platform.import_kernels()  # vllm._C, whose kernel the wrapper calls
-        if not expand_is_broken_one_thread():
+        if not expand_is_broken():
             return
     except Exception as exc:  # noqa: BLE001 - a plugin must never stop the engine it cannot check
         log.debug("eagleflow_fixes: not checked (%s)", exc)
