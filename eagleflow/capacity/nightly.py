@@ -26,6 +26,9 @@ from eagleflow.capacity.costs import PARQUET_BYTES_PER_TOKEN, drafter_params
 from eagleflow.capacity.defaults import HostDefaults, defaults_for
 from eagleflow.capacity.planner import generate_rate, measured_rate, measured_runs
 from eagleflow.capacity.rates import (
+    CAPTURE_BUSY_RATIO,
+    CAPTURE_BUSY_TOKENS,
+    CAPTURE_IDLE_RATIO,
     LOAD_S_PER_GB,
     PAUSE_RESUME_S,
     WAKE_H2D_GB_S,
@@ -232,12 +235,27 @@ def plan_nightly(cfg: RunConfig, facts: HostFacts, full: CapacityPlan) -> Nightl
         nights_to_budget=to_budget,
         loads=loads,
         pause=pause_text(cfg, facts, t.weights_bytes, deploy),
+        capture=capture_text(cfg, new_tokens / x_tok_s) if backend.on_production else None,
         baseline=(
             f"measured on the first night and again once {b.reuse_for_h:g} h old or when the engine, its "
             "launch, the target, the settings or the prompts change (one more engine load that night)"
             if b.reuse_for_h > 0
             else "measured every night (benchmark.reuse_for_h is 0): one more engine load"
         ),
+    )
+
+
+def capture_text(cfg: RunConfig, seconds: float) -> str:
+    """What a night's capture asks of production: its prefills beside production's own traffic, bounded in flight,
+    and what capture measured of production's throughput (eagleflow.capacity.rates: a small target's figures)."""
+    x = cfg.extract
+    return (
+        f"{duration_text(seconds)} of prefills beside its own traffic (at least: its traffic shares the engine), "
+        f"at most {x.concurrency} requests x {x.max_seq_len:,} tokens in flight (extract.concurrency x "
+        f"extract.max_seq_len); measured on a GPU host, a small MLA target: its traffic at "
+        f"{CAPTURE_BUSY_RATIO:.3f}x while {CAPTURE_BUSY_TOKENS:,} capture tokens were in flight, "
+        f'{CAPTURE_IDLE_RATIO:.3f}x with the plugin loaded and idle (docs/benchmarks.md, "Capture from production '
+        "on a GPU host\"); not measured at this target's scale"
     )
 
 

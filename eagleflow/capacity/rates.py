@@ -26,6 +26,15 @@ DEFAULT_TRAIN_TOK_S = REFERENCE_EPOCHS * REFERENCE_TRAIN_FRACTION * REFERENCE_TO
 # repacking at every start (Kimi-K2.5's INT4 Marlin) and 8 tensor-parallel workers; the reference run saw 22-40 min.
 LOAD_S_PER_GB = {"cold": 0.666, "warm": 0.154}
 ENGINE_BASE_START_S = 60.0
+# Capture from production (extract.backend 'production'), measured on a GPU host (docs/benchmarks.md, "Capture from
+# production on a GPU host": one H100, vLLM 0.26, the demo MLA target behind an EAGLE-3 drafter at k = 3, 8 of its own
+# requests in flight): its own traffic's throughput against the same engine without eagleflow's capture plugin,
+# with the plugin loaded and idle, and while capture requests of these many prompt tokens were in flight. A small
+# target's figures: what capture takes of a large target depends on how its own batch compares with the capture
+# tokens in flight, which no GPU host here has measured at Kimi-K2.5's scale.
+CAPTURE_IDLE_RATIO = 1.065
+CAPTURE_BUSY_RATIO = 0.483
+CAPTURE_BUSY_TOKENS = 4 * 512
 # Training on GPUs, measured (docs/benchmarks.md, "The trainer at Kimi-K2.5's drafter shape"): one H200's model
 # FLOP/s at that shape, T 8,192; the train stage against the bare step (28,594 / 30,376 tok/s, Llama-8B shape); per
 # GPU with 2 ranks against 1 (21,786 / (2 x 17,068), Llama-1B shape, 2 H200s: a floor, a small drafter's gradients

@@ -59,6 +59,7 @@ def render_nightly(p: NightlyPlan, full: CapacityPlan) -> str:
         f"production down a night: {duration_text(p.down_seconds)} ({', '.join(p.down_stages) or 'never'})",
         f"engine loads a night: {len(p.loads)}" + (": " + "; ".join(p.loads) if p.loads else ""),
         f"production leaves the GPUs: {p.pause}",
+        *([f"capture on production: {p.capture}"] if p.capture else []),
         f"pool: the first night {size_text(p.first_night_bytes)} of states, each night "
         f"+{size_text(p.night_bytes)}"
         + (

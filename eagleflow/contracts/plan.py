@@ -178,3 +178,8 @@ class NightlyPlan(BaseModel):
     baseline: str = Field(description="How often the baseline (and a current drafter) is measured again.")
     loads: list[str] = Field(description="The engine loads of a night, each with its page cache (cold or warm).")
     pause: str = Field(description="How production leaves the GPUs: stopped, or paused by sleep mode, and why.")
+    capture: str | None = Field(
+        None,
+        description="extract.backend 'production': how long the night's capture prefills on production beside its "
+        "own traffic, what it holds in flight at most, and what capture measured of production's throughput.",
+    )

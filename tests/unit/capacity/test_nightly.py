@@ -15,6 +15,7 @@ from eagleflow.capacity.planner import plan
 from eagleflow.capacity.render import render_nightly
 from eagleflow.config import load_config
 from eagleflow.contracts.plan import HostFacts, MeasuredRun
+from eagleflow.util.text import duration_text
 from tests.conftest import ROOT
 
 KIMI = ROOT / "configs" / "kimi-k25.yaml"
@@ -58,6 +59,10 @@ def test_a_kimi_night_is_its_new_samples_its_steps_and_the_loads_of_a_deploy():
     assert "a night" in text and "production down a night" in text and "engine loads a night: 0\n" in text
     # issue 41's goals: production down at most 10 minutes a night, the night at most an hour
     assert night.down_seconds < 600 and sum(s.seconds for s in night.stages) < 3600
+    # what capture asks of production, and for how long: the extract's seconds, its bound in flight, its measured cost
+    assert night.capture is not None and night.capture.startswith(duration_text(stage(night, "extract").seconds))
+    assert "32 requests x 8,192 tokens in flight" in night.capture and "0.483x while 2,048" in night.capture
+    assert f"capture on production: {night.capture}\n" in text
 
 
 def test_a_night_that_cannot_capture_extracts_in_the_window_on_an_engine_of_its_own():
@@ -65,6 +70,7 @@ def test_a_night_that_cannot_capture_extracts_in_the_window_on_an_engine_of_its_
     assert night.down_stages == ["extract", "pool", "train", "export", "restore"]
     assert len(night.loads) == 1 and night.loads[0].startswith("extract")
     assert stage(full, "extract").gpus == 8
+    assert night.capture is None  # an engine of its own captures: nothing asked of production's serving
     _, _, captured = nightly()
     assert night.down_seconds > captured.down_seconds + stage(night, "extract").seconds * 0.99
 
