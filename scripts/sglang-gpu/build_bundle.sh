@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Build the SGLang bundle for a GPU host that has Python 3.12 and torch 2.11.0+cu130 but no network.
 # Run from the project root; pip downloads here. Output in .stage-sglang/: part-00, part-01, ... (each at
-# most 60 MiB, so each travels on its own), bundle.sha and unpack.sh. Add `/.stage-sglang/` to
-# .git/info/exclude first.
+# most 46.25 MiB, so one part and the checkout, about 14 MB, travel together under 64 MiB), bundle.sha and
+# unpack.sh. Add `/.stage-sglang/` to .git/info/exclude first.
 #
 # What the bundle holds, unpacked on the GPU host as $HOME/sgl-site (put it on PYTHONPATH):
 # - sglang 0.5.15 (pins torch==2.11.0, built for CUDA 13) and the packages of requirements-device.txt
 #   that the host lacks;
 # - cuda-13.0/: nvcc, ptxas, cicc, the CUDA headers and ninja. SGLang 0.5.15 compiles its activation,
 #   norm, rope and KV-store kernels on first use, so a host with the driver but no toolkit cannot serve
-#   at all without it. It still needs a host C++ compiler (g++) there.
+#   at all without it. It still needs a host C++ compiler (g++) there. A host with a CUDA 13 toolkit of its
+#   own (nvcc and the cuBLAS headers) uses that one instead (env.sh picks): on the first GPU host it ran on,
+#   FlashInfer's norm module includes cublasLt.h, which this compiler's headers lack; without a toolkit
+#   env.sh takes those headers from torch's own CUDA wheels (nvidia/cu13/include).
 # - env.sh: the variables to source before serving.
 # WITH_MLA=1 also packs NVIDIA's CuTe DSL (nvidia-cutlass-dsl, about one more part): SGLang's DeepSeek-V2/V3
 # model file (and Kimi, GLM-4 MoE, ... built on it) imports CuTe DSL kernels at module level, so without
@@ -87,7 +90,15 @@ cutlass_path=
 cat > sgl-site/env.sh <<ENV
 # Source on the GPU host before serving: . \$HOME/sgl-site/env.sh
 export PYTHONPATH=\$HOME/sgl-site$cutlass_path\${PYTHONPATH:+:\$PYTHONPATH}
-export CUDA_HOME=\$HOME/sgl-site/cuda-13.0
+# The host's own CUDA toolkit where it has one whole (nvcc and the cuBLAS headers FlashInfer's JIT includes),
+# else the bundle's compiler with the cuBLAS headers of torch's own CUDA wheels.
+if [ -x /usr/local/cuda/bin/nvcc ] && [ -f /usr/local/cuda/include/cublasLt.h ]; then
+    export CUDA_HOME=/usr/local/cuda
+else
+    export CUDA_HOME=\$HOME/sgl-site/cuda-13.0
+    blas=\$(python3 -c 'import os, nvidia; print(next((d for d in (os.path.join(p, "cu13", "include") for p in nvidia.__path__) if os.path.isfile(os.path.join(d, "cublasLt.h"))), ""))' 2>/dev/null || true)
+    if [ -n "\$blas" ]; then export CPATH=\$blas\${CPATH:+:\$CPATH}; fi
+fi
 export PATH=\$CUDA_HOME/bin:\$PATH
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 ENV
@@ -95,8 +106,7 @@ ENV
 tar cf - sgl-site | xz -6 -T2 > bundle.tar.xz
 rm -rf "$out" && mkdir -p "$out"
 sha256sum bundle.tar.xz | cut -c1-64 > "$out/bundle.sha"
-n=$(( ($(stat -c %s bundle.tar.xz) + 60*1024*1024 - 1) / (60*1024*1024) ))
-split -n "$n" -d bundle.tar.xz "$out/part-"
+split -b 48496640 -d bundle.tar.xz "$out/part-"
 cp "$here/unpack.sh" "$out/"
 echo "site: $(du -sh sgl-site | cut -f1) unpacked"
 ls -l "$out"
