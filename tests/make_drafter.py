@@ -27,11 +27,18 @@ from eagleflow.drafter.vllm_export import export_vllm  # noqa: E402
 from eagleflow.drafter.vocab import DraftVocab  # noqa: E402
 
 
-def make_drafter(out_dir: Path, seed: int = 0, draft_vocab_size: int = 256, target_dir: Path | None = None) -> Path:
-    """The drafter's shape follows the target's (train.drafter_arch auto: an MLA drafter for an MLA target)."""
+def make_drafter(
+    out_dir: Path,
+    seed: int = 0,
+    draft_vocab_size: int = 256,
+    target_dir: Path | None = None,
+    train: TrainConfig | None = None,
+) -> Path:
+    """The drafter's shape follows the target's (train.drafter_arch auto: an MLA drafter for an MLA target) and
+    `train`'s layout fields (its norms; the defaults without it)."""
     torch.manual_seed(seed)
     target = read_target_head(target_dir or ROOT / "demo" / "target")
-    arch = arch_for_target(target, TrainConfig(), draft_vocab_size)
+    arch = arch_for_target(target, train or TrainConfig(), draft_vocab_size)
     model = Eagle3Drafter(arch, target.embed_tokens)
     vocab = DraftVocab(torch.arange(draft_vocab_size), target.vocab_size)
     with tempfile.TemporaryDirectory() as tmp:
@@ -45,5 +52,11 @@ if __name__ == "__main__":
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--target", type=Path, default=None, help="the target's directory (default: demo/target)")
     p.add_argument("--draft-vocab-size", type=int, default=256)
+    p.add_argument(
+        "--sglang",
+        action="store_true",
+        help="the layout SGLang serves as trained: train.norm_before_fc and train.norm_before_residual off",
+    )
     args = p.parse_args()
-    print(make_drafter(args.out_dir, args.seed, args.draft_vocab_size, args.target))
+    train = TrainConfig(norm_before_fc=False, norm_before_residual=False) if args.sglang else None
+    print(make_drafter(args.out_dir, args.seed, args.draft_vocab_size, args.target, train))

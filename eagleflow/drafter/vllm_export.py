@@ -15,7 +15,7 @@ without `lm_head`, maps `q/k/v_proj` -> `qkv_proj` and `gate/up_proj` -> `gate_u
     norm.weight                                 [H]
     lm_head.weight                              [draft_vocab_size, H]
     d2t                                         int64 [draft_vocab_size]: target_id = draft_id + d2t[draft_id]
-    t2d                                         bool [vocab_size] (vLLM skips it; SGLang reads it)
+    t2d                                         bool [vocab_size] (vLLM and SGLang 0.5.15 skip it)
                                                 both only when the draft vocabulary is smaller than
                                                 the target's: vLLM allocates draft_id_to_target_id
                                                 only then, and an unexpected d2t fails its loader

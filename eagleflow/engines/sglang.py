@@ -1,18 +1,24 @@
 """SGLang: the launch command (EAGLE3 flags), /health, and acceptance from its own reports.
 
 SGLang is not installed on the CPU machines this project is tested on, so this adapter is covered
-by tests of its command line and of its parsers on SGLang's documented outputs, not by a live server.
-What it relies on:
+by tests of its command line and of its parsers on outputs read from SGLang 0.5.15's source, not by a
+live server. What it relies on (0.5.15):
 - `python -m sglang.launch_server` with `--speculative-algorithm EAGLE3`,
   `--speculative-draft-model-path`, `--speculative-num-steps k`, `--speculative-eagle-topk 1` and
-  `--speculative-num-draft-tokens k+1` (a chain of k drafts, as vLLM's EAGLE-3 drafts);
-- the scheduler's decode log lines "Decode batch. ... accept len: 3.12, ..." (one per logging
-  interval of decode steps), averaged over the measured window;
-- `/get_server_info` (`/server_info` in newer releases): `internal_states[0].avg_spec_accept_length`,
-  used when the window logged no decode line;
-- `/metrics` (with `--enable-metrics`): the `sglang:time_to_first_token_seconds`,
-  `sglang:inter_token_latency_seconds`, ... histograms, named as vLLM's.
-SGLang reports no per-position acceptance; the benchmark says so instead of inventing it.
+  `--speculative-num-draft-tokens k+1` (a chain of k drafts, as vLLM's EAGLE-3 drafts), and
+  `--max-running-requests`: with speculation on SGLang caps it at 48 unless told, so the benchmark's
+  concurrencies above that would queue, and no speculation would batch otherwise than the drafter;
+- `/metrics` (with `--enable-metrics`): per finished request `sglang:generation_tokens_total`,
+  `sglang:num_requests_total` and `sglang:spec_verify_calls_total`; the window's acceptance length is
+  (generated tokens - requests) / verify steps, each request's first token coming from its prefill, not a
+  verify step; and the latency histograms `sglang:time_to_first_token_seconds`, ... named as vLLM's (no
+  time-per-output-token one: that latency stays empty);
+- else the scheduler's decode log lines "Decode batch, ... accept len: 3.12, ..." (one per 40 decode
+  steps on the first rank, each that interval's own ratio), averaged over the window;
+- else `/server_info` (`/get_server_info` is its deprecated alias): `internal_states[0].avg_spec_accept_length`,
+  absent until one log interval has passed.
+The counters carry no per-position acceptance (each request's `spec_correct_drafts_histogram` does, in its
+final response's meta_info); the benchmark says so instead of inventing it.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ from eagleflow.engines.metrics import parse_metrics
 from eagleflow.util import http
 
 _ACCEPT_LEN = re.compile(r"accept len: ([\d.]+)")
+# Requests one engine holds at once: vLLM's own default (max_num_seqs), so both engines batch alike; SGLang would
+# take 48 with speculation on and more without, and the baseline and the drafter would batch differently.
+MAX_RUNNING_REQUESTS = 256
 
 
 class SglangServer(EngineServer):
@@ -56,9 +65,11 @@ class SglangServer(EngineServer):
             "--tp-size",
             str(e.tensor_parallel_size),
             "--enable-metrics",
+            "--max-running-requests",
+            str(MAX_RUNNING_REQUESTS),
         ]
-        if e.enforce_eager:
-            argv.append("--disable-cuda-graph")
+        if e.enforce_eager:  # 0.5.15's names; its --disable-cuda-graph is a deprecated alias of both
+            argv += ["--disable-decode-cuda-graph", "--disable-prefill-cuda-graph"]
         if e.trust_remote_code:
             argv.append("--trust-remote-code")
         if e.gpu_memory_utilization is not None:
@@ -97,7 +108,7 @@ class SglangServer(EngineServer):
         return argv + list(e.extra_args)
 
     def server_info(self) -> dict[str, Any]:
-        for path in ("/get_server_info", "/server_info"):
+        for path in ("/server_info", "/get_server_info"):
             r = http.get(f"{self.base_url}{path}", timeout=10.0)
             if r.status_code == 200:
                 return r.json()
@@ -115,10 +126,33 @@ class SglangServer(EngineServer):
         }
 
     def acceptance(self, before: dict[str, float], after: dict[str, float], k: int) -> dict[str, Any]:
+        counted = acceptance_from_counters(before, after, k)
+        if counted is not None:
+            return counted
         with open(self.log_path, "rb") as f:
             f.seek(int(before["log_offset"]))
             window = f.read(int(after["log_offset"] - before["log_offset"])).decode("utf-8", errors="replace")
         return acceptance_from_log(window, after.get("avg_spec_accept_length"), k)
+
+
+def acceptance_from_counters(before: dict[str, float], after: dict[str, float], k: int) -> dict[str, Any] | None:
+    """The window's acceptance length from SGLang's per-request counters (parse_metrics' names, `_total` dropped):
+    the tokens the window's finished requests generated, less each one's first (its prefill's), over their verify
+    steps; each step yields its accepted drafts and one token of the target's. None when no request verified."""
+
+    def delta(name: str) -> float:
+        return after.get(f"sglang:{name}", 0.0) - before.get(f"sglang:{name}", 0.0)
+
+    verify = delta("spec_verify_calls")
+    if verify <= 0:
+        return None
+    al = (delta("generation_tokens") - delta("num_requests")) / verify
+    return {
+        "mean_acceptance_length": al,
+        "acceptance_rate": (al - 1.0) / k,
+        "per_position_acceptance": None,
+        "source": f"sglang:generation_tokens, num_requests and spec_verify_calls over the window ({verify:.0f} steps)",
+    }
 
 
 def acceptance_from_log(window_text: str, fallback_avg: float | None, k: int) -> dict[str, Any]:

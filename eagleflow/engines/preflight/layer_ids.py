@@ -10,6 +10,17 @@ def specforge_default(num_layers: int) -> list[int]:
     return [1, num_layers // 2 - 1, num_layers - 4]
 
 
+def sglang_layers(ids: list[int], deepseek: bool) -> list[int]:
+    """The layers (vLLM convention) SGLang 0.5.15 feeds a drafter whose config names `ids`. It reads only
+    `eagle_config.eagle_aux_hidden_state_layer_ids` and captures the input of each layer it is given, after adding 1
+    to every id for Llama-family targets (llama.py, qwen2.py: "output of layer i") and, for DeepSeek-V2/V3-family
+    targets (deepseek_v2.py, which Kimi-K2.5's model wraps), only when the first id is 1; other lists are read as
+    given there."""
+    if deepseek and (not ids or ids[0] != 1):
+        return list(ids)
+    return [i + 1 for i in ids]
+
+
 def check_aux_layer_ids(
     name: str,
     ids: list[int] | None,
@@ -19,20 +30,34 @@ def check_aux_layer_ids(
     num_aux_states: int | None,
     engine_kind: str = "vllm",
     where: str = "config.json",
+    deepseek: bool = False,
 ) -> list[Finding]:
     """The drafter's layer ids against the target's depth, the engine's convention and the training ids.
 
     `expected` and the checks are in vLLM's convention: id k = the input of decoder layer k = HF
     hidden_states[k] (vLLM 0.32 llama.py captures id 0 before the first layer and id idx+1 after layer
-    idx, so L is the last layer's output, the final state). SGLang adds 1 to the ids in the drafter config
-    (`layers_to_capture = [val + 1 for val in layer_ids]`), so there a config id i means vLLM id i+1.
+    idx, so L is the last layer's output, the final state). SGLang 0.5.15 captures the input of layer i too but
+    reads the drafter config's ids its own way (`sglang_layers`): `deepseek` says the target is of the
+    DeepSeek-V2/V3 family (Kimi-K2.5), whose rule differs from the others'.
     """
     check = f"aux_layer_ids[{name}]"
-    shift = 1 if engine_kind == "sglang" else 0
+    shift = 1 if engine_kind == "sglang" and not deepseek else 0
     field = f"eagle_aux_hidden_state_layer_ids in {where}"
 
     def to_config(vllm_ids: list[int]) -> list[int]:
         return [i - shift for i in vllm_ids]
+
+    if engine_kind == "sglang" and deepseek and expected and expected[0] == 1:
+        return [
+            Finding(
+                check,
+                "error",
+                f"the drafter was trained on layers {list(expected)} (vLLM convention), and SGLang cannot feed a "
+                "DeepSeek-architecture target's layer 1 to a drafter: it reads ids starting at 1 as \"output of "
+                'layer i" and adds 1 to them, any other list as given. Fix: train with target.aux_layer_ids not '
+                "starting at 1 (the default [2, L//2, L-3] serves on both engines), or serve with vLLM",
+            )
+        ]
 
     if not ids:
         if default_ids is None:
@@ -60,7 +85,7 @@ def check_aux_layer_ids(
             ]
         return [Finding(check, "ok" if expected is not None else "warning", msg)]
 
-    served = [i + shift for i in ids]  # vLLM convention from here on
+    served = sglang_layers(ids, deepseek) if engine_kind == "sglang" else list(ids)  # vLLM convention from here on
     findings: list[Finding] = []
     if num_aux_states is not None and len(ids) != num_aux_states:
         findings.append(

@@ -28,7 +28,7 @@ from eagleflow.engines.preflight.mla import (
 )
 from eagleflow.engines.preflight.resources import check_disk, check_gpus
 from eagleflow.engines.preflight.sampling import check_sampled_verify
-from eagleflow.engines.preflight.sglang import sglang_checks
+from eagleflow.engines.preflight.sglang import sglang_checks, sglang_drafter_checks
 from eagleflow.engines.preflight.vllm import (
     VllmInstall,
     default_aux_ids,
@@ -182,18 +182,25 @@ def engine_findings(
             shapes = {}
         if not shapes and not any(f.check == f"dimensions[{name}]" for f in findings):
             findings.append(Finding(f"dimensions[{name}]", "error", f"no *.safetensors in {drafter_dir}"))
+        if engine.kind == "sglang":
+            findings += sglang_drafter_checks(name, drafter_dir, cfg, shapes, engine.max_model_len)
         if target_cfg is not None:
             findings += check_dimensions(name, target_text, fields, shapes, drafter_dir)
             if num_layers:
+                ids = fields["eagle_aux_hidden_state_layer_ids"]
+                if engine.kind == "sglang":  # SGLang reads eagle_config's ids only
+                    ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or None
                 findings += check_aux_layer_ids(
                     name,
-                    fields["eagle_aux_hidden_state_layer_ids"],
+                    ids,
                     int(num_layers),
                     default_ids if engine.kind == "vllm" else [2, int(num_layers) // 2, int(num_layers) - 3],
                     expected_aux_layer_ids.get(name),
                     fc_num_states(shapes, fields.get("target_hidden_size") or fields.get("hidden_size")),
                     engine.kind,
                     f"{drafter_dir}/config.json",
+                    # SGLang's rule for DeepSeek-V2/V3-family targets (Kimi-K2.5), the MLA targets it serves
+                    deepseek=is_mla(target_text),
                 )
 
     if v is not None and target_cfg is not None:

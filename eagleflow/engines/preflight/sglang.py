@@ -53,3 +53,75 @@ def sglang_checks(cfg: dict[str, Any], target_path: str) -> list[Finding]:
     else:
         out.append(Finding("target_arch", "ok", f"{arch} -> SGLang {cls.__name__} supports EAGLE-3"))
     return out
+
+
+# The EAGLE-3 drafter classes SGLang 0.5.15 serves: the Llama layer (models/llama_eagle3.py) and the MLA layer for
+# Kimi-K2.x targets (models/kimi_k25_eagle3.py), named as vLLM names them.
+SGLANG_EAGLE3_ARCHS = ("LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM")
+
+
+def sglang_drafter_checks(
+    name: str, drafter_dir: str, cfg: dict[str, Any], shapes: dict[str, list[int]], max_model_len: int
+) -> list[Finding]:
+    """What SGLang 0.5.15 would serve of this drafter, read from its config and tensor names (SGLang itself is not
+    needed). SGLang's loaders skip weights they do not know without a word, so a drafter trained with a norm SGLang's
+    layer lacks loads, serves, and drafts wrongly: low acceptance, no error. These checks make that an error."""
+    check, where = f"drafter_layout[{name}]", f"{drafter_dir}/config.json"
+    arch = (cfg.get("architectures") or [None])[0]
+    out: list[Finding] = []
+    if cfg.get("speculators_model_type") or arch not in SGLANG_EAGLE3_ARCHS:
+        out.append(
+            Finding(
+                check,
+                "error",
+                f"{where}: architecture {arch!r}"
+                + (" in speculators' format" if cfg.get("speculators_model_type") else "")
+                + f": SGLang serves EAGLE-3 drafters of {list(SGLANG_EAGLE3_ARCHS)} in vLLM's plain layout. Fix: "
+                "export the drafter with eagleflow (export.formats [vllm]) or serve it with vLLM",
+            )
+        )
+    if cfg.get("norm_before_fc") or "input_norm.weight" in shapes:
+        out.append(
+            Finding(
+                check,
+                "error",
+                f"{where}: norm_before_fc (input_norm.weight, one RMSNorm over the concatenated target states): "
+                "SGLang's EAGLE-3 layer has no such norm and drops the weight, so the drafter would draft from "
+                "un-normed states. Fix: train with train.norm_before_fc: false, or serve it with vLLM",
+            )
+        )
+    if cfg.get("norm_before_residual"):
+        out.append(
+            Finding(
+                check,
+                "error",
+                f"{where}: norm_before_residual: SGLang's EAGLE-3 layer always carries fc's output, before the "
+                "norm, as the residual. Fix: train with train.norm_before_residual: false, or serve it with vLLM",
+            )
+        )
+    top = cfg.get("eagle_aux_hidden_state_layer_ids")
+    nested = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if top and list(top) != list(nested or []):
+        out.append(
+            Finding(
+                check,
+                "error",
+                f"{where}: eagle_aux_hidden_state_layer_ids {list(top)} at the top level, "
+                f"{list(nested) if nested else 'none'} in eagle_config: SGLang reads only eagle_config's. Fix: "
+                "write the same ids into eagle_config (in SGLang's convention: see aux_layer_ids)",
+            )
+        )
+    positions = cfg.get("max_position_embeddings")
+    if positions is not None and int(positions) < max_model_len:
+        out.append(
+            Finding(
+                check,
+                "error",
+                f"{where}: max_position_embeddings {positions} is below engine.max_model_len {max_model_len}: SGLang "
+                "refuses to start (the drafter's context is the server's). Fix: lower engine.max_model_len, or "
+                "export the drafter with max_position_embeddings >= it",
+            )
+        )
+    if not out:
+        out.append(Finding(check, "ok", f"{where}: {arch}, a layout SGLang serves as trained"))
+    return out

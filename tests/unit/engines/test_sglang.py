@@ -1,5 +1,5 @@
-"""The SGLang adapter (eagleflow.engines.sglang): its command line and its acceptance parser
-(SGLang is not installed here; its documented outputs are the fixtures)."""
+"""The SGLang adapter (eagleflow.engines.sglang): its command line and its acceptance parsers
+(SGLang is not installed here; outputs as SGLang 0.5.15's source writes them are the fixtures)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,13 @@ from eagleflow.config import EngineConfig  # noqa: E402
 from eagleflow.contracts.request import StageError  # noqa: E402
 from eagleflow.engines import server_class  # noqa: E402
 from eagleflow.engines.launch import LaunchSpec  # noqa: E402
-from eagleflow.engines.sglang import SglangServer, acceptance_from_log  # noqa: E402
+from eagleflow.engines.metrics import parse_metrics  # noqa: E402
+from eagleflow.engines.sglang import (  # noqa: E402
+    MAX_RUNNING_REQUESTS,
+    SglangServer,
+    acceptance_from_counters,
+    acceptance_from_log,
+)
 
 
 def test_sglang_launch_command_has_the_eagle3_flags():
@@ -24,6 +30,7 @@ def test_sglang_launch_command_has_the_eagle3_flags():
         gpu_memory_utilization=0.85,
         reasoning_parser="kimi_k2",
         trust_remote_code=True,
+        enforce_eager=False,  # as the launch resolves 'auto' on a GPU build (eagleflow.engines.launch)
     )
     spec = LaunchSpec(
         python="/py",
@@ -46,6 +53,12 @@ def test_sglang_launch_command_has_the_eagle3_flags():
         flag("--speculative-num-draft-tokens"),
     ) == ("3", "1", "4")
     assert "--trust-remote-code" in argv and "--speculative-config" not in argv
+    # SGLang caps a speculative server at 48 requests unless told: both launches batch as vLLM's default does
+    assert flag("--max-running-requests") == str(MAX_RUNNING_REQUESTS) == "256"
+    eager = dataclasses.replace(spec, engine=engine.model_copy(update={"enforce_eager": True}))
+    argv_eager = server_class("sglang").argv_for(eager)
+    assert "--disable-decode-cuda-graph" in argv_eager and "--disable-prefill-cuda-graph" in argv_eager
+    assert "--disable-decode-cuda-graph" not in argv
     # vLLM's draft sampling has no SGLang flag here: refused by name, not dropped
     sampled = dataclasses.replace(spec, speculative={**spec.speculative, "draft_sample_method": "probabilistic"})
     with pytest.raises(ValueError, match="benchmark.draft_sample_method"):
@@ -63,3 +76,26 @@ def test_sglang_acceptance_from_its_decode_log_lines():
     assert acceptance_from_log("", 2.2, 3)["mean_acceptance_length"] == pytest.approx(2.2)
     with pytest.raises(StageError, match="drafter was not used"):
         acceptance_from_log("", float("nan"), 3)
+
+
+def _page(generated: int, requests: int, verified: int) -> str:
+    """/metrics as SGLang 0.5.15 writes its per-request counters (metrics_collector.py), labels and all."""
+    labels = '{engine_type="unified",model_name="kimi"}'
+    return "".join(
+        f"# HELP sglang:{name}_total {name}\n# TYPE sglang:{name}_total counter\nsglang:{name}_total{labels} {value}\n"
+        for name, value in (
+            ("generation_tokens", generated),
+            ("num_requests", requests),
+            ("spec_verify_calls", verified),
+        )
+    )
+
+
+def test_sglang_acceptance_from_its_request_counters():
+    before, after = parse_metrics(_page(1000, 10, 300)), parse_metrics(_page(1960, 26, 620))
+    acc = acceptance_from_counters(before, after, 3)
+    # 960 tokens of 16 requests, each one's first from its prefill: 944 over 320 verify steps
+    assert acc["mean_acceptance_length"] == pytest.approx(944 / 320)
+    assert acc["acceptance_rate"] == pytest.approx((944 / 320 - 1) / 3) and acc["per_position_acceptance"] is None
+    # no request verified in the window (no speculation, or none finished): the log lines decide
+    assert acceptance_from_counters(before, before, 3) is None

@@ -1,0 +1,57 @@
+"""What SGLang would serve of a drafter (eagleflow.engines.preflight.sglang.sglang_drafter_checks), on drafters the
+project's own export writes: SGLang 0.5.15 skips weights its EAGLE-3 layer does not know, so a drafter trained with
+a norm that layer lacks would load and draft wrongly; the preflight says so by name. SGLang is not needed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eagleflow.config.train import TrainConfig
+from eagleflow.engines.preflight.configs import safetensors_shapes
+from eagleflow.engines.preflight.sglang import sglang_drafter_checks
+from tests.conftest import ROOT
+from tests.make_drafter import make_drafter
+
+
+def _checks(drafter: Path, max_model_len: int = 1024, **edit) -> list:
+    cfg = json.loads((drafter / "config.json").read_text())
+    cfg.update(edit)
+    return sglang_drafter_checks("new", str(drafter), cfg, safetensors_shapes(drafter), max_model_len)
+
+
+@pytest.fixture(scope="module")
+def drafters(tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("drafters")
+    sglang = TrainConfig(norm_before_fc=False, norm_before_residual=False)
+    return {
+        "default": make_drafter(out / "default"),
+        "sglang": make_drafter(out / "sglang", train=sglang),
+        "mla": make_drafter(out / "mla", target_dir=ROOT / "demo" / "target-mla", train=sglang),
+    }
+
+
+def test_the_default_layout_is_refused_by_the_norms_sglang_would_drop(drafters):
+    errors = [f.message for f in _checks(drafters["default"]) if f.level == "error"]
+    assert len(errors) == 2
+    assert "norm_before_fc" in errors[0] and "train.norm_before_fc: false" in errors[0]
+    assert "norm_before_residual" in errors[1] and "train.norm_before_residual: false" in errors[1]
+
+
+def test_a_drafter_trained_for_sglang_passes_on_both_layers(drafters):
+    for name in ("sglang", "mla"):
+        (f,) = _checks(drafters[name])
+        assert f.level == "ok", f.message
+    assert "Eagle3DeepseekV2ForCausalLM" in _checks(drafters["mla"])[0].message
+
+
+def test_what_sglang_ignores_or_refuses_is_named(drafters):
+    d = drafters["sglang"]
+    (f,) = _checks(d, max_model_len=4096)  # the export keeps the target's 2,048 positions
+    assert f.level == "error" and "max_position_embeddings 2048" in f.message and "engine.max_model_len" in f.message
+    (f,) = _checks(d, eagle_config={"use_aux_hidden_state": True})  # ids at the top level only
+    assert f.level == "error" and "reads only eagle_config's" in f.message
+    (f,) = _checks(d, architectures=["Eagle3Speculator"], speculators_model_type="eagle3")
+    assert f.level == "error" and "speculators' format" in f.message
