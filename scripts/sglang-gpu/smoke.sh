@@ -4,7 +4,7 @@
 # answer, what it reports (its server info's acceptance, its speculative metrics, the log's "accept len" lines).
 # From the project root:
 #
-#   .hostenv/bin/python tests/make_drafter.py DRAFTER          here: an untrained drafter for the demo target
+#   .hostenv/bin/python tests/make_drafter.py DRAFTER --sglang here: an untrained drafter in the layout SGLang serves
 #   bash scripts/sglang-gpu/smoke.sh DRAFTER [TARGET] [SECONDS] on the GPU host: at most SECONDS (default 100) to health
 set -uo pipefail
 drafter=${1:?usage: smoke.sh DRAFTER [TARGET] [SECONDS]}
