@@ -101,6 +101,7 @@ class RunConfig(_Strict):
             )
         self._train_nodes()
         self._follow_traffic()
+        self._sglang_layout()
         if self.extract.backend in ("vllm", "production") and self.engine.kind != "vllm":
             raise ValueError(
                 f"extract.backend is {self.extract.backend!r} but engine.kind is {self.engine.kind!r}: SGLang has no "
@@ -114,6 +115,27 @@ class RunConfig(_Strict):
                 "or set extract.backend to 'vllm' or 'hf'"
             )
         return self
+
+    def _sglang_layout(self) -> None:
+        """A drafter SGLang serves as it was trained. SGLang 0.5.15's EAGLE-3 layers carry fc's output un-normed as the
+        residual and have no norm over the concatenated target states (an MLA drafter's per-state norms, its fc_norm,
+        they have); its loaders drop weights they do not know without a word, so such a drafter would serve with
+        wrong drafts. With engine.kind 'sglang' the two fields default to off; set on, they are refused."""
+        if self.engine.kind != "sglang":
+            return
+        t = self.train
+        for field in ("norm_before_fc", "norm_before_residual"):
+            if field == "norm_before_fc" and t.drafter_arch == "mla":
+                continue  # an MLA drafter's norm_before_fc is its per-state fc_norm, which SGLang's MLA layer has
+            if not getattr(t, field):
+                continue
+            if field in t.model_fields_set:
+                raise ValueError(
+                    f"train.{field} is true but engine.kind is 'sglang': SGLang's EAGLE-3 layer has no such norm and "
+                    "drops its weight, so the drafter would serve with wrong drafts. Fix: remove train."
+                    f"{field} (it defaults to false with SGLang), or serve with vLLM"
+                )
+            setattr(t, field, False)
 
     def _follow_traffic(self) -> None:
         """With production.traffic, the benchmark measures its cells: temperatures, concurrencies and top_p come from

@@ -142,10 +142,14 @@ class TrainConfig(BaseModel):
         None, ge=16, le=1_048_576, description="MLP width of the drafter layer; default: the target's."
     )
     norm_before_fc: bool = Field(
-        True, description="RMSNorm over the 3 concatenated target states before fc (vLLM `norm_before_fc`)."
+        True,
+        description="RMSNorm over the 3 concatenated target states before fc (vLLM `norm_before_fc`). Off by default "
+        "with engine.kind 'sglang', whose EAGLE-3 layer has no such norm (an MLA drafter's per-state norms it has).",
     )
     norm_before_residual: bool = Field(
-        True, description="The residual carries hidden_norm(fc(...)) rather than fc(...) (vLLM `norm_before_residual`)."
+        True,
+        description="The residual carries hidden_norm(fc(...)) rather than fc(...) (vLLM `norm_before_residual`). Off "
+        "by default with engine.kind 'sglang', whose EAGLE-3 layers carry fc(...).",
     )
     norm_output: bool = Field(
         False,

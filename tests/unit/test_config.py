@@ -151,3 +151,20 @@ def test_the_warm_up_covers_every_setting_before_its_first_measured_round():
     b = BenchmarkConfig(temperatures=[0.0, 1.0], concurrencies=[1, 8], warmup_requests=2)
     assert b.warmup() == [(0.0, 1, 2), (0.0, 8, 8), (1.0, 1, 2), (1.0, 8, 8)]
     assert BenchmarkConfig(warmup_requests=0).warmup() == []
+
+
+def test_with_sglang_the_drafter_is_trained_in_the_layout_sglang_serves(tmp_path):
+    """SGLang 0.5.15's EAGLE-3 layers have neither norm (eagleflow.engines.preflight.sglang): with engine.kind 'sglang'
+    both default to off, an MLA drafter keeps its per-state norms, and a norm asked for by name is refused by name."""
+    data = demo_dict()
+    data["engine"]["kind"] = "sglang"
+    data["extract"] = {**data.get("extract", {}), "backend": "hf"}
+    cfg = load_config(write(tmp_path, data))
+    assert (cfg.train.norm_before_fc, cfg.train.norm_before_residual) == (False, False)
+    assert load_config(write(tmp_path, demo_dict())).train.norm_before_fc  # vLLM keeps the default recipe
+    data["train"] = {**data["train"], "drafter_arch": "mla"}
+    cfg = load_config(write(tmp_path, data))
+    assert (cfg.train.norm_before_fc, cfg.train.norm_before_residual) == (True, False)
+    data["train"] = {**data["train"], "drafter_arch": "auto", "norm_before_residual": True}
+    with pytest.raises(ConfigError, match=r"train.norm_before_residual is true but engine.kind is 'sglang'"):
+        load_config(write(tmp_path, data))
