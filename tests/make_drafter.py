@@ -25,6 +25,7 @@ from eagleflow.drafter.model import Eagle3Drafter  # noqa: E402
 from eagleflow.drafter.target import arch_for_target, read_target_head  # noqa: E402
 from eagleflow.drafter.vllm_export import export_vllm  # noqa: E402
 from eagleflow.drafter.vocab import DraftVocab  # noqa: E402
+from eagleflow.engines.preflight.layer_ids import sglang_config_ids  # noqa: E402
 
 
 def make_drafter(
@@ -33,9 +34,11 @@ def make_drafter(
     draft_vocab_size: int = 256,
     target_dir: Path | None = None,
     train: TrainConfig | None = None,
+    sglang: bool = False,
 ) -> Path:
     """The drafter's shape follows the target's (train.drafter_arch auto: an MLA drafter for an MLA target) and
-    `train`'s layout fields (its norms; the defaults without it)."""
+    `train`'s layout fields (its norms; the defaults without it). `sglang`: eagle_config's ids as SGLang reads them,
+    as the export stage writes them for engine.kind 'sglang'."""
     torch.manual_seed(seed)
     target = read_target_head(target_dir or ROOT / "demo" / "target")
     arch = arch_for_target(target, train or TrainConfig(), draft_vocab_size)
@@ -43,7 +46,8 @@ def make_drafter(
     vocab = DraftVocab(torch.arange(draft_vocab_size), target.vocab_size)
     with tempfile.TemporaryDirectory() as tmp:
         save_checkpoint(Path(tmp) / "ckpt", model, vocab, {"aux_layer_ids": [1, 2, 3], "epoch": 0})
-        return export_vllm(Path(tmp) / "ckpt", out_dir, [1, 2, 3])
+        ids = sglang_config_ids([1, 2, 3], deepseek=arch.attention == "mla") if sglang else None
+        return export_vllm(Path(tmp) / "ckpt", out_dir, [1, 2, 3], eagle_config_ids=ids)
 
 
 if __name__ == "__main__":
@@ -55,8 +59,9 @@ if __name__ == "__main__":
     p.add_argument(
         "--sglang",
         action="store_true",
-        help="the layout SGLang serves as trained: train.norm_before_fc and train.norm_before_residual off",
+        help="the layout SGLang serves as trained: train.norm_before_fc and train.norm_before_residual off, "
+        "eagle_config's ids in SGLang's reading (an MLA target's [1, 2, 3] has none: the export refuses it)",
     )
     args = p.parse_args()
     train = TrainConfig(norm_before_fc=False, norm_before_residual=False) if args.sglang else None
-    print(make_drafter(args.out_dir, args.seed, args.draft_vocab_size, args.target, train))
+    print(make_drafter(args.out_dir, args.seed, args.draft_vocab_size, args.target, train, sglang=args.sglang))

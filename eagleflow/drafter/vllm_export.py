@@ -110,10 +110,15 @@ def neutral_yarn(arch: DrafterArch) -> dict:
 
 
 def vllm_config(
-    arch: DrafterArch, aux_layer_ids: list[int], dtype: str = "bfloat16", extra: dict[str, Any] | None = None
+    arch: DrafterArch,
+    aux_layer_ids: list[int],
+    dtype: str = "bfloat16",
+    extra: dict[str, Any] | None = None,
+    eagle_config_ids: list[int] | None = None,
 ) -> dict[str, Any]:
     """config.json of the drafter as vLLM 0.32 reads it: a LlamaConfig (or, for MLA, a DeepseekV2Config) plus the
-    EAGLE-3 keys."""
+    EAGLE-3 keys. `eagle_config_ids`: the ids eagle_config names when they differ from the top level's (SGLang reads
+    only eagle_config's, in its own convention; vLLM reads the top level first), else the same ids."""
     if len(aux_layer_ids) != arch.num_aux_hidden_states:
         raise FormatError(
             f"{len(aux_layer_ids)} aux layer ids {aux_layer_ids} for a drafter trained on "
@@ -142,7 +147,7 @@ def vllm_config(
         "dtype": dtype,
         **({"eagleflow": extra} if extra else {}),
     }
-    eagle = {"eagle_aux_hidden_state_layer_ids": list(aux_layer_ids), "use_aux_hidden_state": True}
+    eagle = {"eagle_aux_hidden_state_layer_ids": list(eagle_config_ids or aux_layer_ids), "use_aux_hidden_state": True}
     if arch.attention == "mla":
         # a DeepseekV2Config as vLLM 0.32's Eagle3DeepseekV2ForCausalLM reads it
         return {
@@ -175,7 +180,13 @@ def vllm_config(
     }
 
 
-def export_vllm(checkpoint: str | Path, out_dir: str | Path, aux_layer_ids: list[int], dtype: str = "bfloat16") -> Path:
+def export_vllm(
+    checkpoint: str | Path,
+    out_dir: str | Path,
+    aux_layer_ids: list[int],
+    dtype: str = "bfloat16",
+    eagle_config_ids: list[int] | None = None,
+) -> Path:
     """Write `out_dir/` (config.json + model.safetensors) from a trainer checkpoint; temp dir, then rename."""
     arch, weights, vocab, meta = load_checkpoint(checkpoint)
     trained_on = meta.get("aux_layer_ids")
@@ -199,6 +210,7 @@ def export_vllm(checkpoint: str | Path, out_dir: str | Path, aux_layer_ids: list
         "provenance": meta.get("provenance"),
         "validation": meta.get("validation"),
     }
-    (tmp / "config.json").write_text(json.dumps(vllm_config(arch, aux_layer_ids, dtype, extra), indent=2))
+    config = vllm_config(arch, aux_layer_ids, dtype, extra, eagle_config_ids)
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
     replace_dir(tmp, final)
     return final

@@ -28,6 +28,7 @@ from eagleflow.contracts.plan import CapacityPlan, FinishedStages, HostFacts
 from eagleflow.contracts.prompts import PromptError, load_prompts, split_indices
 from eagleflow.contracts.request import StageError, StageRequest
 from eagleflow.contracts.stage_records import CAPTURES, CheckMetrics
+from eagleflow.engines.preflight.layer_ids import SGLANG_LAYER_1, sglang_config_ids
 from eagleflow.engines.preflight.mla import check_rotary_kernel, is_mla
 from eagleflow.hosts.facts import ENGINE_DISTRIBUTIONS, version_of
 from eagleflow.production import ProductionService, observed
@@ -90,6 +91,8 @@ def run(request: StageRequest) -> Manifest:
         facts["engine"] = f"{kind} {version}"
         if kind == "vllm" and hf and is_mla(hf):
             problems += _mla_engine_problems(cfg, hf)
+    if kind == "sglang" and hf and sglang_config_ids(list(cfg.target.aux_layer_ids), is_mla(hf)) is None:
+        problems.append(SGLANG_LAYER_1)  # found now, not at export after hours of training
     service = ProductionService(cfg.production)
     # found now, not after hours of generate when the first window stops production
     problems += [p for p in (service.unit_problem(), service.status_problem()) if p is not None]

@@ -4,13 +4,18 @@
 
 Writes `vllm/` (config.json + model.safetensors, `LlamaForCausalLMEagle3`, or
 `Eagle3DeepseekV2ForCausalLM` for an MLA drafter, layer ids in vLLM's
-convention from target.aux_layer_ids). The layout is documented in eagleflow.drafter.vllm_export.
+convention from target.aux_layer_ids; with engine.kind 'sglang', eagle_config's ids as SGLang reads them,
+so the same directory serves its trained layers on both engines). The layout is documented in
+eagleflow.drafter.vllm_export.
 """
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 
+from eagleflow.config import RunConfig
 from eagleflow.contracts.manifest import Manifest, sha256_file
 from eagleflow.contracts.request import StageError, StageRequest
 from eagleflow.contracts.stage_records import ExportMetrics, ExportOutputs, TrainMetrics, TrainOutputs
@@ -32,7 +37,11 @@ def run(request: StageRequest) -> Manifest:
         for fmt in config.export.formats:
             if fmt == "vllm":
                 export_vllm(
-                    checkpoint, request.path / "vllm", list(config.target.aux_layer_ids), dtype=config.target.dtype
+                    checkpoint,
+                    request.path / "vllm",
+                    list(config.target.aux_layer_ids),
+                    dtype=config.target.dtype,
+                    eagle_config_ids=sglang_ids(config) if config.engine.kind == "sglang" else None,
                 )
                 outputs.vllm = "vllm"
                 for name in ("config.json", "model.safetensors"):
@@ -45,6 +54,20 @@ def run(request: StageRequest) -> Manifest:
         acceptance_length_sim=train_metrics.best.acceptance_length,
     )
     return request.manifest(outputs=outputs, metrics=metrics, hashes=hashes)
+
+
+def sglang_ids(config: RunConfig) -> list[int]:
+    """eagle_config's ids for SGLang (which reads only those, its own way): the same layers as the top level's."""
+    from eagleflow.engines.preflight.layer_ids import SGLANG_LAYER_1, sglang_config_ids
+    from eagleflow.engines.preflight.mla import is_mla
+
+    target = json.loads((Path(config.target.model_path) / "config.json").read_text())
+    ids = sglang_config_ids(
+        list(config.target.aux_layer_ids), deepseek=is_mla({**target, **(target.get("text_config") or {})})
+    )
+    if ids is None:
+        raise StageError(SGLANG_LAYER_1)
+    return ids
 
 
 if __name__ == "__main__":

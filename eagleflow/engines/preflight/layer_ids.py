@@ -21,6 +21,21 @@ def sglang_layers(ids: list[int], deepseek: bool) -> list[int]:
     return [i + 1 for i in ids]
 
 
+SGLANG_LAYER_1 = (
+    "target.aux_layer_ids start at layer 1, and SGLang cannot feed a DeepSeek-architecture target's layer 1 to a "
+    'drafter (it reads ids starting at 1 as "output of layer i" and adds 1, any other list as given). Fix: train on '
+    "aux ids not starting at 1 (the default [2, L//2, L-3] serves on both engines), or serve with vLLM"
+)
+
+
+def sglang_config_ids(vllm_ids: list[int], deepseek: bool) -> list[int] | None:
+    """What a drafter's eagle_config must name for SGLang 0.5.15 to feed it `vllm_ids` (the inverse of
+    `sglang_layers`); None where no list does: layer 1 of a DeepSeek-V2/V3-family target."""
+    if not deepseek:
+        return [i - 1 for i in vllm_ids]
+    return None if vllm_ids and vllm_ids[0] == 1 else list(vllm_ids)
+
+
 def check_aux_layer_ids(
     name: str,
     ids: list[int] | None,

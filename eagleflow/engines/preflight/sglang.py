@@ -99,18 +99,6 @@ def sglang_drafter_checks(
                 "norm, as the residual. Fix: train with train.norm_before_residual: false, or serve it with vLLM",
             )
         )
-    top = cfg.get("eagle_aux_hidden_state_layer_ids")
-    nested = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    if top and list(top) != list(nested or []):
-        out.append(
-            Finding(
-                check,
-                "error",
-                f"{where}: eagle_aux_hidden_state_layer_ids {list(top)} at the top level, "
-                f"{list(nested) if nested else 'none'} in eagle_config: SGLang reads only eagle_config's. Fix: "
-                "write the same ids into eagle_config (in SGLang's convention: see aux_layer_ids)",
-            )
-        )
     positions = cfg.get("max_position_embeddings")
     if positions is not None and int(positions) < max_model_len:
         out.append(

@@ -127,3 +127,15 @@ def test_an_mla_target_on_an_engine_kernel_that_would_serve_it_wrongly_is_refuse
         tmp_path / "ok", {"target.model_path": mla.target.model_path, "engine.extra_args": mla.engine.extra_args}
     )
     assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
+
+
+def test_a_target_sglang_cannot_feed_is_refused_before_training(tmp_path):
+    # SGLang reads a DeepSeek-architecture target's ids starting at 1 as "output of layer i": the MLA demo target's
+    # drafter, trained on layers [1, 2, 3], could not be served by it; the check says so before hours of training.
+    mla = load_config(ROOT / "configs" / "demo-mla.yaml")
+    proc, _, _ = run_check(
+        tmp_path,
+        {"target.model_path": mla.target.model_path, "engine.kind": "sglang", "extract.backend": "hf"},
+    )
+    assert proc.returncode != 0
+    assert "cannot feed a DeepSeek-architecture target's layer 1" in proc.stdout + proc.stderr

@@ -11,6 +11,7 @@ import pytest
 
 from eagleflow.config.train import TrainConfig
 from eagleflow.engines.preflight.configs import safetensors_shapes
+from eagleflow.engines.preflight.layer_ids import check_aux_layer_ids
 from eagleflow.engines.preflight.sglang import sglang_drafter_checks
 from tests.conftest import ROOT
 from tests.make_drafter import make_drafter
@@ -28,7 +29,7 @@ def drafters(tmp_path_factory) -> dict[str, Path]:
     sglang = TrainConfig(norm_before_fc=False, norm_before_residual=False)
     return {
         "default": make_drafter(out / "default"),
-        "sglang": make_drafter(out / "sglang", train=sglang),
+        "sglang": make_drafter(out / "sglang", train=sglang, sglang=True),
         "mla": make_drafter(out / "mla", target_dir=ROOT / "demo" / "target-mla", train=sglang),
     }
 
@@ -51,7 +52,19 @@ def test_what_sglang_ignores_or_refuses_is_named(drafters):
     d = drafters["sglang"]
     (f,) = _checks(d, max_model_len=4096)  # the export keeps the target's 2,048 positions
     assert f.level == "error" and "max_position_embeddings 2048" in f.message and "engine.max_model_len" in f.message
-    (f,) = _checks(d, eagle_config={"use_aux_hidden_state": True})  # ids at the top level only
-    assert f.level == "error" and "reads only eagle_config's" in f.message
     (f,) = _checks(d, architectures=["Eagle3Speculator"], speculators_model_type="eagle3")
     assert f.level == "error" and "speculators' format" in f.message
+
+
+def test_the_export_for_sglang_names_the_trained_layers_in_each_engines_reading(drafters):
+    """vLLM reads the top level's ids first (its convention), SGLang only eagle_config's (its own): a drafter exported
+    for SGLang serves its trained layers [1, 2, 3] on both."""
+    cfg = json.loads((drafters["sglang"] / "config.json").read_text())
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]  # SGLang adds 1 on a Llama target
+    (f,) = check_aux_layer_ids("new", [0, 1, 2], 4, None, [1, 2, 3], 3, engine_kind="sglang")
+    assert f.level == "ok"
+    # the default export names vLLM's ids in both places: on SGLang every state would come one layer late
+    plain = json.loads((drafters["default"] / "config.json").read_text())["eagle_config"]
+    found = check_aux_layer_ids("new", plain["eagle_aux_hidden_state_layer_ids"], 4, None, [1, 2, 3], 3, "sglang")
+    assert {f.level for f in found} == {"error"} and any("one above" in f.message for f in found)
