@@ -58,13 +58,12 @@ def run(request: StageRequest) -> Manifest:
 
 def sglang_ids(config: RunConfig) -> list[int]:
     """eagle_config's ids for SGLang (which reads only those, its own way): the same layers as the top level's."""
+    from eagleflow.engines.preflight.configs import text_config
     from eagleflow.engines.preflight.layer_ids import SGLANG_LAYER_1, sglang_config_ids
     from eagleflow.engines.preflight.mla import is_mla
 
-    target = json.loads((Path(config.target.model_path) / "config.json").read_text())
-    ids = sglang_config_ids(
-        list(config.target.aux_layer_ids), deepseek=is_mla({**target, **(target.get("text_config") or {})})
-    )
+    target = text_config(json.loads((Path(config.target.model_path) / "config.json").read_text()))
+    ids = sglang_config_ids(list(config.target.aux_layer_ids), deepseek=is_mla(target))
     if ids is None:
         raise StageError(SGLANG_LAYER_1)
     return ids

@@ -60,7 +60,9 @@ def check_aux_layer_ids(
     field = f"eagle_aux_hidden_state_layer_ids in {where}"
 
     def to_config(vllm_ids: list[int]) -> list[int]:
-        return [i - shift for i in vllm_ids]
+        if engine_kind != "sglang":
+            return list(vllm_ids)
+        return sglang_config_ids(vllm_ids, deepseek) or list(vllm_ids)  # a DeepSeek layer 1: refused first
 
     if engine_kind == "sglang" and deepseek and expected and expected[0] == 1:
         return [
