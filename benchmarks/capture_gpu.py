@@ -4,9 +4,11 @@ or here on the CPU build with small sizes.
 
     python3 benchmarks/capture_gpu.py --out DIR [--config configs/demo-mla.yaml] [--set KEY=VALUE ...]
         [--requests 64] [--concurrency 8] [--max-tokens 128] [--capture-concurrency 4] [--capture-len 512]
-        [--parity 16] [--drafter DIR]
+        [--parity 16] [--drafter DIR] [--v2-plain]
 
-The target served as the config serves it (eagleflow's own launch: engine.*), twice, one engine after the other:
+The target served as the config serves it (eagleflow's own launch: engine.*), twice, one engine after the other
+(three times with --v2-plain: first a plain engine with VLLM_USE_V2_MODEL_RUNNER=1, the price a dense target pays
+for the V1 runner the plugin hooks):
   plain      without the plugin: production's traffic (chat prompts of generate.prompts_path at Kimi-K2.5's
              thinking setting, temperature 1.0 / top_p 0.95, `--concurrency` in flight, `--max-tokens` each with
              ignore_eos, so every request is as long), warmed, then timed: output tok/s
@@ -156,6 +158,12 @@ def main() -> int:
     ap.add_argument("--capture-len", type=int, default=512)
     ap.add_argument("--parity", type=int, default=16)
     ap.add_argument("--drafter", type=Path, help="an EAGLE-3 drafter both engines serve (k = 3)")
+    ap.add_argument(
+        "--v2-plain",
+        action="store_true",
+        help="first serve the plain engine once more with VLLM_USE_V2_MODEL_RUNNER=1: what a dense production "
+        "gives up when it turns vLLM's V2 runner off for the plugin (run the script with it set to 0)",
+    )
     args = ap.parse_args()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -176,6 +184,16 @@ def main() -> int:
     k = 3 if args.drafter else 0
     spec = {"method": "eagle3", "model": str(args.drafter.resolve()), "num_speculative_tokens": k} if k else None
     tr = (args.requests, args.concurrency, args.max_tokens, k)
+
+    if args.v2_plain:
+        say("plain, V2 runner: the target without the plugin, VLLM_USE_V2_MODEL_RUNNER=1")
+        v2 = {**env, "VLLM_USE_V2_MODEL_RUNNER": "1"}
+        try:
+            with make_server(target_launch(cfg, spec), out / "engine-plain-v2.log", env=v2, name="plain-v2") as s:
+                result["plain_v2"] = traffic(s, model, prompts, *tr)
+        except Exception as e:  # noqa: BLE001 - a V2 runner that cannot serve this launch is a finding, not a stop
+            result["plain_v2"] = {"error": f"{type(e).__name__}: {e}"[:500]}
+        say(f"plain, V2 runner: {result['plain_v2']}")
 
     say("plain: the target without the plugin")
     with make_server(target_launch(cfg, spec), out / "engine-plain.log", env=env, name="plain") as s:
@@ -227,8 +245,13 @@ def main() -> int:
     ]
     result["idle_vs_plain"] = round(result["idle"]["tok_s"] / result["plain"]["tok_s"], 3)
     result["capturing_vs_plain"] = round(result["capturing"]["tok_s"] / result["plain"]["tok_s"], 3)
+    if "tok_s" in result.get("plain_v2", {}):
+        result["plain_vs_plain_v2"] = round(result["plain"]["tok_s"] / result["plain_v2"]["tok_s"], 3)
     (out / "capture_gpu.json").write_text(json.dumps(result, indent=1))
     print("\n| production's traffic | output tok/s | vs without the plugin |\n|---|---:|---:|")
+    if "plain_vs_plain_v2" in result:
+        v2_ratio = result["plain_v2"]["tok_s"] / result["plain"]["tok_s"]
+        print(f"| without the plugin, V2 runner | {result['plain_v2']['tok_s']} | {v2_ratio:.3f}x |")
     print(f"| without the plugin | {result['plain']['tok_s']} | 1.00x |")
     print(f"| plugin on, no capture | {result['idle']['tok_s']} | {result['idle_vs_plain']:.3f}x |")
     print(

@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
 """eagleflow's drafter against vLLM's `speculators` 0.9.0 on a GPU host, on the states a pipeline run extracted there
 (scripts/gpu_pipeline.py; the demo-MLA target by default), measured by vLLM through the benchmark-only flow.
-Rehearsed on CPU with stand-ins for the trainer and the flow; not yet run on a GPU host (none came the day it was
-written): its first run there is its test.
+Ran on a GPU host on 2026-12-07 (docs/benchmarks.md, "Against speculators on the demo-MLA target, on a GPU host").
 
     python3 scripts/gpu_speculators.py run NAME [--draft-sampling probabilistic greedy] [--dry-run]
                                    in a process session of its own (it outlives the call), for the finished pipeline
@@ -48,9 +47,9 @@ What it runs, each step skipped when its output is there (a second `run` adds wh
                 `benchmark.current_drafter` = speculators' checkpoint, temperatures 0, 0.6 and 1.0 with top_p 0.95 at
                 concurrency 1, engines eager, no triage; one flow run per --draft-sampling value
                 (benchmark.draft_sample_method).
-GPU time: the data step is CPU work (~30 s), training one to two minutes with its compile, each flow run one engine
-load per variant (~60 s eager: no speculation, speculators, eagleflow; two when no speculation is reused): about
-five minutes in all for the default run, an estimate (speculators.json records each step's seconds).
+GPU time, measured on one H100 for the demo-MLA pipeline's states (324k tokens, 10 epochs): the data step 18 s of
+CPU work, training 207 s (157 s of steps), the flow run 288 s (two engine loads, no speculation reused): about nine
+minutes for the default run; speculators.json records each step's seconds.
 
 Records: $GN_HOME/speculators-NAME/{speculators.log, speculators.json (the table's figures, both trainers' budgets,
 settings and versions), data/, speculators-<stamp>-<try>/ (checkpoints), bench-<sampling>.yaml, reports/}.
