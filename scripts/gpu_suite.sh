@@ -15,6 +15,10 @@
 # sets what vLLM needs there (no flashinfer sampler, no usage stats, no hub). That test also wants the trained demo
 # drafter in the copy (runs/demo/export/*/vllm, made by `make demo`), and is skipped without it.
 #
+# SGLang: tests/gpu/test_sglang_serving.py serves the demo target behind eagleflow drafters through eagleflow's
+# SGLang adapter; skipped in the vLLM run (SGLang not importable there) and run again, alone, with SGLang's staged
+# site (scripts/sglang-gpu/: $SGL_SITE, default $HOME/sgl-site, and its env.sh) when it is there.
+#
 # Record the result (date, commit, counts) in docs/benchmarks.md, "The GPU suite".
 set -euo pipefail
 case "${1:-}" in
@@ -39,6 +43,14 @@ run)
     set +e
     PYTHONPATH="$path" python3 -m pytest -m gpu tests/gpu -p no:cacheprovider -q -rs -s 2>&1 | tee "$out"
     rc=${PIPESTATUS[0]}
+    sgl_site=${SGL_SITE:-$HOME/sgl-site}
+    if [ -f "$sgl_site/env.sh" ]; then
+        # SGLang's cases again with SGLang's own site and compiler, not beside vLLM's (their pins differ)
+        (. "$sgl_site/env.sh" && PYTHONPATH="$site:$PWD:$PYTHONPATH" python3 -m pytest -m gpu \
+            tests/gpu/test_sglang_serving.py -p no:cacheprovider -q -rs -s) 2>&1 | tee -a "$out"
+        src=${PIPESTATUS[0]}
+        [ "$rc" = 0 ] && rc=$src
+    fi
     set -e
     gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | tr -s ' ' | paste -sd ',')
     vllm=$(PYTHONPATH="$path" python3 -c 'import importlib.metadata as m; print(m.version("vllm"))' 2>/dev/null || echo none)
@@ -46,7 +58,7 @@ run)
     exit "$rc"
     ;;
 *)
-    sed -n 2,18p "$0"
+    sed -n 2,22p "$0"
     exit 2
     ;;
 esac

@@ -21,7 +21,9 @@ from eagleflow.capacity.rates import (
     DEFAULT_EXPORT_S,
     DEFAULT_GENERATE_TOK_S,
     ENGINE_BASE_START_S,
+    HF_MEASURED_WEIGHTS_BYTES,
     LOAD_S_PER_GB,
+    SGLANG_ENGINE_NOTE,
     SOURCES,
 )
 from eagleflow.config import RunConfig
@@ -51,11 +53,18 @@ class HostDefaults:
         base = CPU_REFERENCE["engine_start_s"] if self.cpu else ENGINE_BASE_START_S
         return base + (weights_bytes or 0) / 1e9 * LOAD_S_PER_GB[cache]
 
-    def extract(self, backend: ExtractionBackend) -> tuple[float, str]:
+    def extract(self, backend: ExtractionBackend, weights_bytes: int | None = None) -> tuple[float, str]:
         if self.cpu:
             rate = CPU_REFERENCE["extract_tok_s"] * self.scale
             return rate, f"{CPU_SOURCE}: extract ({backend.name}){self.scale_note}"
-        return backend.default_tok_s, backend.default_source
+        src = backend.default_source
+        if backend.name == "hf" and (weights_bytes or 0) > HF_MEASURED_WEIGHTS_BYTES * 4:
+            src += (
+                f"; not this target's: {weights_bytes / 1e9:,.0f} GB of weights against the 8B target's "
+                f"{HF_MEASURED_WEIGHTS_BYTES / 1e9:.0f} GB (a transformers forward of a large MoE runs its experts "
+                "one after another: read this time as a floor)"
+            )
+        return backend.default_tok_s, src
 
     def train(self, t: TargetFacts, cfg: RunConfig, facts: HostFacts) -> tuple[float, str]:
         if self.cpu:
@@ -63,9 +72,10 @@ class HostDefaults:
         return default_train_rate(t, cfg, facts.gpus)
 
 
-def defaults_for(facts: HostFacts) -> HostDefaults:
-    """The defaults for the host `facts` describe (see the module doc)."""
+def defaults_for(facts: HostFacts, engine_kind: str = "vllm") -> HostDefaults:
+    """The defaults for the host `facts` describe (see the module doc), for the engine that serves there."""
     if facts.gpus:
+        engine_src = SOURCES["engine"] + (SGLANG_ENGINE_NOTE if engine_kind == "sglang" else "")
         return HostDefaults(
             cpu=False,
             scale=1.0,
@@ -78,7 +88,7 @@ def defaults_for(facts: HostFacts) -> HostDefaults:
             export_src=SOURCES["export"],
             check_s=DEFAULT_CHECK_S,
             check_src=SOURCES["check"],
-            engine_src=SOURCES["engine"],
+            engine_src=engine_src,
         )
     ref = CPU_REFERENCE
     weights = facts.target.weights_bytes if facts.target and facts.target.weights_bytes else ref["weights_bytes"]

@@ -69,7 +69,7 @@ def plan_nightly(cfg: RunConfig, facts: HostFacts, full: CapacityPlan) -> Nightl
     tok = full.tokens
     per_sample = tok.tokens / max(tok.samples, 1)
     new_tokens = int(n.new_samples * per_sample)
-    d = defaults_for(facts)
+    d = defaults_for(facts, cfg.engine.kind)
     start = d.engine_start_s(t.weights_bytes)
     start_note = f"; + {duration_text(start)} engine start, {d.engine_src}"
     stages: list[StagePlan] = []
@@ -89,7 +89,9 @@ def plan_nightly(cfg: RunConfig, facts: HostFacts, full: CapacityPlan) -> Nightl
         src + (start_note if own else ""),
     )
     backend = backend_of(cfg)
-    x_tok_s, src = measured_rate(hist, "extract", *d.extract(backend), target=target, backend=backend.name)
+    x_tok_s, src = measured_rate(
+        hist, "extract", *d.extract(backend, t.weights_bytes), target=target, backend=backend.name
+    )
     full_x = next(s for s in full.stages if s.stage == "extract")
     load = start if backend.loads_engine else 0.0
     if full_x.seconds > load and tok.tokens / (full_x.seconds - load) < 0.999 * x_tok_s:
@@ -306,6 +308,11 @@ def pause_text(cfg: RunConfig, facts: HostFacts, weights_bytes: int | None, depl
     held_mib = production_gpu_mib(cfg, facts)
     held = held_mib * 2**20 if held_mib else None
     level = pause_level(cfg, facts, weights_bytes)
+    if cfg.engine.kind == "sglang":
+        return (
+            "stopped and started again with the night's drafter (production.pause 'stop'): SGLang cannot change a "
+            "running server's drafter, and its memory release is not wired here, so every promoted night is a load"
+        )
     if level is None:
         return (
             "stopped and started again (production.pause 'stop'). With production.pause 'sleep' (measured on an "

@@ -147,7 +147,7 @@ def plan(cfg: RunConfig, facts: HostFacts, progress: FinishedStages | None = Non
     one_gpu = min(g.memory_total_mib for g in gpus) * 2**20 if gpus else None
     budget = int(one_gpu * util) if one_gpu else None
     weights, tp = t.weights_bytes, cfg.engine.tensor_parallel_size
-    d = defaults_for(facts)
+    d = defaults_for(facts, cfg.engine.kind)
     start = d.engine_start_s(weights)
     start_note = f"; + {duration_text(start)} engine start, {d.engine_src}"
     stages: list[StagePlan] = []
@@ -204,7 +204,9 @@ def plan(cfg: RunConfig, facts: HostFacts, progress: FinishedStages | None = Non
     # extract
     backend = backend_of(cfg)
     x_bytes = {d: extract_bytes(tok.tokens, tok.samples, h, d) for d in STATE_BYTES}
-    x_tok_s, src = measured_rate(hist, "extract", *d.extract(backend), target=target, backend=backend.name)
+    x_tok_s, src = measured_rate(
+        hist, "extract", *d.extract(backend, t.weights_bytes), target=target, backend=backend.name
+    )
     if src.startswith("default"):
         disk_bound = DEFAULT_DISK_WRITE_BPS / (state_bytes_per_token(h, dtype) + TOKEN_SIDE_BYTES)
         if disk_bound < x_tok_s:

@@ -26,6 +26,12 @@ DEFAULT_TRAIN_TOK_S = REFERENCE_EPOCHS * REFERENCE_TRAIN_FRACTION * REFERENCE_TO
 # repacking at every start (Kimi-K2.5's INT4 Marlin) and 8 tensor-parallel workers; the reference run saw 22-40 min.
 LOAD_S_PER_GB = {"cold": 0.666, "warm": 0.154}
 ENGINE_BASE_START_S = 60.0
+HF_MEASURED_WEIGHTS_BYTES = 16e9  # the hf backend's default rate (eagleflow.extraction.backends): an 8B bf16 target
+# SGLang's start is not measured here; the plan uses vLLM's rates for it and says what the reference run saw.
+SGLANG_ENGINE_NOTE = (
+    "; SGLang's own start not measured here (the reference run: Kimi-K2.5 on SGLang in 22 s from a warm page cache, "
+    "~25 min cold; docs/reference-run.md)"
+)
 # Capture from production (extract.backend 'production'), measured on a GPU host (docs/benchmarks.md, "Capture from
 # production on a GPU host": one H100, vLLM 0.26, the demo MLA target behind an EAGLE-3 drafter at k = 3, 8 of its own
 # requests in flight): its own traffic's throughput against the same engine without eagleflow's capture plugin,

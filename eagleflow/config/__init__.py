@@ -102,6 +102,7 @@ class RunConfig(_Strict):
         self._train_nodes()
         self._follow_traffic()
         self._sglang_layout()
+        self._sglang_production()
         if self.extract.backend in ("vllm", "production") and self.engine.kind != "vllm":
             raise ValueError(
                 f"extract.backend is {self.extract.backend!r} but engine.kind is {self.engine.kind!r}: SGLang has no "
@@ -136,6 +137,20 @@ class RunConfig(_Strict):
                     f"{field} (it defaults to false with SGLang), or serve with vLLM"
                 )
             setattr(t, field, False)
+
+    def _sglang_production(self) -> None:
+        """Production served by SGLang is stopped for the window and started again with the night's drafter.
+        production.pause 'sleep' is vLLM's sleep mode and production.swap_drafter its swap over CUDA IPC; SGLang
+        0.5.15 has a memory release (not wired here) but no way to change a running server's drafter: its
+        update_weights_from_disk loads the path it is given into the target and the drafter alike."""
+        if self.engine.kind != "sglang" or self.production.pause != "sleep":
+            return
+        raise ValueError(
+            "production.pause is 'sleep' but engine.kind is 'sglang': the sleep and the drafter swap "
+            "(production.swap_drafter) are vLLM's, and SGLang cannot change a running server's drafter, so "
+            "production restarts with the night's drafter. Fix: production.pause: stop (and no "
+            "production.swap_drafter); the plan counts the restart as an engine load"
+        )
 
     def _follow_traffic(self) -> None:
         """With production.traffic, the benchmark measures its cells: temperatures, concurrencies and top_p come from
@@ -241,8 +256,8 @@ def given_on_command_line(config_path: str | Path, overrides: dict[str, Any], cw
     if not relative:
         return dict(overrides)
     try:
-        raw = yaml.safe_load(Path(config_path).read_text()) or {}
-    except (OSError, yaml.YAMLError):
+        raw = read_config_data(config_path)
+    except ConfigError:
         raw = {}  # load_config names the file's own fault
     host = {**(raw.get("host") or {}), **{k.split(".", 1)[1]: v for k, v in overrides.items() if k.startswith("host.")}}
     if host.get("kind", "local") != "local":
@@ -268,8 +283,11 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return overrides
 
 
-def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """Read a YAML run config, apply dotted overrides ({"benchmark.max_tokens": 64}), validate."""
+def read_config_data(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A run config file's mapping, with the config its `base:` names (a path relative to this file) underneath:
+    this file's sections are merged into the base's key by key, a list or a value replaces the base's, and `null`
+    takes a key back to its default. One config per engine or host, each saying only how it differs. Relative
+    paths are read against the directory of the file loaded, so a base lives beside the configs that extend it."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"run config {path} does not exist; pass the path of a YAML file such as configs/demo.yaml")
@@ -279,6 +297,34 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
         raise ConfigError(f"run config {path} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"run config {path} must be a YAML mapping at the top level")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str) or not base:
+        raise ConfigError(f"{path}: base must be the path of the run config this one extends, e.g. kimi-k25.yaml")
+    base_path = (path.parent / base).resolve()
+    if base_path in _seen or base_path == path.resolve():
+        raise ConfigError(f"{path}: base {base!r} leads back to a config it extends: remove the loop")
+    return _merged(read_config_data(base_path, (*_seen, path.resolve())), data)
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Read a YAML run config (and the one its `base:` extends), apply dotted overrides ({"benchmark.max_tokens":
+    64}), validate."""
+    path = Path(path)
+    data = read_config_data(path)
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, leaf = dotted.split(".")

@@ -17,13 +17,19 @@ live server. What it relies on (0.5.15):
   steps on the first rank, each that interval's own ratio), averaged over the window;
 - else `/server_info` (`/get_server_info` is its deprecated alias): `internal_states[0].avg_spec_accept_length`,
   absent until one log interval has passed.
+Sampled drafts (benchmark.draft_sample_method 'probabilistic') are `--speculative-use-rejection-sampling`: the
+drafter's temperature-scaled probabilities in the acceptance test, which 0.5.15 allows only for a drafter over the
+target's whole vocabulary (`rejection_sampling_problem`); without it SGLang tests the drafter's argmax as a point
+mass, exactly at any temperature and top_p: vLLM's greedy drafts.
 The counters carry no per-position acceptance (each request's `spec_correct_drafts_histogram` does, in its
 final response's meta_info); the benchmark says so instead of inventing it.
 """
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 from typing import Any
 
 from eagleflow.contracts.request import StageError
@@ -36,6 +42,11 @@ _ACCEPT_LEN = re.compile(r"accept len: ([\d.]+)")
 # Requests one engine holds at once: vLLM's own default (max_num_seqs), so both engines batch alike; SGLang would
 # take 48 with speculation on and more without, and the baseline and the drafter would batch differently.
 MAX_RUNNING_REQUESTS = 256
+# engine.reasoning_parser names vLLM's parsers; SGLang 0.5.15 spells some of the same parsers otherwise
+# (parser/reasoning_parser.py: ReasoningParser.DetectorMap) and its launch refuses a name it does not know.
+REASONING_PARSERS = {"deepseek_r1": "deepseek-r1", "deepseek_v3": "deepseek-v3", "openai_gptoss": "gpt-oss"}
+# and the tool-call parsers (function_call/function_call_parser.py); Kimi's kimi_k2 is the same on both
+TOOL_CALL_PARSERS = {"deepseek_v3": "deepseekv3", "deepseek_v31": "deepseekv31", "llama3_json": "llama3"}
 
 
 class SglangServer(EngineServer):
@@ -81,18 +92,21 @@ class SglangServer(EngineServer):
                 "unset engine.kv_cache_gib"
             )
         if e.reasoning_parser:
-            argv += ["--reasoning-parser", e.reasoning_parser]
+            argv += ["--reasoning-parser", REASONING_PARSERS.get(e.reasoning_parser, e.reasoning_parser)]
         if e.tool_call_parser:
-            argv += ["--tool-call-parser", e.tool_call_parser]
+            argv += ["--tool-call-parser", TOOL_CALL_PARSERS.get(e.tool_call_parser, e.tool_call_parser)]
         if spec.speculative:
             s = spec.speculative
             if s.get("method") != "eagle3":
                 raise ValueError(f"SGLang adapter: only method 'eagle3' is supported, got {s.get('method')!r}")
-            if s.get("draft_sample_method"):
-                raise ValueError(
-                    "SGLang adapter: benchmark.draft_sample_method is vLLM's speculative_config setting; unset it"
-                )
             k = int(s["num_speculative_tokens"])
+            if s.get("draft_sample_method") == "probabilistic":
+                # the drafter's probabilities in the acceptance test (min(1, p/q)); SGLang's default tests the
+                # drafter's argmax as a point mass, what vLLM calls greedy drafts
+                argv.append("--speculative-use-rejection-sampling")
+                problem = rejection_sampling_problem(spec.model, str(s["model"]))
+                if problem:
+                    raise ValueError(problem)
             argv += [
                 "--speculative-algorithm",
                 "EAGLE3",
@@ -133,6 +147,28 @@ class SglangServer(EngineServer):
             f.seek(int(before["log_offset"]))
             window = f.read(int(after["log_offset"] - before["log_offset"])).decode("utf-8", errors="replace")
         return acceptance_from_log(window, after.get("avg_spec_accept_length"), k)
+
+
+def rejection_sampling_problem(target_dir: str, drafter_dir: str) -> str | None:
+    """Why SGLang 0.5.15 would refuse to start with `--speculative-use-rejection-sampling` for this drafter, or None.
+    It needs the drafter's vocabulary to be the target's (eagle_worker_v2.py: "requires the draft and target to share
+    one vocab"); eagleflow's drafters draft over train.draft_vocab_size tokens."""
+    try:
+        target = json.loads((Path(target_dir) / "config.json").read_text())
+        drafter = json.loads((Path(drafter_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None  # the preflight says what is wrong with the files
+    vocab = target.get("vocab_size") or (target.get("text_config") or {}).get("vocab_size")
+    draft_vocab = drafter.get("draft_vocab_size") or drafter.get("vocab_size")
+    if vocab and draft_vocab and int(draft_vocab) != int(vocab):
+        return (
+            f"{drafter_dir}/config.json: draft_vocab_size {draft_vocab} is not the target's vocab_size {vocab}, and "
+            "SGLang tests sampled drafts against their probabilities (benchmark.draft_sample_method 'probabilistic', "
+            "--speculative-use-rejection-sampling) only for a drafter over the whole vocabulary. Fix: train with "
+            f"train.draft_vocab_size: {vocab}, or set benchmark.draft_sample_method to 'greedy' (SGLang's default: "
+            "the drafter's argmax tested as a point mass)"
+        )
+    return None
 
 
 def acceptance_from_counters(before: dict[str, float], after: dict[str, float], k: int) -> dict[str, Any] | None:

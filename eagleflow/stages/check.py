@@ -93,6 +93,16 @@ def run(request: StageRequest) -> Manifest:
             problems += _mla_engine_problems(cfg, hf)
     if kind == "sglang" and hf and sglang_config_ids(list(cfg.target.aux_layer_ids), is_mla(hf)) is None:
         problems.append(SGLANG_LAYER_1)  # found now, not at export after hours of training
+    if kind == "sglang" and hf and cfg.benchmark.draft_sample_method == "probabilistic":
+        vocab = int(hf.get("vocab_size") or (hf.get("text_config") or {}).get("vocab_size") or 0)
+        if vocab and cfg.train.draft_vocab_size < vocab:  # the benchmark's launch would refuse it after training
+            problems.append(
+                "benchmark.draft_sample_method is 'probabilistic' and engine.kind 'sglang', but "
+                f"train.draft_vocab_size {cfg.train.draft_vocab_size} is below the target's vocab_size {vocab}: "
+                "SGLang tests sampled drafts "
+                "against their probabilities (--speculative-use-rejection-sampling) only for a drafter over the whole "
+                f"vocabulary. Fix: train.draft_vocab_size: {vocab}, or benchmark.draft_sample_method: greedy"
+            )
     service = ProductionService(cfg.production)
     # found now, not after hours of generate when the first window stops production
     problems += [p for p in (service.unit_problem(), service.status_problem()) if p is not None]

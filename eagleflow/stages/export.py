@@ -4,8 +4,8 @@
 
 Writes `vllm/` (config.json + model.safetensors, `LlamaForCausalLMEagle3`, or
 `Eagle3DeepseekV2ForCausalLM` for an MLA drafter, layer ids in vLLM's
-convention from target.aux_layer_ids; with engine.kind 'sglang', eagle_config's ids as SGLang reads them,
-so the same directory serves its trained layers on both engines). The layout is documented in
+convention from target.aux_layer_ids; eagle_config's ids as SGLang reads them wherever SGLang can be told
+them, so the same directory serves its trained layers on both engines). The layout is documented in
 eagleflow.drafter.vllm_export.
 """
 
@@ -41,7 +41,7 @@ def run(request: StageRequest) -> Manifest:
                     request.path / "vllm",
                     list(config.target.aux_layer_ids),
                     dtype=config.target.dtype,
-                    eagle_config_ids=sglang_ids(config) if config.engine.kind == "sglang" else None,
+                    eagle_config_ids=sglang_ids(config, required=config.engine.kind == "sglang"),
                 )
                 outputs.vllm = "vllm"
                 for name in ("config.json", "model.safetensors"):
@@ -56,15 +56,18 @@ def run(request: StageRequest) -> Manifest:
     return request.manifest(outputs=outputs, metrics=metrics, hashes=hashes)
 
 
-def sglang_ids(config: RunConfig) -> list[int]:
-    """eagle_config's ids for SGLang (which reads only those, its own way): the same layers as the top level's."""
+def sglang_ids(config: RunConfig, required: bool = True) -> list[int] | None:
+    """eagle_config's ids for SGLang (which reads only those, its own way): the same layers as the top level's, which
+    vLLM reads first, so one directory serves its trained layers on both engines (the layout SGLang refuses, its
+    norms, is the preflight's to say). Layers SGLang cannot be told (a DeepSeek-family target's layer 1): refused
+    when the run serves with SGLang (`required`), else None (eagle_config then repeats the top level's)."""
     from eagleflow.engines.preflight.configs import text_config
     from eagleflow.engines.preflight.layer_ids import SGLANG_LAYER_1, sglang_config_ids
     from eagleflow.engines.preflight.mla import is_mla
 
     target = text_config(json.loads((Path(config.target.model_path) / "config.json").read_text()))
     ids = sglang_config_ids(list(config.target.aux_layer_ids), deepseek=is_mla(target))
-    if ids is None:
+    if ids is None and required:
         raise StageError(SGLANG_LAYER_1)
     return ids
 

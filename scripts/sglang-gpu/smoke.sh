@@ -5,18 +5,20 @@
 # From the project root:
 #
 #   .hostenv/bin/python tests/make_drafter.py DRAFTER --sglang here: an untrained drafter in the layout SGLang serves
-#   bash scripts/sglang-gpu/smoke.sh DRAFTER [TARGET] [SECONDS] on the GPU host: at most SECONDS (default 100) to health
+#   bash scripts/sglang-gpu/smoke.sh DRAFTER [TARGET] [SECONDS] on the GPU host: at most SECONDS (default 240) to health
+# CUDA graphs off (eagleflow's launch with engine.enforce_eager): their capture compiles for minutes on a first start.
 set -uo pipefail
 drafter=${1:?usage: smoke.sh DRAFTER [TARGET] [SECONDS]}
 target=${2:-demo/target}
-limit=${3:-100}
+limit=${3:-240}
 . "$HOME/sgl-site/env.sh"
 python3 -c "import sglang, torch, transformers; print('sglang', sglang.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
 command -v g++ || echo "no g++ on this host"
 log=$HOME/sglang-smoke.log
 t0=$SECONDS
 setsid nohup python3 -m sglang.launch_server --model-path "$target" --attention-backend triton \
-    --sampling-backend pytorch --speculative-algorithm EAGLE3 --speculative-draft-model-path "$drafter" \
+    --sampling-backend pytorch --disable-decode-cuda-graph --disable-prefill-cuda-graph \
+    --speculative-algorithm EAGLE3 --speculative-draft-model-path "$drafter" \
     --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --enable-metrics \
     --port 30000 --mem-fraction-static 0.3 --context-length 1024 > "$log" 2>&1 < /dev/null &
 pid=$!

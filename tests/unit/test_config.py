@@ -55,6 +55,22 @@ def test_examples_load_and_resolve_paths():
         (lambda d: d["benchmark"].update(num_prompts=1000), "benchmark.num_prompts"),
         (lambda d: d["extract"].update(storage_dtype="int4"), "extract.storage_dtype"),
         (lambda d: (d["extract"].update(backend="vllm"), d["engine"].update(kind="sglang")), "extract.backend"),
+        (
+            lambda d: (
+                d["extract"].update(backend="hf"),
+                d["engine"].update(kind="sglang"),
+                d.update(
+                    production={
+                        "kind": "systemd",
+                        "unit": "sgl",
+                        "url": "http://127.0.0.1:8000",
+                        "health_url": "http://127.0.0.1:8000/health",
+                        "pause": "sleep",
+                    }
+                ),
+            ),
+            "production.pause: stop",
+        ),
         (lambda d: d["generate"].update(server="production"), "production.url"),
         (lambda d: d.update(production={"window": "nightly"}), "production.window"),
         (lambda d: d.update(production={"replicas": ["10.0.0.2:8000"]}), "production.replicas[0]"),
@@ -168,3 +184,26 @@ def test_with_sglang_the_drafter_is_trained_in_the_layout_sglang_serves(tmp_path
     data["train"] = {**data["train"], "drafter_arch": "auto", "norm_before_residual": True}
     with pytest.raises(ConfigError, match=r"train.norm_before_residual is true but engine.kind is 'sglang'"):
         load_config(write(tmp_path, data))
+
+
+def test_a_config_extends_its_base_and_says_only_how_it_differs(tmp_path):
+    """configs/kimi-k25-sglang.yaml is configs/kimi-k25.yaml (its base) with SGLang's differences: sections merged key
+    by key, lists and values replaced, null back to the default; a missing base or a loop is named."""
+    kimi = load_config(ROOT / "configs" / "kimi-k25.yaml")
+    sgl = load_config(ROOT / "configs" / "kimi-k25-sglang.yaml")
+    assert (sgl.engine.kind, sgl.engine.port, sgl.engine.gpu_memory_utilization) == ("sglang", 30000, None)
+    assert sgl.engine.tensor_parallel_size == 8 and sgl.target == kimi.target and sgl.train.epochs == kimi.train.epochs
+    assert (sgl.extract.backend, sgl.extract.capture_dir, sgl.extract.fallback) == ("hf", None, "vllm")
+    assert (sgl.production.pause, sgl.production.swap_drafter) == ("stop", False)
+    assert sgl.production.traffic == kimi.production.traffic and sgl.production.unit == "sglang-kimi-k25-int4"
+    assert (sgl.benchmark.draft_sample_method, sgl.benchmark.num_prompts) == ("greedy", kimi.benchmark.num_prompts)
+    # the SGLang differences the layout rules apply on their own
+    assert (sgl.train.norm_before_fc, sgl.train.norm_before_residual) == (False, False)
+    child = tmp_path / "child.yaml"
+    child.write_text("base: nowhere.yaml\n")
+    with pytest.raises(ConfigError, match="nowhere.yaml does not exist"):
+        load_config(child)
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(ConfigError, match="leads back to a config it extends"):
+        load_config(tmp_path / "a.yaml")

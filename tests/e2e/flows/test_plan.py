@@ -125,3 +125,16 @@ def test_kimi_nightly_beside_the_full_run_fits_a_night():
     assert night["budget_bytes"] == 1500 * 2**30 and night["nights_to_budget"] > 0
     table = plan_cli("configs/kimi-k25.yaml", "--host-facts", str(FACTS)).stdout
     assert "nightly (each night after the first): 1,000 new samples" in table and "production down a night" in table
+
+
+def test_the_kimi_host_served_by_sglang_plans_its_restart_a_night():
+    # configs/kimi-k25-sglang.yaml (base: kimi-k25.yaml): no drafter swap on SGLang, so a night restarts production
+    # with its drafter (one load), and the extract runs in the window on the hf backend, whose rate is not this
+    # target's; the plan says both, and the SGLang start it cannot measure
+    proc = plan_cli("configs/kimi-k25-sglang.yaml", "--json", "--host-facts", str(FACTS))
+    assert proc.returncode == 0, proc.stderr
+    night = json.loads(proc.stdout)["nightly"]
+    assert night["down_stages"] == ["extract", "pool", "train", "export", "restore"] and len(night["loads"]) == 1
+    table = plan_cli("configs/kimi-k25-sglang.yaml", "--host-facts", str(FACTS)).stdout
+    assert "SGLang cannot change a running server's drafter" in table and "SGLang's own start not measured" in table
+    assert "not this target's: 595 GB of weights" in table

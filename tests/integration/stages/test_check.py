@@ -139,3 +139,14 @@ def test_a_target_sglang_cannot_feed_is_refused_before_training(tmp_path):
     )
     assert proc.returncode != 0
     assert "cannot feed a DeepSeek-architecture target's layer 1" in proc.stdout + proc.stderr
+
+
+def test_sampled_drafts_sglang_would_refuse_after_training_are_refused_before_it(tmp_path):
+    # SGLang tests sampled drafts against their probabilities only for a drafter over the target's whole vocabulary;
+    # the demo's drafters draft over 512 of its 2,048 tokens: the check names the field before any training.
+    sets = {"engine.kind": "sglang", "extract.backend": "hf", "benchmark.draft_sample_method": "probabilistic"}
+    proc, _, _ = run_check(tmp_path, sets)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "train.draft_vocab_size 512 is below the target's vocab_size 2048" in out, out[-3000:]
+    assert "train.draft_vocab_size: 2048, or benchmark.draft_sample_method: greedy" in out

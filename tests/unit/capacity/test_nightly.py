@@ -191,3 +191,20 @@ def test_a_night_plans_the_export_the_host_measured_even_when_this_runs_export_i
     assert (ex.seconds, ex.source) == (4.0, "measured (run export/e1)"), ex
     unmeasured = stage(plan_nightly(cfg, FACTS, plan(cfg, FACTS, done)), "export")
     assert unmeasured.seconds == 60 and unmeasured.source.startswith("default"), unmeasured
+
+
+def test_an_sglang_night_restarts_production_and_says_which_rates_are_not_its_own():
+    """configs/kimi-k25-sglang.yaml: SGLang cannot swap a drafter, so each promoted night is a load; its engine start
+    is vLLM's measured rate, said so; the hf backend's default rate is an 8B dense target's, said so."""
+    cfg = load_config(ROOT / "configs" / "kimi-k25-sglang.yaml")
+    full = plan(cfg, FACTS)
+    night = plan_nightly(cfg, FACTS, full)
+    assert len(night.loads) == 1 and night.loads[0].startswith("restore: production with the new drafter")
+    assert "SGLang cannot change a running server's drafter" in night.pause and "wake" not in night.pause
+    restore = stage(night, "restore")
+    assert "SGLang's own start not measured here" in restore.source
+    extract = stage(full, "extract")
+    assert "transformers forward" in extract.source and "not this target's: 595 GB of weights" in extract.source
+    # the same target served by vLLM keeps its own sources
+    vllm = plan(load_config(KIMI), FACTS)
+    assert "SGLang" not in stage(vllm, "benchmark").source and "not this target's" not in stage(vllm, "extract").source

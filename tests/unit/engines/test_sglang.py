@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -59,10 +60,41 @@ def test_sglang_launch_command_has_the_eagle3_flags():
     argv_eager = server_class("sglang").argv_for(eager)
     assert "--disable-decode-cuda-graph" in argv_eager and "--disable-prefill-cuda-graph" in argv_eager
     assert "--disable-decode-cuda-graph" not in argv
-    # vLLM's draft sampling has no SGLang flag here: refused by name, not dropped
-    sampled = dataclasses.replace(spec, speculative={**spec.speculative, "draft_sample_method": "probabilistic"})
-    with pytest.raises(ValueError, match="benchmark.draft_sample_method"):
-        server_class(spec.engine.kind).argv_for(sampled)
+    assert "--speculative-use-rejection-sampling" not in argv  # greedy drafts: SGLang's default
+    assert flag("--reasoning-parser") == "kimi_k2"  # the same name on both engines
+    r1 = dataclasses.replace(spec, engine=engine.model_copy(update={"reasoning_parser": "deepseek_r1"}))
+    argv_r1 = SglangServer.argv_for(r1)
+    assert argv_r1[argv_r1.index("--reasoning-parser") + 1] == "deepseek-r1"  # vLLM's name, SGLang's spelling
+
+
+def test_sglang_sampled_drafts_need_the_whole_vocabulary(tmp_path):
+    """benchmark.draft_sample_method 'probabilistic' is SGLang's rejection sampling, which 0.5.15 refuses to start
+    with for a drafter over fewer tokens than the target's: refused at launch by the field that sets it."""
+    target, drafter = tmp_path / "target", tmp_path / "drafter"
+    for d, cfg in ((target, {"vocab_size": 2048}), (drafter, {"vocab_size": 2048, "draft_vocab_size": 256})):
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(cfg))
+    spec = LaunchSpec(
+        python="/py",
+        model=str(target),
+        served_model_name="t",
+        dtype="bfloat16",
+        engine=EngineConfig(kind="sglang"),
+        port=30000,
+        speculative={
+            "method": "eagle3",
+            "model": str(drafter),
+            "num_speculative_tokens": 3,
+            "draft_sample_method": "probabilistic",
+        },
+    )
+    with pytest.raises(ValueError, match="train.draft_vocab_size: 2048") as err:
+        SglangServer.argv_for(spec)
+    assert "draft_vocab_size 256" in str(err.value) and "'greedy'" in str(err.value)
+    (drafter / "config.json").write_text('{"vocab_size": 2048, "draft_vocab_size": 2048}')
+    assert "--speculative-use-rejection-sampling" in SglangServer.argv_for(spec)
+    greedy = dataclasses.replace(spec, speculative={**spec.speculative, "draft_sample_method": "greedy"})
+    assert "--speculative-use-rejection-sampling" not in SglangServer.argv_for(greedy)
 
 
 def test_sglang_acceptance_from_its_decode_log_lines():

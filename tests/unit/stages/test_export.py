@@ -26,3 +26,10 @@ def test_a_deepseek_target_trained_on_layer_1_cannot_be_served_by_sglang():
         sglang_ids(cfg)
     # its 4 layers leave no three aux layers that skip layer 1; Kimi-K2.5's (61 layers) are read as given
     assert sglang_config_ids([2, 30, 58], deepseek=True) == [2, 30, 58]
+
+
+def test_a_vllm_run_names_sglangs_reading_too_where_sglang_can_be_told():
+    # the same directory serves its trained layers on both engines: a vLLM run's export names SGLang's ids in
+    # eagle_config as well; where SGLang cannot be told the layers, a vLLM run exports as before (no refusal)
+    assert sglang_ids(load_config(ROOT / "configs" / "demo.yaml"), required=False) == [0, 1, 2]
+    assert sglang_ids(load_config(ROOT / "configs" / "demo-mla.yaml"), required=False) is None
