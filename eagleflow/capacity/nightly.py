@@ -139,7 +139,7 @@ def plan_nightly(cfg: RunConfig, facts: HostFacts, full: CapacityPlan) -> Nightl
     restore, restore_src = load_s(d, t.weights_bytes, "warm" if warm_ok else "cold")
     cache_note = (
         f"warm: {size_text(facts.memory.total_bytes)} of RAM holds the {size_text(t.weights_bytes)} of "
-        "weights the extract's load read"
+        + ("weights production's load read" if backend_of(cfg).on_production else "weights the extract's load read")
         if warm_ok
         else "cold: "
         + (
@@ -258,6 +258,11 @@ def capture_text(cfg: RunConfig, seconds: float) -> str:
         f"{CAPTURE_BUSY_RATIO:.3f}x while {CAPTURE_BUSY_TOKENS:,} capture tokens were in flight, "
         f'{CAPTURE_IDLE_RATIO:.3f}x with the plugin loaded and idle (docs/benchmarks.md, "Capture from production '
         "on a GPU host\"); not measured at this target's scale"
+    ) + (
+        "; those are vLLM's plugin's: SGLang's is not measured yet, and it needs production's prefill without CUDA "
+        "graphs (--disable-prefill-cuda-graph), a cost of its own"
+        if cfg.engine.kind == "sglang"
+        else ""
     )
 
 

@@ -103,11 +103,16 @@ class RunConfig(_Strict):
         self._follow_traffic()
         self._sglang_layout()
         self._sglang_production()
-        if self.extract.backend in ("vllm", "production") and self.engine.kind != "vllm":
+        if self.engine.kind == "sglang" and self.extract.backend == "vllm":
             raise ValueError(
-                f"extract.backend is {self.extract.backend!r} but engine.kind is {self.engine.kind!r}: SGLang has no "
-                "hidden-states capture (eagleflow's capture plugin is vLLM's); set extract.backend to 'hf' or serve "
-                "the target with vLLM"
+                "extract.backend is 'vllm' but engine.kind is 'sglang': the vllm backend is vLLM's own capture in an "
+                "engine of ours; with SGLang set extract.backend to 'production' (eagleflow's SGLang capture plugin "
+                "in production's server) or 'hf'"
+            )
+        if self.engine.kind == "sglang" and self.extract.backend == "production" and self.extract.fallback == "vllm":
+            raise ValueError(
+                "extract.fallback is 'vllm' but engine.kind is 'sglang': the night's fallback would launch vLLM; set "
+                "extract.fallback to 'hf' or 'none'"
             )
         if self.extract.backend == "production" and not (self.production.url and self.extract.capture_dir):
             raise ValueError(

@@ -55,7 +55,10 @@ class SglangServer(EngineServer):
     @classmethod
     def argv_for(cls, spec: LaunchSpec) -> list[str]:
         if spec.capture:
-            raise ValueError("SGLang has no hidden-states capture here; use extract.backend 'hf' or serve with vLLM")
+            raise ValueError(
+                "SGLang has no hidden-states capture in an engine of ours here; use extract.backend 'production' "
+                "(eagleflow's SGLang capture plugin in production's server) or 'hf'"
+            )
         e = spec.engine
         argv = [
             spec.python,

@@ -1,10 +1,11 @@
 """Hidden states from production itself, while it serves (extract.backend 'production').
 
-Production's engine runs eagleflow's capture plugin (eagleflow.engines.capture_plugin), switched on by its launch:
-EAGLEFLOW_CAPTURE_DIR (here extract.capture_dir) and EAGLEFLOW_CAPTURE_LAYERS (the aux and final layer ids). Each
-conversation is one `/v1/completions` request to production.url of its token ids with `max_tokens: 1`, marked as a
-capture request (`vllm_xargs: {"eagleflow_capture": NAME}`) and salted (`cache_salt: NAME`: production's prefix
-cache must not serve it, every position is computed); the plugin writes the request's states, [T, n_layers, H],
+Production's engine runs eagleflow's capture plugin (eagleflow.engines.capture_plugin for vLLM, .sglang_capture for
+SGLang), switched on by its launch: EAGLEFLOW_CAPTURE_DIR (here extract.capture_dir) and EAGLEFLOW_CAPTURE_LAYERS (the
+aux and final layer ids). Each conversation is one `/v1/completions` request to production.url of its token ids with
+`max_tokens: 1`, marked as a capture request (`vllm_xargs: {"eagleflow_capture": NAME}`, on SGLang `custom_params`)
+and salted (`cache_salt: NAME`: production's prefix cache must not serve it, every position is computed); the plugin
+writes the request's states, [T, n_layers, H],
 to `<capture_dir>/NAME.safetensors` under the lock the `vllm` backend's reader waits on, so the rest is that
 backend's: the states checked against the ids sent, into the shard in plan order, the file deleted.
 
@@ -50,6 +51,8 @@ class ProductionStates(EngineStates):
         self.capture_dir = Path(str(cfg.extract.capture_dir))
         self.layers = ",".join(str(i) for i in [*cfg.target.aux_layer_ids, cfg.target.final_layer_id])
         self.run = uuid.uuid4().hex[:12]  # names no other stage's request, on any night
+        # where the request names its file: vLLM's vllm_xargs (SamplingParams.extra_args), SGLang's custom_params
+        self.mark = "custom_params" if cfg.engine.kind == "sglang" else "vllm_xargs"
         self.count = itertools.count()
 
     def check_file(self, path: str, metadata: dict[str, str]) -> None:
@@ -74,7 +77,7 @@ class ProductionStates(EngineStates):
             "prompt": [int(t) for t in ids],
             "max_tokens": 1,
             "temperature": 0.0,
-            "vllm_xargs": {XARG: name},
+            self.mark: {XARG: name},
             "cache_salt": name,
         }
         r = self.post(body)

@@ -71,6 +71,14 @@ def test_examples_load_and_resolve_paths():
             ),
             "production.pause: stop",
         ),
+        (
+            lambda d: (
+                d["extract"].update(backend="production", capture_dir="/c", fallback="vllm"),
+                d["engine"].update(kind="sglang"),
+                d.update(production={"url": "http://127.0.0.1:30000"}),
+            ),
+            "extract.fallback is 'vllm'",
+        ),
         (lambda d: d["generate"].update(server="production"), "production.url"),
         (lambda d: d.update(production={"window": "nightly"}), "production.window"),
         (lambda d: d.update(production={"replicas": ["10.0.0.2:8000"]}), "production.replicas[0]"),
@@ -193,7 +201,11 @@ def test_a_config_extends_its_base_and_says_only_how_it_differs(tmp_path):
     sgl = load_config(ROOT / "configs" / "kimi-k25-sglang.yaml")
     assert (sgl.engine.kind, sgl.engine.port, sgl.engine.gpu_memory_utilization) == ("sglang", 30000, None)
     assert sgl.engine.tensor_parallel_size == 8 and sgl.target == kimi.target and sgl.train.epochs == kimi.train.epochs
-    assert (sgl.extract.backend, sgl.extract.capture_dir, sgl.extract.fallback) == ("hf", None, "vllm")
+    assert (sgl.extract.backend, sgl.extract.capture_dir, sgl.extract.fallback) == (
+        "production",
+        kimi.extract.capture_dir,
+        "hf",
+    )
     assert (sgl.production.pause, sgl.production.swap_drafter) == ("stop", False)
     assert sgl.production.traffic == kimi.production.traffic and sgl.production.unit == "sglang-kimi-k25-int4"
     assert (sgl.benchmark.draft_sample_method, sgl.benchmark.num_prompts) == ("greedy", kimi.benchmark.num_prompts)

@@ -195,16 +195,20 @@ def test_a_night_plans_the_export_the_host_measured_even_when_this_runs_export_i
 
 def test_an_sglang_night_restarts_production_and_says_which_rates_are_not_its_own():
     """configs/kimi-k25-sglang.yaml: SGLang cannot swap a drafter, so each promoted night is a load; its engine start
-    is vLLM's measured rate, said so; the hf backend's default rate is an 8B dense target's, said so."""
+    is vLLM's measured rate, said so; capture's cost to production is vLLM's plugin's, said so; and on its hf
+    fallback the hf backend's default rate is an 8B dense target's, said so."""
     cfg = load_config(ROOT / "configs" / "kimi-k25-sglang.yaml")
-    full = plan(cfg, FACTS)
-    night = plan_nightly(cfg, FACTS, full)
+    night = plan_nightly(cfg, FACTS, plan(cfg, FACTS))
     assert len(night.loads) == 1 and night.loads[0].startswith("restore: production with the new drafter")
     assert "SGLang cannot change a running server's drafter" in night.pause and "wake" not in night.pause
     restore = stage(night, "restore")
-    assert "SGLang's own start not measured here" in restore.source
-    extract = stage(full, "extract")
+    assert "SGLang's own start not measured here" in restore.source and "production's load read" in restore.rate
+    assert night.down_stages == ["train", "export", "restore"]  # captured from production while it serves
+    assert "SGLang's is not measured yet" in night.capture and "--disable-prefill-cuda-graph" in night.capture
+    fallback = load_config(ROOT / "configs" / "kimi-k25-sglang.yaml", {"extract.backend": "hf"})
+    extract = stage(plan(fallback, FACTS), "extract")
     assert "transformers forward" in extract.source and "not this target's: 595 GB of weights" in extract.source
     # the same target served by vLLM keeps its own sources
     vllm = plan(load_config(KIMI), FACTS)
     assert "SGLang" not in stage(vllm, "benchmark").source and "not this target's" not in stage(vllm, "extract").source
+    assert "SGLang" not in plan_nightly(load_config(KIMI), FACTS, vllm).capture

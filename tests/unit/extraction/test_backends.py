@@ -51,10 +51,13 @@ def test_an_unknown_backend_names_the_choices():
         backend_of(cfg)
 
 
-def test_capture_from_production_is_vllms_and_its_fallback_is_not_in_the_key():
+def test_capture_from_production_on_either_engine_and_its_fallback_is_not_in_the_key():
     given = {"extract.backend": "production", "extract.capture_dir": "/c", "production.url": "http://127.0.0.1:8000"}
-    with pytest.raises(ValueError, match=r"extract.backend is 'production' but engine.kind is 'sglang'"):
+    # on SGLang the fallback cannot be vLLM's own-engine capture
+    with pytest.raises(ValueError, match=r"extract.fallback is 'vllm' but engine.kind is 'sglang'"):
         load_config(ROOT / "configs" / "demo.yaml", {**given, "engine.kind": "sglang"})
+    sgl = load_config(ROOT / "configs" / "demo.yaml", {**given, "engine.kind": "sglang", "extract.fallback": "hf"})
+    assert sgl.extract.backend == "production"
     a = load_config(ROOT / "configs" / "demo.yaml", given)
     b = load_config(ROOT / "configs" / "demo.yaml", {**given, "extract.fallback": "none"})
     # where the states would have come from had production not captured is not what they are
