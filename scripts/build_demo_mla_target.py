@@ -28,6 +28,8 @@ Usage::
 
     python scripts/build_demo_mla_target.py     # ~5 min on 2 quiet cores (9 min under load)
     python scripts/build_demo_mla_target.py --out /tmp/x --max-steps 20
+    python scripts/build_demo_mla_target.py --out demo/target-mla5 --layers 5 --max-target-mb 8
+                                                # a target SGLang serves a drafter on, aux ids [2, 3, 4]
 """
 
 from __future__ import annotations
@@ -92,10 +94,11 @@ MLA_CONFIG = dict(
 )
 
 
-def new_mla(end_id: int, pad_id: int):
+def new_mla(end_id: int, pad_id: int, layers: int = MLA_CONFIG["num_hidden_layers"]):
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
-    config = DeepseekV3Config(**MLA_CONFIG, bos_token_id=None, eos_token_id=end_id, pad_token_id=pad_id)
+    shape = {**MLA_CONFIG, "num_hidden_layers": layers}
+    config = DeepseekV3Config(**shape, bos_token_id=None, eos_token_id=end_id, pad_token_id=pad_id)
     return DeepseekV3ForCausalLM(config)
 
 
@@ -103,6 +106,13 @@ def main(argv=None) -> int:
     ap = arg_parser(__doc__)
     ap.set_defaults(out="demo/target-mla")
     ap.add_argument("--tokenizer-from", default="demo/target", help="the demo target whose tokenizer files are copied")
+    ap.add_argument(
+        "--layers",
+        type=int,
+        default=MLA_CONFIG["num_hidden_layers"],
+        help="decoder layers (default 4, demo/target-mla's). SGLang cannot feed a DeepSeek-architecture target's "
+        "layer 1 to a drafter, so a target SGLang serves needs at least 5: aux ids [2, 3, 4], final id 5",
+    )
     args = ap.parse_args(argv)
     offline_env()
     t_all = time.time()
@@ -125,7 +135,7 @@ def main(argv=None) -> int:
     prompts = make_examples(files, args.n_prompts, seed=args.seed + 200, tokenizer=tk)
     log(f"{len(files)} stdlib files; train examples {len(train)}, held-out prompts {len(prompts)}")
 
-    stats = train_model(tk, train, staged, args, new_model=new_mla)
+    stats = train_model(tk, train, staged, args, new_model=lambda end, pad: new_mla(end, pad, args.layers))
     cfg = json.loads((staged / "config.json").read_text())
     for key in ("topk_method", "scoring_func"):  # vLLM reads these; transformers keeps them
         assert cfg.get(key) == MLA_CONFIG[key], (key, cfg.get(key))
