@@ -16,8 +16,9 @@
 # drafter in the copy (runs/demo/export/*/vllm, made by `make demo`), and is skipped without it.
 #
 # SGLang: tests/gpu/test_sglang_serving.py serves the demo target behind eagleflow drafters through eagleflow's
-# SGLang adapter; skipped in the vLLM run (SGLang not importable there) and run again, alone, with SGLang's staged
-# site (scripts/sglang-gpu/: $SGL_SITE, default $HOME/sgl-site, and its env.sh) when it is there.
+# SGLang adapter, tests/gpu/test_sglang_capture.py captures from it through eagleflow's SGLang plugin; both skipped
+# in the vLLM run (SGLang not importable there) and run again, alone, with SGLang's staged site (scripts/sglang-gpu/:
+# $SGL_SITE, default $HOME/sgl-site, and its env.sh) when it is there.
 #
 # Record the result (date, commit, counts) in docs/benchmarks.md, "The GPU suite".
 set -euo pipefail
@@ -59,7 +60,7 @@ run)
     exit "$rc"
     ;;
 *)
-    sed -n 2,22p "$0"
+    sed -n 2,23p "$0"
     exit 2
     ;;
 esac
