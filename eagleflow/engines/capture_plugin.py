@@ -93,17 +93,43 @@ class Pending:
         return self.states.transpose(0, 1).contiguous()
 
 
+class CaptureFiles:
+    """Whole prompts' states into `<directory>/<name>.safetensors`, on a thread of their own, so production's next step
+    does not wait on the disk (eagleflow's vLLM and SGLang plugins both write through it)."""
+
+    def __init__(self, directory: str, layers: tuple[int, ...]) -> None:
+        self.directory = directory
+        self.layers = layers
+        self.writer: Any = None  # a thread that writes the files, made on first use
+
+    def write(self, p: Pending, from_gpu: bool) -> None:
+        """`p`'s file, once its copies are done: from a GPU an event recorded here, on the stream that computed the
+        states, marks them, and the writer thread waits on it. The file's lock is taken here, before the request's
+        answer can reach the client, which then waits on it."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        import torch
+
+        if from_gpu:
+            p.copied = torch.cuda.Event()
+            p.copied.record()
+        path = capture_file(self.directory, p.name)
+        lock = open(str(path) + ".lock", "w")  # noqa: SIM115 - closed by the writer thread
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if self.writer is None:
+            self.writer = ThreadPoolExecutor(1, thread_name_prefix="eagleflow-capture")
+        self.writer.submit(_save, p, path, lock, self.layers)
+
+
 class Capture:
     """The capture state of one model runner."""
 
     def __init__(self, directory: str, layers: tuple[int, ...], strip: int) -> None:
-        self.directory = directory
-        self.layers = layers
+        self.files = CaptureFiles(directory, layers)
         self.strip = strip  # the model's aux states past the drafter's: ours, taken off before the drafter reads
         self.names: dict[str, str | None] = {}  # request id -> capture name (None: not a capture request)
         self.pending: dict[str, Pending] = {}
         self.done: set[str] = set()  # written; its later steps (a generated token) are not the prompt
-        self.writer: Any = None  # a thread that writes the files
 
     def name_of(self, runner: Any, req_id: str) -> str | None:
         if req_id not in self.names:
@@ -118,8 +144,6 @@ class Capture:
 
     def after_forward(self, runner: Any) -> None:
         """Copy the capture requests' rows of the forward just run; write each prompt once whole."""
-        import torch
-
         state = runner.execute_model_state
         if state is None or state.aux_hidden_states is None:
             return
@@ -148,24 +172,9 @@ class Capture:
             # Queued on the stream that computed the states, so they are copied before the next step reuses their
             # buffers (CUDA graphs' outputs are static), and nothing here waits for the GPU.
             if p.take(int(batch.num_computed_tokens_cpu[i]), [h[lo:hi] for h in aux]):
-                if aux[0].is_cuda:
-                    p.copied = torch.cuda.Event()
-                    p.copied.record()
-                self._write(p)
+                self.files.write(p, aux[0].is_cuda)
                 del self.pending[req_id]
                 self.done.add(req_id)
-
-    def _write(self, p: Pending) -> None:
-        """The file written on the writer thread, so production's next step does not wait on the disk; its lock
-        is taken here, before the request's answer can reach the client, which then waits on it."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        path = capture_file(self.directory, p.name)
-        lock = open(str(path) + ".lock", "w")  # noqa: SIM115 - closed by the writer thread
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if self.writer is None:
-            self.writer = ThreadPoolExecutor(1, thread_name_prefix="eagleflow-capture")
-        self.writer.submit(_save, p, path, lock, self.layers)
 
 
 def _save(p: Pending, path: Path, lock: Any, layers: tuple[int, ...]) -> None:

@@ -156,12 +156,14 @@ def rejection_sampling_problem(target_dir: str, drafter_dir: str) -> str | None:
     """Why SGLang 0.5.15 would refuse to start with `--speculative-use-rejection-sampling` for this drafter, or None.
     It needs the drafter's vocabulary to be the target's (eagle_worker_v2.py: "requires the draft and target to share
     one vocab"); eagleflow's drafters draft over train.draft_vocab_size tokens."""
+    from eagleflow.engines.preflight.configs import text_config  # at launch only: not the preflight package at import
+
     try:
         target = json.loads((Path(target_dir) / "config.json").read_text())
         drafter = json.loads((Path(drafter_dir) / "config.json").read_text())
     except (OSError, ValueError):
         return None  # the preflight says what is wrong with the files
-    vocab = target.get("vocab_size") or (target.get("text_config") or {}).get("vocab_size")
+    vocab = text_config(target).get("vocab_size")
     draft_vocab = drafter.get("draft_vocab_size") or drafter.get("vocab_size")
     if vocab and draft_vocab and int(draft_vocab) != int(vocab):
         return (

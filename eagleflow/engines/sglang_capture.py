@@ -34,15 +34,13 @@ tensor-parallel rank 0 of the last pipeline stage writes (the residual stream is
 from __future__ import annotations
 
 import contextvars
-import fcntl
 import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagleflow.engines.capture_plugin import DIR_ENV, LAYERS_ENV, XARG, Pending, _save, capture_file, valid_name
+from eagleflow.engines.capture_plugin import DIR_ENV, LAYERS_ENV, XARG, CaptureFiles, Pending, valid_name
 
 log = logging.getLogger("sglang.eagleflow_capture")
 
@@ -83,14 +81,12 @@ def spans(extend_lens: list[int], extend_starts: list[int]) -> list[tuple[int, i
     return out
 
 
-@dataclass
 class SglangCapture:
     """The capture state of the target's model runner on the writing rank."""
 
-    directory: str
-    layers: tuple[int, ...]
-    pending: dict[str, Pending] = field(default_factory=dict)
-    writer: Any = None
+    def __init__(self, directory: str, layers: tuple[int, ...]) -> None:
+        self.files = CaptureFiles(directory, layers)
+        self.pending: dict[str, Pending] = {}  # request id -> its prompt, filled by position
 
     def rows_of(self, batch: Any) -> list[CaptureRow]:
         """The capture requests of a scheduler batch (their names checked as file names)."""
@@ -108,8 +104,6 @@ class SglangCapture:
 
     def take(self, fwd: Forward, extend_lens: list[int], extend_starts: list[int], rids: list[str]) -> None:
         """Copy each capture request's rows of this forward; write each prompt once whole."""
-        import torch
-
         if fwd.aux is None or fwd.final is None:
             log.warning("eagleflow_capture: a forward of capture requests returned no aux or final states")
             return
@@ -124,20 +118,8 @@ class SglangCapture:
                 shape = (len(states), states[0].shape[-1], states[0].dtype)
                 p = self.pending[rid] = Pending(row.name, row.prompt, *shape, pin=states[0].is_cuda)
             if p.take(start, [s[lo : lo + n] for s in states]):
-                if states[0].is_cuda:
-                    p.copied = torch.cuda.Event()
-                    p.copied.record()
-                self._write(p)
+                self.files.write(p, states[0].is_cuda)
                 del self.pending[rid]
-
-    def _write(self, p: Pending) -> None:
-        """On a writer thread; the lock is taken here, before the request's answer leaves the server."""
-        path = capture_file(self.directory, p.name)
-        lock = open(str(path) + ".lock", "w")  # noqa: SIM115 - closed by the writer thread
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if self.writer is None:
-            self.writer = ThreadPoolExecutor(1, thread_name_prefix="eagleflow-capture")
-        self.writer.submit(_save, p, path, lock, self.layers)
 
 
 def _decoder(model: Any) -> tuple[Any, Any] | None:

@@ -94,7 +94,7 @@ def run(request: StageRequest) -> Manifest:
     if kind == "sglang" and hf and sglang_config_ids(list(cfg.target.aux_layer_ids), is_mla(hf)) is None:
         problems.append(SGLANG_LAYER_1)  # found now, not at export after hours of training
     if kind == "sglang" and hf and cfg.benchmark.draft_sample_method == "probabilistic":
-        vocab = int(hf.get("vocab_size") or (hf.get("text_config") or {}).get("vocab_size") or 0)
+        vocab = int(hf.get("vocab_size") or 0)
         if vocab and cfg.train.draft_vocab_size < vocab:  # the benchmark's launch would refuse it after training
             problems.append(
                 "benchmark.draft_sample_method is 'probabilistic' and engine.kind 'sglang', but "

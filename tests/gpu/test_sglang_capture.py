@@ -14,10 +14,11 @@ import importlib.util
 import json
 import os
 import random
-import socket
 from pathlib import Path
 
 import pytest
+
+from tests.gpu.sglang_demo import sglang_sets
 
 torch = pytest.importorskip("torch")
 
@@ -27,13 +28,6 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="SGLang is not importable"),
 ]
 ROOT = Path(__file__).resolve().parents[2]
-SGLANG_ARGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def plugin_site(tmp_path: Path) -> str:
@@ -58,17 +52,7 @@ def test_production_on_sglang_captures_the_targets_states_for_capture_requests_o
     from eagleflow.util.http import client
 
     capture_dir = tmp_path / "capture"
-    sets = {
-        "host.work_root": str(tmp_path / "runs"),
-        "engine.kind": "sglang",
-        "engine.port": free_port(),
-        "engine.enforce_eager": True,  # prefill without CUDA graphs: the plugin takes the final state at the norm
-        "engine.gpu_memory_utilization": 0.3,
-        "engine.kv_cache_gib": None,
-        "engine.extra_args": SGLANG_ARGS,
-        "engine.startup_timeout_s": 600,
-        "extract.backend": "hf",
-    }
+    sets = sglang_sets(tmp_path)  # prefill without CUDA graphs, as the plugin needs
     cfg = load_config(ROOT / "configs" / "demo.yaml", sets)
     layers = [*cfg.target.aux_layer_ids, cfg.target.final_layer_id]
     env = {DIR_ENV: str(capture_dir), LAYERS_ENV: ",".join(map(str, layers)), "PYTHONPATH": plugin_site(tmp_path)}

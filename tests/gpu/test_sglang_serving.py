@@ -11,10 +11,11 @@ time with SGLang's staged site, scripts/sglang-gpu/, apart from vLLM's).
 from __future__ import annotations
 
 import importlib.util
-import socket
 from pathlib import Path
 
 import pytest
+
+from tests.gpu.sglang_demo import sglang_sets
 
 torch = pytest.importorskip("torch")
 
@@ -24,14 +25,6 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="SGLang is not importable"),
 ]
 ROOT = Path(__file__).resolve().parents[2]
-# The staged bundle has no FA3 kernels (scripts/sglang-gpu/README.md); the PyTorch sampler needs no JIT build.
-SGLANG_ARGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def served(tmp_path: Path, drafter: Path, sample_method: str | None) -> dict:
@@ -42,20 +35,7 @@ def served(tmp_path: Path, drafter: Path, sample_method: str | None) -> dict:
     from eagleflow.engines.launch import speculative, target_launch
     from eagleflow.util.http import client
 
-    cfg = load_config(
-        ROOT / "configs" / "demo.yaml",
-        {
-            "host.work_root": str(tmp_path / "runs"),
-            "engine.kind": "sglang",
-            "engine.port": free_port(),
-            "engine.enforce_eager": True,
-            "engine.gpu_memory_utilization": 0.3,
-            "engine.kv_cache_gib": None,
-            "engine.extra_args": SGLANG_ARGS,
-            "engine.startup_timeout_s": 600,
-            "extract.backend": "hf",
-        },
-    )
+    cfg = load_config(ROOT / "configs" / "demo.yaml", sglang_sets(tmp_path))
     launch = target_launch(cfg, speculative(str(drafter), 3, draft_sample_method=sample_method))
     with make_server(launch, tmp_path / f"engine-{sample_method or 'greedy'}.log", name="sglang") as server:
         before = server.snapshot()
