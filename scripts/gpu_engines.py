@@ -66,6 +66,18 @@ def sglang_python(args: argparse.Namespace) -> str:
     return str(path)
 
 
+def on_sglang(data: dict[str, Any]) -> None:
+    """A config's engine section for the staged SGLang: its kind, the attention and sampling backends the bundle
+    carries, memory as a fraction (SGLang has no KV size in GiB), states from transformers (its own capture is
+    production's plugin), the drafter layout SGLang serves (the norms default off for SGLang)."""
+    e = data.setdefault("engine", {})
+    e.pop("kv_cache_gib", None)
+    e.update(kind="sglang", gpu_memory_utilization=0.3, extra_args=list(SGLANG_ARGS))
+    data.setdefault("extract", {})["backend"] = "hf"
+    data.setdefault("train", {}).pop("norm_before_fc", None)
+    data["train"].pop("norm_before_residual", None)
+
+
 def config_for(engine: str, host: str, args: argparse.Namespace) -> dict[str, Any]:
     """The config's run for one engine: the same target, prompts, drafter and settings; only the engine differs."""
     import yaml
@@ -82,11 +94,7 @@ def config_for(engine: str, host: str, args: argparse.Namespace) -> dict[str, An
     if engine == "vllm":
         e.update(kv_cache_gib=4.0, extra_args=[])
     else:
-        e.pop("kv_cache_gib", None)
-        e.update(gpu_memory_utilization=0.3, extra_args=list(SGLANG_ARGS))
-        data.setdefault("extract", {})["backend"] = "hf"  # SGLang has no capture; this run extracts nothing
-        data.setdefault("train", {}).pop("norm_before_fc", None)
-        data["train"].pop("norm_before_residual", None)
+        on_sglang(data)
     bench = data.setdefault("benchmark", {})
     bench.update(
         drafter=str(Path(args.drafter).resolve()),

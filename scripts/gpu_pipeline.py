@@ -5,7 +5,9 @@ of the engine that serves it, vLLM's own capture).
 
     python3 scripts/gpu_pipeline.py run NAME [--config configs/demo-mla.yaml] [--set KEY=VALUE ...]
                                    `python -m flows.pipeline` on the config (its work root and reports under
-                                   $GN_HOME/pipeline-NAME), in a process session of its own: it outlives the call
+                                   $GN_HOME/pipeline-NAME), in a process session of its own: it outlives the call;
+                                   --engine sglang: every stage on the staged SGLang (scripts/sglang-gpu/), the
+                                   engine section as scripts/gpu_engines.py's SGLang run has it
     python3 scripts/gpu_pipeline.py wait NAME [--timeout S]
                                    follow its log; exit 75 while it still runs, else the flow's exit status
     python3 scripts/gpu_pipeline.py drafts NAME [--settings 0:1,0.6:0.95,1.0:0.95] [--prompts 16]
@@ -28,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import gpu_engines  # noqa: E402 - SGLang's host python and engine section
 import gpu_nightly as gn  # noqa: E402 - the same interpreters and staging as the nightly's
 
 from eagleflow.util.procs import group_members  # noqa: E402
@@ -44,12 +47,17 @@ def run(args: argparse.Namespace) -> int:
     work.mkdir(parents=True, exist_ok=True)
     control, host = gn.pythons(args)
     data = yaml.safe_load((gn.ROOT / args.config).read_text())
+    if args.engine == "sglang":  # every stage on SGLang: its server generates and benchmarks
+        host = gpu_engines.sglang_python(args)
+        gpu_engines.on_sglang(data)
     data["name"] = f"{data['name']}-{args.name}"
     data["host"].update(name="gpu-host", work_root=str(work / "runs"), python=host)
     here = (gn.ROOT / args.config).parent  # the config's relative paths are relative to its own directory
     data["target"]["model_path"] = str((here / data["target"]["model_path"]).resolve())
     data["generate"]["prompts_path"] = str((here / data["generate"]["prompts_path"]).resolve())
-    data["engine"].update(port=gn.free_port(), kv_cache_gib=4.0)
+    data["engine"].update(port=gn.free_port(), startup_timeout_s=900)
+    if args.engine == "vllm":
+        data["engine"]["kv_cache_gib"] = 4.0
     data["report_dir"] = str(work / "reports")
     config = work / "config.yaml"
     config.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -129,6 +137,7 @@ def main() -> int:
     ap.add_argument("verb", choices=["run", "wait", "drafts"])
     ap.add_argument("name")
     ap.add_argument("--config", default="configs/demo-mla.yaml")
+    ap.add_argument("--engine", choices=["vllm", "sglang"], default="vllm", help="the engine of every stage")
     ap.add_argument("--set", action="append", default=[], help="config override KEY=VALUE (YAML)")
     ap.add_argument("--timeout", type=float, default=540)
     ap.add_argument("--settings", default="0:1,0.6:0.95,1.0:0.95")

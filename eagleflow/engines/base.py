@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -27,6 +27,9 @@ from eagleflow.engines.launch import LaunchSpec
 from eagleflow.engines.metrics import latency_from_deltas
 from eagleflow.engines.watchdog import FATAL_SETTLE_S, LaunchWatch, LogFollower, root_cause_excerpt, root_cause_line
 from eagleflow.util.procs import die_with_parent, end_process_group
+
+if TYPE_CHECKING:
+    from eagleflow.engines.chat import ChatResult
 
 log = logging.getLogger("eagleflow.engine")
 
@@ -73,6 +76,7 @@ class EngineServer(abc.ABC):
 
     health_path = "/health"
     metric_prefix = ""  # of the engine's latency histograms in /metrics ("vllm:", "sglang:")
+    request_extra: dict[str, Any] = {}  # what each measured request adds to its body (SGLang: its meta_info)
 
     def __init__(self, spec: LaunchSpec, log_path: Path, env: dict[str, str] | None = None, name: str | None = None):
         self.spec = spec
@@ -95,6 +99,11 @@ class EngineServer(abc.ABC):
     @abc.abstractmethod
     def acceptance(self, before: dict[str, float], after: dict[str, float], k: int) -> dict[str, Any]:
         """Acceptance over the window between two snapshots."""
+
+    def answers_acceptance(self, results: list[ChatResult], k: int) -> dict[str, Any] | None:
+        """Acceptance over these answers from what each answer itself reports, or None where the engine reports
+        it only in its counters (vLLM)."""
+        return None
 
     # Shared parts.
     def latency(self, before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:

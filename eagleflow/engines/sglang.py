@@ -21,8 +21,10 @@ Sampled drafts (benchmark.draft_sample_method 'probabilistic') are `--speculativ
 drafter's temperature-scaled probabilities in the acceptance test, which 0.5.15 allows only for a drafter over the
 target's whole vocabulary (`rejection_sampling_problem`); without it SGLang tests the drafter's argmax as a point
 mass, exactly at any temperature and top_p: vLLM's greedy drafts.
-The counters carry no per-position acceptance (each request's `spec_correct_drafts_histogram` does, in its
-final response's meta_info); the benchmark says so instead of inventing it.
+The counters carry no per-position acceptance; each whole answer's meta_info does (`return_meta_info`: its
+verify steps, accepted drafts and `spec_correct_drafts_histogram`), and the benchmark's answers are whole, so a
+window's acceptance, per round and per position, comes from its answers (`acceptance_from_answers`); the counters
+and the log lines are what is left where no answer carries them.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 
 from eagleflow.contracts.request import StageError
 from eagleflow.engines.base import EngineServer
+from eagleflow.engines.chat import ChatResult
 from eagleflow.engines.launch import LaunchSpec
 from eagleflow.engines.metrics import parse_metrics
 from eagleflow.util import http
@@ -51,6 +54,9 @@ TOOL_CALL_PARSERS = {"deepseek_v3": "deepseekv3", "deepseek_v31": "deepseekv31",
 
 class SglangServer(EngineServer):
     metric_prefix = "sglang:"  # its Prometheus histograms, exported with --enable-metrics
+    # Each whole (not streamed) answer then carries its verify steps, accepted drafts and their histogram: the
+    # per-position acceptance SGLang's counters do not have (serving_chat.py: choices[i].meta_info)
+    request_extra = {"return_meta_info": True}
 
     @classmethod
     def argv_for(cls, spec: LaunchSpec) -> list[str]:
@@ -142,6 +148,9 @@ class SglangServer(EngineServer):
             "avg_spec_accept_length": float(avg) if avg is not None else float("nan"),
         }
 
+    def answers_acceptance(self, results: list[ChatResult], k: int) -> dict[str, Any] | None:
+        return acceptance_from_answers([r.raw for r in results], k)
+
     def acceptance(self, before: dict[str, float], after: dict[str, float], k: int) -> dict[str, Any]:
         counted = acceptance_from_counters(before, after, k)
         if counted is not None:
@@ -191,8 +200,43 @@ def acceptance_from_counters(before: dict[str, float], after: dict[str, float], 
     return {
         "mean_acceptance_length": al,
         "acceptance_rate": (al - 1.0) / k,
+        "num_drafts": verify,  # drafting steps: one verify each
+        "num_accepted_tokens": (al - 1.0) * verify,
         "per_position_acceptance": None,
         "source": f"sglang:generation_tokens, num_requests and spec_verify_calls over the window ({verify:.0f} steps)",
+    }
+
+
+def acceptance_from_answers(bodies: list[dict[str, Any]], k: int) -> dict[str, Any] | None:
+    """Acceptance over whole answers from each one's own meta_info (requested with return_meta_info): its verify
+    steps (`spec_verify_ct`), accepted drafts (`spec_num_correct_drafts`) and how many steps accepted 0..k drafts
+    (`spec_correct_drafts_histogram`). Position i (1-based) is accepted in a step that accepted at least i drafts,
+    so its rate is the histogram's tail from i over the steps: vLLM's accepted-at-position / drafts. None when no
+    answer carries them (no drafter, or an SGLang that does not report them)."""
+    steps = accepted = 0
+    hist = [0] * (k + 1)
+    for body in bodies:
+        try:
+            meta = body["choices"][0].get("meta_info") or {}
+        except (KeyError, IndexError, TypeError, AttributeError):
+            continue
+        if not meta.get("spec_verify_ct"):
+            continue
+        steps += int(meta["spec_verify_ct"])
+        accepted += int(meta.get("spec_num_correct_drafts") or 0)
+        for j, n in enumerate(meta.get("spec_correct_drafts_histogram") or []):
+            hist[min(j, k)] += int(n)
+    if steps == 0:
+        return None
+    counted = sum(hist)
+    return {
+        "mean_acceptance_length": 1.0 + accepted / steps,
+        "acceptance_rate": accepted / (steps * k) if k else 0.0,
+        "num_drafts": float(steps),
+        "num_accepted_tokens": float(accepted),
+        # the histogram counts the same steps as spec_verify_ct; without it, no per-position figure
+        "per_position_acceptance": [sum(hist[i:]) / counted for i in range(1, k + 1)] if counted else None,
+        "source": f"each answer's meta_info ({steps} verify steps)",
     }
 
 

@@ -24,6 +24,16 @@ class Counters(Protocol):
     def acceptance(self, before: dict[str, float], after: dict[str, float], k: int) -> dict[str, Any]: ...
 
 
+def window_acceptance(
+    server: Counters, results: list[ChatResult], before: dict[str, float], after: dict[str, float], k: int
+) -> dict[str, Any]:
+    """Acceptance over a window: from its answers where each reports its own (SGLang's meta_info: exact per
+    request, per position too), else the engine's counters between the two snapshots (vLLM)."""
+    from_answers = getattr(server, "answers_acceptance", None)
+    got = from_answers(results, k) if from_answers is not None else None
+    return got if got is not None else server.acceptance(before, after, k)
+
+
 @dataclasses.dataclass
 class WindowRecorder:
     """Collects one measured window (a variant at one temperature and concurrency): the answers, the
@@ -78,7 +88,7 @@ class WindowRecorder:
             # Latencies from the engine's own histograms; the client's round trip beside them.
             **server.latency(self.before, self.after),
             client_latency_ms_p50=1000 * statistics.median(latency) if latency else None,
-            **(server.acceptance(self.before, self.after, k) if drafter else {}),
+            **(window_acceptance(server, self.results, self.before, self.after, k) if drafter else {}),
             round_seconds=self.round_seconds,
             round_tokens=self.round_tokens,
             round_drafts=self.round_drafts if drafter else None,

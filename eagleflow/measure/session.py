@@ -30,7 +30,7 @@ from eagleflow.engines.remote import ProductionEndpoint
 from eagleflow.measure import reused
 from eagleflow.measure.intervals import StoppingRule
 from eagleflow.measure.reused import VariantRecord
-from eagleflow.measure.rounds import WindowRecorder
+from eagleflow.measure.rounds import WindowRecorder, window_acceptance
 
 log = logging.getLogger("eagleflow.benchmark")
 
@@ -218,7 +218,7 @@ class Session:
             max_tokens=max_tokens or self.b.max_tokens,
             temperature=t,
             concurrency=c,
-            extra={"ignore_eos": True, **sampling_extra(t, self.b.top_p)},
+            extra={"ignore_eos": True, **sampling_extra(t, self.b.top_p), **getattr(v.server, "request_extra", {})},
             seed=SEED if t > 0 else None,
         )
         errors = [r.error for r in results if r.error]
@@ -238,9 +238,13 @@ class Session:
                 f"{v.name}: the engine's metrics did not answer ({type(exc).__name__}: {exc})\n{v.server.post_mortem()}"
             ) from None
 
-    def counters(self, v: Variant, before: dict[str, float], after: dict[str, float]) -> tuple[float, float]:
+    def counters(
+        self, v: Variant, before: dict[str, float], after: dict[str, float], results: list[ChatResult]
+    ) -> tuple[float, float]:
+        """A round's (drafting steps, accepted drafts): from its answers where they say (SGLang), else the engine's
+        counters around it."""
         assert v.server is not None
-        got = v.server.acceptance(before, after, self.k_of(v))
+        got = window_acceptance(v.server, results, before, after, self.k_of(v))
         return got["num_drafts"], got["num_accepted_tokens"]
 
     # -- windows ----------------------------------------------------------------------------------
@@ -265,7 +269,7 @@ class Session:
                 results, seconds = self.send(v, convs, t, c)
                 now = self.snapshot(v) if v.drafter else last[v.name]
                 windows[(v.name, t, c)].add(
-                    results, seconds, self.counters(v, last[v.name], now) if v.drafter else None
+                    results, seconds, self.counters(v, last[v.name], now, results) if v.drafter else None
                 )
                 last[v.name] = now
                 progress.update(

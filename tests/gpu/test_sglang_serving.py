@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from eagleflow.engines.sglang import acceptance_from_answers
 from tests.gpu.sglang_demo import sglang_sets
 
 torch = pytest.importorskip("torch")
@@ -27,9 +28,9 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def served(tmp_path: Path, drafter: Path, sample_method: str | None) -> dict:
+def served(tmp_path: Path, drafter: Path, sample_method: str | None) -> tuple[dict, dict]:
     """The demo target behind `drafter` on SGLang, four chats at temperature 0 and four at 1.0 / 0.95: the window's
-    acceptance as the benchmark reads it."""
+    acceptance from SGLang's counters, and from its answers as the benchmark reads it (each one's meta_info)."""
     from eagleflow.config import load_config
     from eagleflow.engines import make_server
     from eagleflow.engines.launch import speculative, target_launch
@@ -39,6 +40,7 @@ def served(tmp_path: Path, drafter: Path, sample_method: str | None) -> dict:
     launch = target_launch(cfg, speculative(str(drafter), 3, draft_sample_method=sample_method))
     with make_server(launch, tmp_path / f"engine-{sample_method or 'greedy'}.log", name="sglang") as server:
         before = server.snapshot()
+        bodies = []
         for i, (t, p) in enumerate([(0.0, 1.0)] * 4 + [(1.0, 0.95)] * 4):
             body = {
                 "model": cfg.target.served_model_name,
@@ -47,12 +49,23 @@ def served(tmp_path: Path, drafter: Path, sample_method: str | None) -> dict:
                 "temperature": t,
                 "top_p": p,
                 "seed": i,
+                **server.request_extra,
             }
             r = client().post(f"{server.base_url}/v1/chat/completions", json=body, timeout=120.0)
             assert r.status_code == 200, r.text[:500]
             assert r.json()["usage"]["completion_tokens"] > 0
+            bodies.append(r.json())
         after = server.snapshot()
-        return server.acceptance(before, after, 3)
+        counted = server.acceptance(before, after, 3)
+    answered = acceptance_from_answers(bodies, 3)
+    assert answered is not None, bodies[0]  # each answer carries its verify steps and accepted-drafts histogram
+    pos = answered["per_position_acceptance"]
+    # the two readings count the same steps; the answers' also per position, each no more than the one before
+    assert answered["num_drafts"] == pytest.approx(counted["num_drafts"]), (answered, counted)
+    assert answered["mean_acceptance_length"] == pytest.approx(counted["mean_acceptance_length"], rel=0.05)
+    assert pos is not None and len(pos) == 3 and all(a >= b for a, b in zip(pos, pos[1:], strict=False)), pos
+    assert sum(pos) == pytest.approx(answered["mean_acceptance_length"] - 1.0), answered
+    return counted, answered
 
 
 def test_sglang_serves_an_eagleflow_drafter_and_its_counters_give_the_acceptance(tmp_path):
@@ -62,7 +75,7 @@ def test_sglang_serves_an_eagleflow_drafter_and_its_counters_give_the_acceptance
     drafter = make_drafter(
         tmp_path / "drafter", train=TrainConfig(norm_before_fc=False, norm_before_residual=False), sglang=True
     )
-    acc = served(tmp_path, drafter, None)
+    acc, _ = served(tmp_path, drafter, None)
     al = acc["mean_acceptance_length"]
     # an untrained drafter: its drafts are seldom accepted, but the counters must say how often, within [1, k + 1]
     assert al is not None and 1.0 <= al <= 4.0, acc
@@ -79,5 +92,5 @@ def test_sglang_serves_sampled_drafts_of_a_whole_vocabulary_drafter(tmp_path):
         train=TrainConfig(norm_before_fc=False, norm_before_residual=False),
         sglang=True,
     )
-    acc = served(tmp_path, drafter, "probabilistic")
+    acc, _ = served(tmp_path, drafter, "probabilistic")
     assert acc["mean_acceptance_length"] is not None and 1.0 <= acc["mean_acceptance_length"] <= 4.0, acc

@@ -18,6 +18,7 @@ from eagleflow.engines.metrics import parse_metrics  # noqa: E402
 from eagleflow.engines.sglang import (  # noqa: E402
     MAX_RUNNING_REQUESTS,
     SglangServer,
+    acceptance_from_answers,
     acceptance_from_counters,
     acceptance_from_log,
 )
@@ -129,5 +130,28 @@ def test_sglang_acceptance_from_its_request_counters():
     # 960 tokens of 16 requests, each one's first from its prefill: 944 over 320 verify steps
     assert acc["mean_acceptance_length"] == pytest.approx(944 / 320)
     assert acc["acceptance_rate"] == pytest.approx((944 / 320 - 1) / 3) and acc["per_position_acceptance"] is None
+    # the benchmark's rounds need steps and accepted drafts, as vLLM's counters give them
+    assert acc["num_drafts"] == 320 and acc["num_accepted_tokens"] == pytest.approx(944 - 320)
     # no request verified in the window (no speculation, or none finished): the log lines decide
     assert acceptance_from_counters(before, before, 3) is None
+
+
+def answer(meta: dict | None) -> dict:
+    """A whole chat answer as SGLang 0.5.15 returns it with return_meta_info (serving_chat.py)."""
+    choice = {"index": 0, "message": {"role": "assistant", "content": "x"}, "finish_reason": "length"}
+    return {"choices": [{**choice, **({"meta_info": meta} if meta is not None else {})}], "usage": {}}
+
+
+def test_sglang_acceptance_per_position_comes_from_each_answers_histogram():
+    # request 1: 10 steps accepting 0,1,2,3 drafts 1,2,3,4 times; request 2: 5 steps, all 3 accepted
+    one = {"spec_verify_ct": 10, "spec_num_correct_drafts": 20, "spec_correct_drafts_histogram": [1, 2, 3, 4]}
+    two = {"spec_verify_ct": 5, "spec_num_correct_drafts": 15, "spec_correct_drafts_histogram": [0, 0, 0, 5]}
+    acc = acceptance_from_answers([answer(one), answer(two), answer(None)], 3)
+    assert acc["num_drafts"] == 15 and acc["num_accepted_tokens"] == 35
+    assert acc["mean_acceptance_length"] == pytest.approx(1 + 35 / 15)
+    # position i is accepted in the steps that accepted at least i drafts: 14, 12, 9 of 15
+    assert acc["per_position_acceptance"] == pytest.approx([14 / 15, 12 / 15, 9 / 15])
+    # the per-position rates add up to the accepted drafts per step, as vLLM's do
+    assert sum(acc["per_position_acceptance"]) == pytest.approx(35 / 15)
+    # answers without the engine's report (no drafter, another engine): no figure from them
+    assert acceptance_from_answers([answer(None), answer({"spec_verify_ct": 0})], 3) is None

@@ -32,3 +32,38 @@ def test_a_spent_budget_starts_no_probe_and_names_each_one_left(tmp_path):
     assert t.verify is None and t.backends is None
     spent = [s for s in t.skipped if "the triage's budget of 1e-09 s is spent (benchmark.triage.max_s)" in s]
     assert [s.split(":")[0] for s in spent] == ["verify", "backends"], t.skipped
+
+
+def test_on_sglang_the_vllm_probes_are_named_as_not_built_and_no_engine_starts(tmp_path):
+    # SGLang has neither vLLM's ngram proposer, nor an engine capture of ours, nor vLLM's backend names: each
+    # probe is named as skipped (the lossless check still reads the answers), none launches an engine
+    cfg = load_config(
+        ROOT / "configs" / "demo.yaml",
+        {
+            "engine.kind": "sglang",
+            "engine.kv_cache_gib": None,
+            "extract.backend": "hf",
+            "benchmark.triage.probes": ["verify", "plumbing", "backends"],
+        },
+    )
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "config.json").write_text("{}")
+    x = TriageInputs(
+        cfg=cfg,
+        stage_dir=tmp_path,
+        variant="drafter",
+        drafter_dir=str(drafter),
+        trigger="auto: test",
+        suspect=True,
+        windows=[window("baseline", 100), window("drafter", 90, 1.2)],
+        answers={},
+        prompts=[[{"role": "user", "content": "hi"}]],
+        copy_reference=CopyReference(prompts=[], answers=[]),
+        extract=None,
+        engine_env=None,
+    )
+    t = run_triage(x)
+    assert t.verify is None and t.plumbing is None and t.backends is None
+    named = [s.split(":")[0] for s in t.skipped if "not built for engine.kind 'sglang'" in s]
+    assert named == ["verify", "plumbing", "backends"], t.skipped
