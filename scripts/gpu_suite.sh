@@ -48,7 +48,8 @@ run)
     if [ -f "$sgl_site/env.sh" ]; then
         # SGLang's cases again with SGLang's own site and compiler, not beside vLLM's (their pins differ)
         (. "$sgl_site/env.sh" && PYTHONPATH="$site:$PWD:$PYTHONPATH" python3 -m pytest -m gpu \
-            tests/gpu/test_sglang_serving.py tests/gpu/test_sglang_capture.py -p no:cacheprovider -q -rs -s) 2>&1 \
+            tests/gpu/test_sglang_serving.py tests/gpu/test_sglang_capture.py -p no:cacheprovider -v -rs \
+            --durations=0) 2>&1 \
             | tee -a "$out"
         src=${PIPESTATUS[0]}
         [ "$rc" = 0 ] && rc=$src
