@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     if args.engine == "sglang":  # every stage on SGLang: its server generates and benchmarks
         host = gpu_engines.sglang_python(args)
         gpu_engines.on_sglang(data)
+        data["extract"]["backend"] = "sglang"  # its own capture, eagleflow's plugin in an SGLang engine of ours
     data["name"] = f"{data['name']}-{args.name}"
     data["host"].update(name="gpu-host", work_root=str(work / "runs"), python=host)
     here = (gn.ROOT / args.config).parent  # the config's relative paths are relative to its own directory

@@ -106,13 +106,20 @@ class RunConfig(_Strict):
         if self.engine.kind == "sglang" and self.extract.backend == "vllm":
             raise ValueError(
                 "extract.backend is 'vllm' but engine.kind is 'sglang': the vllm backend is vLLM's own capture in an "
-                "engine of ours; with SGLang set extract.backend to 'production' (eagleflow's SGLang capture plugin "
-                "in production's server) or 'hf'"
+                "engine of ours; with SGLang set extract.backend to 'sglang' (an SGLang engine of ours with "
+                "eagleflow's capture plugin), 'production' (the plugin in production's server) or 'hf'"
             )
-        if self.engine.kind == "sglang" and self.extract.backend == "production" and self.extract.fallback == "vllm":
+        if self.engine.kind == "vllm" and self.extract.backend == "sglang":
             raise ValueError(
-                "extract.fallback is 'vllm' but engine.kind is 'sglang': the night's fallback would launch vLLM; set "
-                "extract.fallback to 'hf' or 'none'"
+                "extract.backend is 'sglang' but engine.kind is 'vllm': the sglang backend serves the target with "
+                "SGLang; with vLLM set extract.backend to 'vllm' (its own capture), 'production' or 'hf'"
+            )
+        if self.extract.backend == "production" and self.extract.fallback == {"sglang": "vllm", "vllm": "sglang"}.get(
+            self.engine.kind
+        ):
+            raise ValueError(
+                f"extract.fallback is {self.extract.fallback!r} but engine.kind is {self.engine.kind!r}: the night's "
+                f"fallback would launch the other engine; set extract.fallback to {self.engine.kind!r}, 'hf' or 'none'"
             )
         if self.extract.backend == "production" and not (self.production.url and self.extract.capture_dir):
             raise ValueError(

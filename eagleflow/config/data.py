@@ -71,11 +71,13 @@ class GenerateConfig(_Strict):
 class ExtractConfig(_Strict):
     """The target's hidden states for every generated conversation, streamed to shards on the host."""
 
-    backend: Literal["hf", "vllm", "production"] = Field(
+    backend: Literal["hf", "vllm", "sglang", "production"] = Field(
         "hf",
         description="'vllm': the serving engine (engine.*: its tensor parallel size, quantized kernels, the same "
         "checkpoint) captures the states with its extract_hidden_states method; what production serves is what the "
-        "drafter learns from (needs engine.kind vllm). 'production': production itself computes them while it "
+        "drafter learns from (needs engine.kind vllm). 'sglang': the same with SGLang (needs engine.kind sglang): an "
+        "SGLang engine of ours runs eagleflow's capture plugin, prefill without CUDA graphs. 'production': "
+        "production itself computes them while it "
         "serves: each conversation is one prefill-only request to production.url, whose engine runs eagleflow's "
         "capture plugin (launched with EAGLEFLOW_CAPTURE_DIR = extract.capture_dir and EAGLEFLOW_CAPTURE_LAYERS = "
         "the aux and final layer ids; docs/production.md); no production window, no engine of our own. 'hf': a "
@@ -113,12 +115,12 @@ class ExtractConfig(_Strict):
         description="production: the directory production's capture plugin writes each request's states to (its "
         "launch's EAGLEFLOW_CAPTURE_DIR), on the host the stages run on; the stage reads and deletes each file.",
     )
-    fallback: Literal["vllm", "hf", "none"] = Field(
+    fallback: Literal["vllm", "sglang", "hf", "none"] = Field(
         "vllm",
         description="production: what extracts the states when production cannot capture (the check stage asks it "
         "with one capture request before the night's work, and names the cause): 'vllm', an engine of our own in a "
-        "production window, the path without capture; 'hf'; 'none': the check fails instead. States already "
-        "extracted are kept either way.",
+        "production window, the path without capture ('sglang' with SGLang); 'hf'; 'none': the check fails "
+        "instead. States already extracted are kept either way.",
     )
     spool_dir: str | None = Field(
         None,

@@ -1,7 +1,7 @@
 """The target's hidden states for the drafter to learn from: shard plans (`plan`), the backends' registry
-(`backends`), the transformers forward (`hf`), the serving engine's own capture (`vllm`), production's own engine
-while it serves (`production`). The extract stage opens the backend its config names (`open_capture`) and wires it
-to the shard writer (`eagleflow.drafter.shards`).
+(`backends`), the transformers forward (`hf`), the serving engine's own capture (`vllm`; on SGLang `sglang`),
+production's own engine while it serves (`production`). The extract stage opens the backend its config names
+(`open_capture`) and wires it to the shard writer (`eagleflow.drafter.shards`).
 """
 
 from __future__ import annotations
@@ -38,13 +38,20 @@ def _open_vllm(cfg: RunConfig, stage_dir: Path, stack: ExitStack, hidden_size: i
     return open_vllm(cfg, stage_dir, stack, hidden_size)
 
 
+def _open_sglang(cfg: RunConfig, stage_dir: Path, stack: ExitStack, hidden_size: int) -> Capture:
+    from eagleflow.extraction.sglang import open_sglang
+
+    return open_sglang(cfg, stage_dir, stack, hidden_size)
+
+
 def _open_production(cfg: RunConfig, stage_dir: Path, stack: ExitStack, hidden_size: int) -> Capture:
     from eagleflow.extraction.production import open_production
 
     return open_production(cfg, stack)
 
 
-OPENERS = {"hf": _open_hf, "vllm": _open_vllm, "production": _open_production}  # one per entry of backends.BACKENDS
+# one per entry of backends.BACKENDS
+OPENERS = {"hf": _open_hf, "vllm": _open_vllm, "sglang": _open_sglang, "production": _open_production}
 
 
 def open_capture(cfg: RunConfig, stage_dir: Path, stack: ExitStack, hidden_size: int) -> Capture:

@@ -2,6 +2,7 @@
 
     hf          a transformers forward in the stage's own process (small targets, CPU, or the host's GPUs)
     vllm        the serving engine's own capture, at production's tensor parallel size and kernels
+    sglang      the same on SGLang: an SGLang engine of ours running eagleflow's capture plugin
     production  production's own engine, while it serves (eagleflow's capture plugin): no window, no engine
 
 Each backend says whether it loads the target in an engine of its own (then its load is part of the
@@ -47,6 +48,13 @@ BACKENDS: dict[str, ExtractionBackend] = {
         loads_engine=True,
         default_tok_s=3_165.0,
         default_source="default: the reference run extracted Kimi-K2.5's states at 3,165 tok/s (docs/reference-run.md)",
+    ),
+    "sglang": ExtractionBackend(
+        "sglang",
+        loads_engine=True,
+        default_tok_s=3_165.0,
+        default_source="default: as the vllm backend's, the reference run's 3,165 tok/s of Kimi-K2.5's prefill "
+        "(docs/reference-run.md); SGLang's own capture rate not yet measured",
     ),
     "production": ExtractionBackend(
         "production",

@@ -34,21 +34,22 @@ from eagleflow.extraction.vllm import EngineStates
 log = logging.getLogger("eagleflow.extract")
 
 
-class ProductionStates(EngineStates):
-    """Capture requests to production, and the files its plugin writes back."""
+class PluginStates(EngineStates):
+    """Capture requests to an engine that runs eagleflow's capture plugin, and the files the plugin writes back:
+    production's engine (`ProductionStates`), or an SGLang engine of the stage's own (extract.backend 'sglang')."""
 
-    where = "production"
-
-    def __init__(self, cfg: RunConfig) -> None:
-        remote = RemoteServer(cfg)
-        super().__init__(
-            remote.base_url, cfg.target.served_model_name, cfg.engine.request_timeout_s, cfg.extract.concurrency
-        )
-        if remote.api_key:
-            self.client.headers["Authorization"] = f"Bearer {remote.api_key}"
-        self.remote = remote
-        self.wait_s = cfg.generate.server_wait_s
-        self.capture_dir = Path(str(cfg.extract.capture_dir))
+    def __init__(
+        self,
+        base_url: str,
+        cfg: RunConfig,
+        capture_dir: str | Path,
+        where: str,
+        fix: str,
+    ) -> None:
+        super().__init__(base_url, cfg.target.served_model_name, cfg.engine.request_timeout_s, cfg.extract.concurrency)
+        self.where = where
+        self.fix = fix  # what to do when the plugin writes nothing: the launch it needs
+        self.capture_dir = Path(str(capture_dir))
         self.layers = ",".join(str(i) for i in [*cfg.target.aux_layer_ids, cfg.target.final_layer_id])
         self.run = uuid.uuid4().hex[:12]  # names no other stage's request, on any night
         # where the request names its file: vLLM's vllm_xargs (SamplingParams.extra_args), SGLang's custom_params
@@ -56,19 +57,16 @@ class ProductionStates(EngineStates):
         self.count = itertools.count()
 
     def check_file(self, path: str, metadata: dict[str, str]) -> None:
-        """States of the run's layers only: production launched with other layers writes states of the same shape
+        """States of the run's layers only: an engine launched with other layers writes states of the same shape
         that would train the drafter on the wrong inputs."""
         wrote = metadata.get(LAYERS_META)
         if wrote != self.layers:
             raise StageError(
-                f"production's capture plugin wrote layers {wrote} to {path}; this run reads layers {self.layers} "
+                f"{self.where}'s capture plugin wrote layers {wrote} to {path}; this run reads layers {self.layers} "
                 f"(target.aux_layer_ids and target.final_layer_id)\n"
-                f"production's launch sets {LAYERS_ENV}={wrote}: restart it with {LAYERS_ENV}={self.layers}\n"
-                "or set target.aux_layer_ids to the layers production captures"
+                f"{self.where}'s launch sets {LAYERS_ENV}={wrote}: restart it with {LAYERS_ENV}={self.layers}\n"
+                "or set target.aux_layer_ids to the layers it captures"
             )
-
-    def before_retry(self) -> None:
-        self.remote.wait_answering(self.wait_s)  # a restart of production: ask again once it answers
 
     def request(self, ids: Sequence[int]) -> str:
         name = f"eagleflow-{self.run}-{next(self.count)}"
@@ -83,17 +81,39 @@ class ProductionStates(EngineStates):
         r = self.post(body)
         if r.status_code != 200:
             raise StageError(
-                f"production refused a {len(ids)}-token capture request: HTTP {r.status_code} {r.text[:300]}"
+                f"{self.where} refused a {len(ids)}-token capture request: HTTP {r.status_code} {r.text[:300]}"
             )
         path = capture_file(self.capture_dir, name)
         if not Path(f"{path}.lock").exists():
             raise StageError(
-                f"production answered a capture request but its capture plugin wrote nothing to {self.capture_dir}\n"
-                f"production's engine must run eagleflow's capture plugin: launch it with {DIR_ENV}={self.capture_dir} "
-                f"and {LAYERS_ENV}={self.layers} (docs/production.md, Capture from production)\n"
-                "or set extract.backend to 'vllm' (a capture engine of our own, in a production window)"
+                f"{self.where} answered a capture request but its capture plugin wrote nothing to {self.capture_dir}\n"
+                f"{self.fix}"
             )
         return str(path)
+
+
+class ProductionStates(PluginStates):
+    """Capture requests to production, and the files its plugin writes back."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        remote = RemoteServer(cfg)
+        layers = ",".join(str(i) for i in [*cfg.target.aux_layer_ids, cfg.target.final_layer_id])
+        super().__init__(
+            remote.base_url,
+            cfg,
+            str(cfg.extract.capture_dir),
+            where="production",
+            fix=f"production's engine must run eagleflow's capture plugin: launch it with "
+            f"{DIR_ENV}={cfg.extract.capture_dir} and {LAYERS_ENV}={layers} (docs/production.md, Capture from "
+            "production)\nor set extract.backend to 'vllm' (a capture engine of our own, in a production window)",
+        )
+        if remote.api_key:
+            self.client.headers["Authorization"] = f"Bearer {remote.api_key}"
+        self.remote = remote
+        self.wait_s = cfg.generate.server_wait_s
+
+    def before_retry(self) -> None:
+        self.remote.wait_answering(self.wait_s)  # a restart of production: ask again once it answers
 
 
 def fits_production(states: ProductionStates, max_seq_len: int) -> None:

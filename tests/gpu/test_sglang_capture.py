@@ -90,3 +90,36 @@ def test_production_on_sglang_captures_the_targets_states_for_capture_requests_o
         for k, layer in enumerate(layers):
             cos = torch.nn.functional.cosine_similarity(want[:, k], got[:, k].float(), dim=-1)
             assert cos.mean() > 0.999 and cos.min() > 0.99, (layer, len(ids), cos.mean().item(), cos.min().item())
+
+
+def test_the_sglang_backend_captures_the_targets_states_in_an_engine_of_its_own(tmp_path):
+    """extract.backend 'sglang' as the extract stage opens it (eagleflow.extraction.open_capture): an SGLang engine of
+    the stage's own with the plugin on (declared in the stage directory: eagleflow is only on this host's path),
+    prefill without CUDA graphs though the engine is not eager; its states against a transformers forward."""
+    from contextlib import ExitStack
+
+    from eagleflow.config import load_config
+    from eagleflow.extraction import open_capture
+    from eagleflow.extraction.hf import HfCapture
+
+    sets = {**sglang_sets(tmp_path), "engine.enforce_eager": False, "extract.backend": "sglang"}
+    cfg = load_config(ROOT / "configs" / "demo.yaml", sets)
+    layers = [*cfg.target.aux_layer_ids, cfg.target.final_layer_id]
+    hidden = json.loads((Path(cfg.target.model_path) / "config.json").read_text())["hidden_size"]
+    vocab = json.loads((Path(cfg.target.model_path) / "config.json").read_text())["vocab_size"]
+    rng = random.Random(1)
+    seqs = [[rng.randrange(vocab) for _ in range(n)] for n in (9, 333, 1000)]
+    stage = tmp_path / "extract-stage"
+    stage.mkdir()
+    with ExitStack() as stack:
+        engine = open_capture(cfg, stage, stack, hidden)
+        captured = [engine.collect(engine.request(ids), ids) for ids in seqs]  # each [T, n_layers, H]
+    log = (stage / "engine.log").read_text(errors="replace")
+    assert "eagleflow_capture: layers" in log, log[-3000:]  # on: it stays off, saying so, with prefill graphs
+    ref = HfCapture(cfg, torch.device("cuda"))
+    for ids, got in zip(seqs, captured, strict=True):
+        want = ref.forward(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long))[0].float().cpu()
+        assert got.shape == want.shape, (got.shape, want.shape)
+        for k, layer in enumerate(layers):
+            cos = torch.nn.functional.cosine_similarity(want[:, k], got[:, k].float(), dim=-1)
+            assert cos.mean() > 0.999 and cos.min() > 0.99, (layer, len(ids), cos.mean().item(), cos.min().item())

@@ -204,7 +204,7 @@ def test_a_config_extends_its_base_and_says_only_how_it_differs(tmp_path):
     assert (sgl.extract.backend, sgl.extract.capture_dir, sgl.extract.fallback) == (
         "production",
         kimi.extract.capture_dir,
-        "hf",
+        "sglang",
     )
     assert (sgl.production.pause, sgl.production.swap_drafter) == ("stop", False)
     assert sgl.production.traffic == kimi.production.traffic and sgl.production.unit == "sglang-kimi-k25-int4"

@@ -44,9 +44,9 @@ def test_capture_from_production_needs_its_url_and_the_plugins_directory(missing
 
 def test_an_unknown_backend_names_the_choices():
     cfg = config()
-    object.__setattr__(cfg.extract, "backend", "sglang")  # past validation, as a config from a newer version
+    object.__setattr__(cfg.extract, "backend", "trtllm")  # past validation, as a config from a newer version
     with pytest.raises(
-        ValueError, match=r"unknown extract.backend 'sglang'; expected one of \['hf', 'production', 'vllm'\]"
+        ValueError, match=r"unknown extract.backend 'trtllm'; expected one of \['hf', 'production', 'sglang', 'vllm'\]"
     ):
         backend_of(cfg)
 
@@ -63,3 +63,20 @@ def test_capture_from_production_on_either_engine_and_its_fallback_is_not_in_the
     # where the states would have come from had production not captured is not what they are
     assert stage_key("extract", a, {"generate": "g"}) == stage_key("extract", b, {"generate": "g"})
     assert stage_key("extract", a, {"generate": "g"}) != stage_key("extract", config(), {"generate": "g"})
+
+
+def test_each_engine_captures_with_its_own_backend_and_falls_back_to_it():
+    sgl = {"engine.kind": "sglang", "engine.kv_cache_gib": None}
+    own = load_config(ROOT / "configs" / "demo.yaml", {**sgl, "extract.backend": "sglang"})
+    # an SGLang engine of ours: it loads the target and takes the GPUs, as vLLM's own capture does
+    assert backend_of(own).loads_engine and backend_of(own).uses_gpus(own)
+    with pytest.raises(ValueError, match=r"extract.backend is 'sglang' but engine.kind is 'vllm'"):
+        config(backend="sglang")
+    with pytest.raises(ValueError, match=r"extract.backend is 'vllm' but engine.kind is 'sglang'.*'sglang'"):
+        load_config(ROOT / "configs" / "demo.yaml", {**sgl, "extract.backend": "vllm"})
+    given = {"extract.backend": "production", "extract.capture_dir": "/c", "production.url": "http://127.0.0.1:8000"}
+    night = load_config(ROOT / "configs" / "demo.yaml", {**given, **sgl, "extract.fallback": "sglang"})
+    assert night.extract.fallback == "sglang"
+    # on vLLM the fallback cannot be SGLang's engine either
+    with pytest.raises(ValueError, match=r"extract.fallback is 'sglang' but engine.kind is 'vllm'"):
+        load_config(ROOT / "configs" / "demo.yaml", {**given, "extract.fallback": "sglang"})
