@@ -68,8 +68,9 @@ def sglang_python(args: argparse.Namespace) -> str:
 
 def on_sglang(data: dict[str, Any]) -> None:
     """A config's engine section for the staged SGLang: its kind, the attention and sampling backends the bundle
-    carries, memory as a fraction (SGLang has no KV size in GiB), states from transformers (its own capture is
-    production's plugin), the drafter layout SGLang serves (the norms default off for SGLang)."""
+    carries, memory as a fraction (SGLang has no KV size in GiB), states from transformers (a benchmark-only run
+    extracts nothing; gpu_pipeline.py --engine sglang sets the sglang backend), the drafter layout SGLang serves (the
+    norms default off for SGLang)."""
     e = data.setdefault("engine", {})
     e.pop("kv_cache_gib", None)
     e.update(kind="sglang", gpu_memory_utilization=0.3, extra_args=list(SGLANG_ARGS))

@@ -105,12 +105,14 @@ class ProductionStates(PluginStates):
             where="production",
             fix=f"production's engine must run eagleflow's capture plugin: launch it with "
             f"{DIR_ENV}={cfg.extract.capture_dir} and {LAYERS_ENV}={layers} (docs/production.md, Capture from "
-            "production)\nor set extract.backend to 'vllm' (a capture engine of our own, in a production window)",
+            f"production)\nor set extract.backend to {cfg.engine.kind!r} (a capture engine of our own, in a production "
+            "window)",
         )
         if remote.api_key:
             self.client.headers["Authorization"] = f"Bearer {remote.api_key}"
         self.remote = remote
         self.wait_s = cfg.generate.server_wait_s
+        self.own_backend = cfg.engine.kind  # the backend of a capture engine of our own: 'vllm' or 'sglang'
 
     def before_retry(self) -> None:
         self.remote.wait_answering(self.wait_s)  # a restart of production: ask again once it answers
@@ -130,7 +132,8 @@ def fits_production(states: ProductionStates, max_seq_len: int) -> None:
             f"extract.max_seq_len {max_seq_len} and the one token a capture request asks for do not fit production's "
             f"context of {longest} tokens ({states.remote.base_url}/v1/models)\n"
             f"set extract.max_seq_len to {int(longest) - 1} or less (longer conversations are cut there)\n"
-            "or set extract.backend to 'vllm' (an engine of our own, launched for the run's max_seq_len)"
+            f"or set extract.backend to {states.own_backend!r} (an engine of our own, launched for the run's "
+            "max_seq_len)"
         )
 
 
@@ -152,7 +155,7 @@ def open_production(cfg: RunConfig, stack: ExitStack, wait_s: float | None = Non
             f"extract.capture_dir {states.capture_dir} does not exist on this host: production's capture plugin "
             f"creates it at production's start when launched with {DIR_ENV}={states.capture_dir}\n"
             "start production with eagleflow's capture plugin on (docs/production.md, Capture from production), "
-            "or set extract.backend to 'vllm'"
+            f"or set extract.backend to {states.own_backend!r}"
         )
     return states
 
