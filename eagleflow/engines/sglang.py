@@ -30,6 +30,7 @@ and the log lines are what is left where no answer carries them.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -52,11 +53,27 @@ REASONING_PARSERS = {"deepseek_r1": "deepseek-r1", "deepseek_v3": "deepseek-v3",
 TOOL_CALL_PARSERS = {"deepseek_v3": "deepseekv3", "deepseek_v31": "deepseekv31", "llama3_json": "llama3"}
 
 
+GRPC_OFFSET = 10000  # SGLang's default gRPC port: --port + 10000 (server_args.py)
+
+
+def grpc_port_env(port: int, env: dict[str, str] | None) -> dict[str, str] | None:
+    """`env` with SGLANG_GRPC_PORT named where SGLang's default would not be a port. SGLang checks its gRPC port at
+    every start, gRPC served or not, and its default (--port + 10000) stops a launch on any port above 55535: the
+    free port a benchmark engine is given is often one (seen on a GPU host: 56733). Where neither the caller nor the
+    environment names one, --port - 10000 (a port, and not --port)."""
+    if port + GRPC_OFFSET <= 65535 or "SGLANG_GRPC_PORT" in (env or {}) or "SGLANG_GRPC_PORT" in os.environ:
+        return env
+    return {**(env or {}), "SGLANG_GRPC_PORT": str(port - GRPC_OFFSET)}
+
+
 class SglangServer(EngineServer):
     metric_prefix = "sglang:"  # its Prometheus histograms, exported with --enable-metrics
     # Each whole (not streamed) answer then carries its verify steps, accepted drafts and their histogram: the
     # per-position acceptance SGLang's counters do not have (serving_chat.py: choices[i].meta_info)
     request_extra = {"return_meta_info": True}
+
+    def __init__(self, spec: LaunchSpec, log_path: Path, env: dict[str, str] | None = None, name: str | None = None):
+        super().__init__(spec, log_path, env=grpc_port_env(spec.port, env), name=name)
 
     @classmethod
     def argv_for(cls, spec: LaunchSpec) -> list[str]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
-import shutil
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -27,9 +26,8 @@ from pathlib import Path
 from eagleflow.config import RunConfig
 from eagleflow.engines import make_server
 from eagleflow.engines.capture_plugin import DIR_ENV, LAYERS_ENV
-from eagleflow.engines.launch import target_launch
 from eagleflow.extraction.production import PluginStates
-from eagleflow.extraction.vllm import spool_root
+from eagleflow.extraction.vllm import capture_launch, capture_spool
 
 log = logging.getLogger("eagleflow.extract")
 
@@ -73,26 +71,19 @@ def serving_for_sglang_capture(
 ) -> Iterator[PluginStates]:
     """The target served by SGLang with the capture plugin on; its spool directory removed on the way out, and at
     the start when an earlier attempt was killed before it could."""
-    spool = spool_root(cfg, stage_dir, hidden_size) / f"eagleflow-spool-{stage_dir.name}"
-    shutil.rmtree(spool, ignore_errors=True)
-    spool.mkdir(parents=True)
     layers = [*cfg.target.aux_layer_ids, cfg.target.final_layer_id]
-    spec = target_launch(cfg)
+    spec = capture_launch(cfg)
     spec.engine = spec.engine.model_copy(
-        update={
-            # a conversation of max_seq_len tokens plus the one token the request generates must fit
-            "max_model_len": max(spec.engine.max_model_len, cfg.extract.max_seq_len + 1),
-            "extra_args": capture_args(list(spec.engine.extra_args), spec.engine.enforce_eager),
-        }
+        update={"extra_args": capture_args(list(spec.engine.extra_args), spec.engine.enforce_eager)}
     )
-    engine_env = {
-        **(env or {}),
-        DIR_ENV: str(spool),
-        LAYERS_ENV: ",".join(str(i) for i in layers),
-        **plugin_path(stage_dir),
-    }
     log_path = stage_dir / "engine.log"
-    try:
+    with capture_spool(cfg, stage_dir, hidden_size) as spool:
+        engine_env = {
+            **(env or {}),
+            DIR_ENV: str(spool),
+            LAYERS_ENV: ",".join(str(i) for i in layers),
+            **plugin_path(stage_dir),
+        }
         with make_server(spec, log_path, env=engine_env, name=name) as server:
             yield PluginStates(
                 server.base_url,
@@ -103,8 +94,6 @@ def serving_for_sglang_capture(
                 f"point ({PLUGIN_GROUP}) and prefill without CUDA graphs ({NO_PREFILL_GRAPH})\n"
                 "or set extract.backend to 'hf'",
             )
-    finally:
-        shutil.rmtree(spool, ignore_errors=True)
 
 
 def open_sglang(cfg: RunConfig, stage_dir: Path, stack: ExitStack, hidden_size: int) -> PluginStates:

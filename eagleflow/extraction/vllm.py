@@ -34,7 +34,7 @@ from eagleflow.contracts.request import StageError
 from eagleflow.drafter.shards import ShardWriter
 from eagleflow.engines import make_server
 from eagleflow.engines.chat import RETRYABLE
-from eagleflow.engines.launch import StateCapture, target_launch
+from eagleflow.engines.launch import LaunchSpec, StateCapture, target_launch
 from eagleflow.extraction.plan import PlannedShard
 
 log = logging.getLogger("eagleflow.extract")
@@ -62,29 +62,43 @@ def spool_root(cfg: RunConfig, stage_dir: Path, hidden_size: int) -> Path:
 
 
 @contextmanager
-def serving_for_capture(
-    cfg: RunConfig, stage_dir: Path, hidden_size: int, env: dict[str, str] | None = None, name: str = "target-capture"
-) -> Iterator[EngineStates]:
-    """The target served with capture on; its spool directory is removed on the way out, and at the
-    start when an earlier attempt was killed before it could (in /dev/shm that is memory). `env`: more
-    environment for the engine (the production guardian's token, when the caller stopped production)."""
+def capture_spool(cfg: RunConfig, stage_dir: Path, hidden_size: int) -> Iterator[Path]:
+    """The spool directory of a capturing engine of the stage's: made fresh (an earlier attempt killed before it
+    could remove it leaves files there, in /dev/shm memory) and removed on the way out."""
     spool = spool_root(cfg, stage_dir, hidden_size) / f"eagleflow-spool-{stage_dir.name}"
     shutil.rmtree(spool, ignore_errors=True)
     spool.mkdir(parents=True)
-    layer_ids = [*cfg.target.aux_layer_ids, cfg.target.final_layer_id]
+    try:
+        yield spool
+    finally:
+        shutil.rmtree(spool, ignore_errors=True)
+
+
+def capture_launch(cfg: RunConfig) -> LaunchSpec:
+    """The target's launch for a capturing engine: production's, with room for the longest conversation."""
     spec = target_launch(cfg)
     # A conversation of max_seq_len tokens plus the one token the request generates must fit.
     spec.engine = spec.engine.model_copy(
         update={"max_model_len": max(spec.engine.max_model_len, cfg.extract.max_seq_len + 1)}
     )
-    spec.capture = StateCapture(layer_ids=layer_ids, spool_dir=str(spool))
-    try:
+    return spec
+
+
+@contextmanager
+def serving_for_capture(
+    cfg: RunConfig, stage_dir: Path, hidden_size: int, env: dict[str, str] | None = None, name: str = "target-capture"
+) -> Iterator[EngineStates]:
+    """The target served with capture on, its spool made fresh and removed on the way out. `env`: more
+    environment for the engine (the production guardian's token, when the caller stopped production)."""
+    with capture_spool(cfg, stage_dir, hidden_size) as spool:
+        spec = capture_launch(cfg)
+        spec.capture = StateCapture(
+            layer_ids=[*cfg.target.aux_layer_ids, cfg.target.final_layer_id], spool_dir=str(spool)
+        )
         with make_server(spec, stage_dir / "engine.log", env=env, name=name) as server:
             yield EngineStates(
                 server.base_url, spec.served_model_name, cfg.engine.request_timeout_s, cfg.extract.concurrency
             )
-    finally:
-        shutil.rmtree(spool, ignore_errors=True)
 
 
 class EngineStates:

@@ -155,3 +155,19 @@ def test_sglang_acceptance_per_position_comes_from_each_answers_histogram():
     assert sum(acc["per_position_acceptance"]) == pytest.approx(35 / 15)
     # answers without the engine's report (no drafter, another engine): no figure from them
     assert acceptance_from_answers([answer(None), answer({"spec_verify_ct": 0})], 3) is None
+
+
+def test_sglang_on_a_high_port_is_given_a_grpc_port_it_accepts(tmp_path, monkeypatch):
+    """SGLang 0.5.15 checks --port + 10000 as its gRPC port at every start and stops above 65535 (a benchmark engine
+    on free port 56733 did, on a GPU host): the adapter names one below in SGLANG_GRPC_PORT, and only there."""
+    monkeypatch.delenv("SGLANG_GRPC_PORT", raising=False)
+    spec = LaunchSpec(
+        python="/py", model="/m", served_model_name="t", dtype="bfloat16", engine=EngineConfig(kind="sglang"), port=0
+    )
+    high = SglangServer(dataclasses.replace(spec, port=56733), tmp_path / "a.log", env={"X": "1"})
+    assert high.env == {"X": "1", "SGLANG_GRPC_PORT": "46733"}
+    assert SglangServer(dataclasses.replace(spec, port=30000), tmp_path / "b.log").env == {}
+    own = SglangServer(dataclasses.replace(spec, port=60000), tmp_path / "c.log", env={"SGLANG_GRPC_PORT": "50001"})
+    assert own.env == {"SGLANG_GRPC_PORT": "50001"}  # the caller's choice stands
+    monkeypatch.setenv("SGLANG_GRPC_PORT", "50002")
+    assert SglangServer(dataclasses.replace(spec, port=60000), tmp_path / "d.log").env == {}  # so does the host's
