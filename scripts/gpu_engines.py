@@ -21,6 +21,10 @@ scripts/sglang-gpu/ (SGLang's site in $HOME/sgl-site, its env.sh): the SGLang ru
 its stage processes and its engines see SGLang's site and compiler, not vLLM's. SGLang runs on the triton attention
 backend and the PyTorch sampler (the bundle leaves out the FA3 kernels). CUDA graphs on for both (as production
 serves) unless --eager: the start time then says what each engine's graph capture costs.
+
+A run of one engine (`--engines sglang` after a fix, say) keeps the other engine's figures for the same drafter and
+config in engines.json; each engine's row says whether it ran eager or with CUDA graphs, and a run that fails shows
+no figures of an earlier one.
 """
 
 from __future__ import annotations
@@ -117,14 +121,18 @@ def config_for(engine: str, host: str, args: argparse.Namespace) -> dict[str, An
     return data
 
 
-def figures(engine: str) -> dict[str, Any]:
-    """The newest benchmark stage of this engine's run: per variant and setting what the engine measured."""
-    manifests = sorted(
-        (OUT / engine / "runs" / "benchmark").glob("*/manifest.json"),
-        key=lambda p: json.loads(p.read_text()).get("created", 0),
-    )
+def figures(engine: str, since: float) -> dict[str, Any]:
+    """The newest benchmark stage of this engine's run (made after `since`, epoch seconds: a run that failed never
+    shows an earlier run's figures): per variant and setting what the engine measured."""
+    made = [
+        (json.loads(p.read_text()).get("created", 0), p)
+        for p in (OUT / engine / "runs" / "benchmark").glob("*/manifest.json")
+    ]
+    manifests = [p for created, p in sorted(made) if created >= since]
     if not manifests:
-        return {"error": f"no benchmark stage under {OUT / engine / 'runs'}: see {OUT / engine / 'flow.log'}"}
+        return {
+            "error": f"no benchmark stage of this run under {OUT / engine / 'runs'}: see {OUT / engine / 'flow.log'}"
+        }
     m = json.loads(manifests[-1].read_text())
     met = m.get("metrics", {})
     cells: dict[str, Any] = {}
@@ -147,6 +155,10 @@ def steps(args: argparse.Namespace) -> int:
 
     control, vllm_host = gn.pythons(args)
     record: dict[str, Any] = {"drafter": str(Path(args.drafter).resolve()), "config": args.config, "engines": {}}
+    earlier = json.loads((OUT / "engines.json").read_text()) if (OUT / "engines.json").is_file() else {}
+    if (earlier.get("drafter"), earlier.get("config")) == (record["drafter"], record["config"]):
+        # a run of one engine (--engines sglang, say, after a fix) keeps the other's figures for the same drafter
+        record["engines"] = {k: v for k, v in earlier.get("engines", {}).items() if k not in args.engines}
     for engine in args.engines:
         host = vllm_host if engine == "vllm" else sglang_python(args)
         (OUT / engine).mkdir(parents=True, exist_ok=True)
@@ -156,11 +168,11 @@ def steps(args: argparse.Namespace) -> int:
         for s in args.set:
             argv += ["--set", s]
         gn.say(f"{engine}: $ {' '.join(shlex.quote(a) for a in argv)} (log {OUT / engine / 'flow.log'})")
-        t0 = time.monotonic()
+        t0, since = time.monotonic(), time.time()
         with open(OUT / engine / "flow.log", "ab") as log:
             rc = subprocess.run(argv, cwd=gn.ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
-        got = figures(engine)
-        got.update(rc=rc, wall_s=round(time.monotonic() - t0, 1))
+        got = figures(engine, since)
+        got.update(rc=rc, wall_s=round(time.monotonic() - t0, 1), eager=bool(args.eager))
         record["engines"][engine] = got
         gn.say(f"{engine}: exit {rc} in {got['wall_s']} s")
         (OUT / "engines.json").write_text(json.dumps(record, indent=1))
@@ -185,7 +197,8 @@ def table(record: dict[str, Any]) -> str:
             al, ci, pos = d.get("mean_acceptance_length"), d.get("al_interval"), d.get("per_position_acceptance")
             dt, bt = d.get("output_tok_s"), b.get("output_tok_s")
             shown_al = "-" if al is None else f"{al:.2f}" + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
-            lines.append(f"| {key} | {name} | {shown_al} | ")
+            graphs = "eager" if e.get("eager") else "CUDA graphs"
+            lines.append(f"| {key} | {name} ({graphs}) | {shown_al} | ")
             lines[-1] += " / ".join(f"{p:.2f}" for p in pos) if pos else "not reported"
             lines[-1] += f" | {dt:.1f} | " if dt else " | - | "
             lines[-1] += f"{bt:.1f} | " if bt else "- | "

@@ -14,9 +14,11 @@
 #   FlashInfer's norm module includes cublasLt.h, which this compiler's headers lack; without a toolkit
 #   env.sh takes those headers from torch's own CUDA wheels (nvidia/cu13/include).
 # - env.sh: the variables to source before serving.
-# WITH_MLA=1 also packs NVIDIA's CuTe DSL (nvidia-cutlass-dsl, about one more part): SGLang's DeepSeek-V2/V3
-# model file (and Kimi, GLM-4 MoE, ... built on it) imports CuTe DSL kernels at module level, so without
-# it those architectures are missing from SGLang's model registry. Dense targets (Llama, Qwen) need none.
+# - NVIDIA's CuTe DSL (nvidia-cutlass-dsl, about one part of its own) and sgl-deep-gemm, both pinned by sglang
+#   0.5.15: its DeepSeek-V2/V3 model file (Kimi-K2.5, the MLA demo targets, GLM-4 MoE, ...) imports CuTe DSL kernels
+#   at module level, and its EAGLE worker's draft CUDA graphs import the sparse-attention backend, which imports
+#   both, on every CUDA GPU and every target: without them a speculative launch with CUDA graphs (as production
+#   serves) stops at graph capture (seen on a GPU host: `No module named 'cutlass'`, then `'deep_gemm'`).
 # WITH_TRANSFORMERS=1 also packs transformers 5.12.1, the release sglang 0.5.15 pins, for when the host's
 # newer transformers turns out to break something beyond the registration patched below.
 set -euo pipefail
@@ -30,11 +32,9 @@ plat="$plat --platform manylinux2014_x86_64 --platform manylinux1_x86_64"
 cd "$work"
 PIP_CONSTRAINT= python3 -m pip download -q --no-deps $plat -d dl sglang==0.5.15
 PIP_CONSTRAINT= python3 -m pip download -q --no-deps $plat -d dl -r "$here/requirements-device.txt"
-if [ "${WITH_MLA:-0}" = 1 ]; then
-    # libs-cu13 holds everything libs-base does (but a licence), built for CUDA 13.
-    PIP_CONSTRAINT= python3 -m pip download -q --no-deps $plat -d dl nvidia-cutlass-dsl==4.5.2 \
-        nvidia-cutlass-dsl-libs-cu13==4.5.2
-fi
+# libs-cu13 holds everything libs-base does (but a licence), built for CUDA 13.
+PIP_CONSTRAINT= python3 -m pip download -q --no-deps $plat -d dl nvidia-cutlass-dsl==4.5.2 \
+    nvidia-cutlass-dsl-libs-cu13==4.5.2
 if [ "${WITH_TRANSFORMERS:-0}" = 1 ]; then
     PIP_CONSTRAINT= python3 -m pip download -q --no-deps $plat -d dl transformers==5.12.1
 fi
@@ -85,11 +85,9 @@ sed -i -e 's/^AutoConfig.register("qwen3_asr", Qwen3ASRConfig)$/AutoConfig.regis
 [ "$(grep -c 'exist_ok=True)$' "$f")" = 2 ] || { echo "qwen3_asr registration not patched: check $f"; exit 1; }
 
 # CuTe DSL puts its packages on sys.path through a .pth file, which Python reads in site-packages only.
-cutlass_path=
-[ -d sgl-site/nvidia_cutlass_dsl ] && cutlass_path=':$HOME/sgl-site/nvidia_cutlass_dsl/python_packages'
 cat > sgl-site/env.sh <<ENV
 # Source on the GPU host before serving: . \$HOME/sgl-site/env.sh
-export PYTHONPATH=\$HOME/sgl-site$cutlass_path\${PYTHONPATH:+:\$PYTHONPATH}
+export PYTHONPATH=\$HOME/sgl-site:\$HOME/sgl-site/nvidia_cutlass_dsl/python_packages\${PYTHONPATH:+:\$PYTHONPATH}
 # The host's own CUDA toolkit where it has one whole (nvcc and the cuBLAS headers FlashInfer's JIT includes),
 # else the bundle's compiler with the cuBLAS headers of torch's own CUDA wheels.
 if [ -x /usr/local/cuda/bin/nvcc ] && [ -f /usr/local/cuda/include/cublasLt.h ]; then
