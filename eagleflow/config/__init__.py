@@ -94,10 +94,10 @@ class RunConfig(_Strict):
                 "generate.server is 'production' but neither production.url nor production.replicas is set: give the "
                 "base URL of production's OpenAI-compatible API, e.g. http://127.0.0.1:8000, or its replicas' URLs"
             )
-        if self.benchmark.drafter_on == "production" and not (self.production.url and self.engine.kind == "vllm"):
+        if self.benchmark.drafter_on == "production" and not self.production.url:
             raise ValueError(
-                "benchmark.drafter_on 'production' needs production.url and engine.kind 'vllm': the drafter "
-                "is measured through production's endpoint and its /metrics counters"
+                "benchmark.drafter_on 'production' needs production.url: the drafter is measured through "
+                "production's endpoint (vLLM's /metrics counters, SGLang's answers)"
             )
         self._train_nodes()
         self._follow_traffic()

@@ -3,6 +3,10 @@
 them. The production canary's measurement (eagleflow.production.canary); the pause's probe
 (eagleflow.production.pause) reads the counters around each request instead (`measure_each`), so the AL's
 interval has its units and the probe can stop once that interval decides.
+
+SGLang's production exports none of vLLM's speculative counters (its /metrics has verify calls and gauges, and
+only with --enable-metrics): there each answer carries its own counts (`return_meta_info`: its verify steps,
+accepted drafts and their histogram), which `measure` reads instead (engine 'sglang').
 """
 
 from __future__ import annotations
@@ -12,8 +16,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from eagleflow.engines.chat import ChatClient
+from eagleflow.engines.chat import ChatClient, ChatResult
 from eagleflow.engines.metrics import parse_metrics
+from eagleflow.engines.sglang import acceptance_from_answers, drafts_per_step
 from eagleflow.engines.vllm import SPEC_ACCEPTED, SPEC_ACCEPTED_PER_POS, SPEC_DRAFTS, acceptance_from_deltas
 from eagleflow.util import http
 
@@ -27,6 +32,23 @@ def speculative_positions(metrics: dict[str, float]) -> int:
     return max(pos) + 1 if pos else 0
 
 
+def answers_acceptance(results: Sequence[ChatResult], k: int) -> dict[str, Any]:
+    """SGLang production's acceptance from its answers' meta_info: AL 1.0 where none carries drafting counts. k:
+    the drafts a step production is meant to propose; its answers can only show at least as many as one step
+    accepted (SGLang's histogram grows with the most accepted), so the larger of the two."""
+    bodies = [r.raw for r in results]
+    k = max(k, drafts_per_step(bodies))
+    got = acceptance_from_answers(bodies, k) if k else None
+    if got is None:
+        return {
+            "mean_acceptance_length": 1.0,
+            "per_position_acceptance": [],
+            "note": "no answer carried SGLang's speculative counts (meta_info spec_verify_ct): production serves no "
+            "drafter, or an SGLang that does not report them",
+        }
+    return {**got, "per_position_acceptance": got["per_position_acceptance"] or [], "note": got["source"]}
+
+
 def measure(
     url: str,
     model: str,
@@ -34,23 +56,28 @@ def measure(
     max_tokens: int,
     api_key: str | None = None,
     keep_answers: bool = False,
+    engine: str = "vllm",
+    k: int = 0,
 ) -> dict[str, Any]:
-    """Send the prompts to production (one in flight) and read its counters around them; with keep_answers, the
+    """Send the prompts to production (one in flight) and read its counters around them (engine 'vllm') or each
+    answer's own (engine 'sglang', whose drafts a step `k` its answers may not all show); with keep_answers, the
     answers too (in prompt order)."""
     base = url.rstrip("/")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    sglang = engine == "sglang"
 
     def metrics() -> dict[str, float]:
-        return parse_metrics(http.get(f"{base}/metrics", headers=headers, timeout=30.0).text)
+        return {} if sglang else parse_metrics(http.get(f"{base}/metrics", headers=headers, timeout=30.0).text)
 
-    extra = {"ignore_eos": True}
+    extra = {"ignore_eos": True, **({"return_meta_info": True} if sglang else {})}
     with ChatClient(base, model, max_concurrency=1, api_key=api_key) as client:
         client.chat(prompts[:WARMUP_REQUESTS], max_tokens=max_tokens, temperature=0.0, concurrency=1, extra=extra)
         before = metrics()
         results, wall_s = client.chat(prompts, max_tokens=max_tokens, temperature=0.0, concurrency=1, extra=extra)
         after = metrics()
-    k = speculative_positions(after)
-    if k == 0:
+    if sglang:
+        acceptance = answers_acceptance(results, k)
+    elif (k := speculative_positions(after)) == 0:
         acceptance: dict[str, Any] = {
             "mean_acceptance_length": 1.0,
             "per_position_acceptance": [],

@@ -14,7 +14,9 @@ import time
 
 from eagleflow.config import RunConfig
 from eagleflow.contracts.request import PRODUCTION_API_KEY_ENV, StageError
+from eagleflow.engines.chat import ChatResult
 from eagleflow.engines.metrics import latency_from_deltas, parse_metrics
+from eagleflow.engines.sglang import SglangServer, acceptance_from_answers, acceptance_from_counters
 from eagleflow.engines.vllm import VllmServer, acceptance_from_deltas
 from eagleflow.util import http
 
@@ -74,7 +76,9 @@ def production_api_key(config: RunConfig) -> str | None:
 
 class ProductionEndpoint:
     """Production, measured where it serves: the benchmark's stand-in for an engine of its own
-    (`benchmark.drafter_on: production`). Nothing here starts, stops or signals it."""
+    (`benchmark.drafter_on: production`). Nothing here starts, stops or signals it. Its acceptance is read as its
+    engine (engine.kind) reports it: vLLM's /metrics counters, SGLang's answers (each one's meta_info, asked for
+    with every request), its counters where no answer carries them."""
 
     name = "production"
 
@@ -82,6 +86,9 @@ class ProductionEndpoint:
         self.server = RemoteServer(config)
         self.base_url, self.api_key = self.server.base_url, self.server.api_key
         self.wait_s = config.generate.server_wait_s
+        self.kind = config.engine.kind
+        self.request_extra = SglangServer.request_extra if self.kind == "sglang" else {}
+        self.metric_prefix = SglangServer.metric_prefix if self.kind == "sglang" else VllmServer.metric_prefix
 
     def start(self) -> None:
         """Production is up (the window that deployed the drafter gave it back): nothing to launch."""
@@ -94,13 +101,29 @@ class ProductionEndpoint:
 
     def snapshot(self) -> dict[str, float]:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
-        return parse_metrics(http.get(f"{self.base_url}/metrics", headers=headers, timeout=30.0).text)
+        r = http.get(f"{self.base_url}/metrics", headers=headers, timeout=30.0)
+        if r.status_code != 200 and self.kind == "sglang":
+            return {}  # SGLang serves /metrics only with --enable-metrics: the answers carry the acceptance
+        return parse_metrics(r.text)
+
+    def answers_acceptance(self, results: list[ChatResult], k: int) -> dict | None:
+        """SGLang's: from each answer's meta_info (None on vLLM, whose answers carry none: its counters then)."""
+        return acceptance_from_answers([r.raw for r in results], k) if self.kind == "sglang" else None
 
     def acceptance(self, before: dict[str, float], after: dict[str, float], k: int) -> dict:
-        return acceptance_from_deltas(before, after, k)
+        if self.kind != "sglang":
+            return acceptance_from_deltas(before, after, k)
+        counted = acceptance_from_counters(before, after, k)
+        if counted is None:
+            raise StageError(
+                f"SGLang production at {self.base_url} reported no acceptance: no answer carried meta_info's "
+                "spec_verify_ct and its counters (sglang:spec_verify_calls) did not move; is it serving with its "
+                "EAGLE3 drafter (--speculative-algorithm EAGLE3)?"
+            )
+        return counted
 
     def latency(self, before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
-        return latency_from_deltas(before, after, VllmServer.metric_prefix)
+        return latency_from_deltas(before, after, self.metric_prefix)
 
     def post_mortem(self) -> str:
         return (

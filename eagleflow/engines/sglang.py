@@ -224,6 +224,20 @@ def acceptance_from_counters(before: dict[str, float], after: dict[str, float], 
     }
 
 
+def drafts_per_step(bodies: list[dict[str, Any]]) -> int:
+    """The most drafts any step of these answers accepted (SGLang's histograms count the steps that accepted 0, 1,
+    ... drafts, and grow only as far as the most accepted): a lower bound of the drafts a step, k. 0 where no answer
+    carries a histogram (no drafter)."""
+    k = 0
+    for body in bodies:
+        try:
+            hist = body["choices"][0].get("meta_info", {}).get("spec_correct_drafts_histogram") or []
+        except (KeyError, IndexError, TypeError, AttributeError):
+            continue
+        k = max(k, len(hist) - 1)
+    return k
+
+
 def acceptance_from_answers(bodies: list[dict[str, Any]], k: int) -> dict[str, Any] | None:
     """Acceptance over whole answers from each one's own meta_info (requested with return_meta_info): its verify
     steps (`spec_verify_ct`), accepted drafts (`spec_num_correct_drafts`) and how many steps accepted 0..k drafts

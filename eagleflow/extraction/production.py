@@ -118,23 +118,32 @@ class ProductionStates(PluginStates):
         self.remote.wait_answering(self.wait_s)  # a restart of production: ask again once it answers
 
 
-def fits_production(states: ProductionStates, max_seq_len: int) -> None:
+def fits_production(states: ProductionStates, max_seq_len: int, reserved: int = 0) -> None:
     """A conversation of extract.max_seq_len tokens and the one token it asks for must fit production's context
-    (its /v1/models says how long; a server that does not say is taken at its word when a request is refused)."""
+    (its /v1/models says how long; a server that does not say is taken at its word when a request is refused), with
+    `reserved` tokens more a request: SGLang serving EAGLE keeps room for a step's drafts in every request
+    (tokenizer_manager.py: max(topk x steps, draft tokens), k + 1 at topk 1) and refuses one that leaves none."""
     try:
         r = states.client.get("/v1/models")
         cards = [m for m in r.json().get("data") or [] if m.get("id") == states.model] if r.status_code == 200 else []
     except (httpx.HTTPError, ValueError, AttributeError):
         cards = []
     longest = cards[0].get("max_model_len") if cards else None
-    if longest is not None and max_seq_len + 1 > int(longest):
+    if longest is not None and max_seq_len + 1 + reserved > int(longest):
+        held = f" and the {reserved} tokens SGLang keeps for a step's drafts" if reserved else ""
         raise StageError(
-            f"extract.max_seq_len {max_seq_len} and the one token a capture request asks for do not fit production's "
-            f"context of {longest} tokens ({states.remote.base_url}/v1/models)\n"
-            f"set extract.max_seq_len to {int(longest) - 1} or less (longer conversations are cut there)\n"
+            f"extract.max_seq_len {max_seq_len} and the one token a capture request asks for{held} do not fit "
+            f"production's context of {longest} tokens ({states.remote.base_url}/v1/models)\n"
+            f"set extract.max_seq_len to {int(longest) - 1 - reserved} or less (longer conversations are cut there)\n"
             f"or set extract.backend to {states.own_backend!r} (an engine of our own, launched for the run's "
             "max_seq_len)"
         )
+
+
+def drafts_reserved(cfg: RunConfig) -> int:
+    """The tokens production keeps in each request for a step's drafts: k + 1 on SGLang (EAGLE at topk 1, the k the
+    benchmark serves: benchmark.num_speculative_tokens), none on vLLM."""
+    return cfg.benchmark.num_speculative_tokens + 1 if cfg.engine.kind == "sglang" else 0
 
 
 def open_production(cfg: RunConfig, stack: ExitStack, wait_s: float | None = None) -> ProductionStates:
@@ -149,7 +158,7 @@ def open_production(cfg: RunConfig, stack: ExitStack, wait_s: float | None = Non
         cfg.extract.concurrency,
     )
     states.remote.wait_answering(cfg.generate.server_wait_s if wait_s is None else wait_s)
-    fits_production(states, cfg.extract.max_seq_len)
+    fits_production(states, cfg.extract.max_seq_len, drafts_reserved(cfg))
     if not os.path.isdir(states.capture_dir):
         raise StageError(
             f"extract.capture_dir {states.capture_dir} does not exist on this host: production's capture plugin "

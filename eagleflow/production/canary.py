@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
             run_holdout(cfg.generate, int(req["n"])),
             int(req["max_tokens"]),
             os.environ.get(PRODUCTION_API_KEY_ENV),
+            engine=cfg.engine.kind,
+            k=cfg.benchmark.num_speculative_tokens,
         )
     except (httpx.HTTPError, OSError, RuntimeError) as exc:
         # The flow's cause line reads this ending: what the canary met at production's endpoint, and what to do.

@@ -95,3 +95,28 @@ def test_conversations_longer_than_productions_context_are_refused_before_any_re
     cfg.extract.max_seq_len = 1023
     with ExitStack() as stack:
         assert open_production(cfg, stack).capture_dir == tmp_path
+
+
+def test_on_an_sglang_production_the_drafts_room_of_each_request_is_counted(production_without_plugin, tmp_path):
+    # SGLang serving EAGLE keeps k + 1 tokens of each request for a step's drafts and refuses a request that leaves
+    # none (tokenizer_manager.py): a conversation of context - 1 tokens fits vLLM's production, not SGLang's
+    url, seen = production_without_plugin
+    sets = {"extract.backend": "production", "extract.capture_dir": str(tmp_path), "production.url": url}
+    sglang = {
+        **sets,
+        "engine.kind": "sglang",
+        "engine.kv_cache_gib": None,
+        "extract.max_seq_len": 1023,
+        "train.max_seq_len": 1019,
+        "extract.fallback": "sglang",
+    }
+    cfg = load_config(ROOT / "configs" / "demo.yaml", sglang)
+    assert cfg.benchmark.num_speculative_tokens == 3
+    with ExitStack() as stack, pytest.raises(StageError) as err:
+        open_production(cfg, stack)
+    lines = str(err.value).splitlines()
+    assert "and the 4 tokens SGLang keeps for a step's drafts" in lines[0], lines
+    assert lines[1].startswith("set extract.max_seq_len to 1019 or less") and seen == []
+    cfg.extract.max_seq_len = 1019
+    with ExitStack() as stack:
+        assert open_production(cfg, stack).capture_dir == tmp_path

@@ -1,0 +1,116 @@
+"""A production served by SGLang, measured where it serves: the canary (eagleflow.engines.acceptance.measure) and the
+night's benchmark on production (eagleflow.engines.remote.ProductionEndpoint). SGLang exports none of vLLM's
+speculative counters, and its /metrics only with --enable-metrics; each answer carries its own counts when asked
+(`return_meta_info`). The server here answers as SGLang 0.5.15's chat endpoint does (serving_chat.py: meta_info on
+each choice; schedule_batch.py: the histogram grows only as far as the most drafts a step accepted), on loopback."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from eagleflow.config import load_config
+from eagleflow.contracts.request import PRODUCTION_API_KEY_ENV, StageError
+from eagleflow.engines import acceptance
+from eagleflow.engines.chat import ChatClient
+from eagleflow.engines.remote import ProductionEndpoint
+from eagleflow.nightly.pool import benchmark_on
+from tests.conftest import ROOT
+
+# per answer: verify steps, accepted drafts, steps that accepted 0, 1, 2 drafts (none all 3: the histogram stops at 2)
+ANSWERS = [(10, 12, [2, 4, 4]), (8, 6, [3, 3, 2])]
+
+
+class SglangProduction:
+    """Loopback chat server: meta_info only when asked for, /metrics 404 (no --enable-metrics); records the
+    requests' bodies and the paths it was asked for."""
+
+    def __init__(self, drafter: bool = True):
+        self.bodies: list[dict] = []
+        self.paths: list[str] = []
+        served = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _reply(self, code: int, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                served.paths.append(self.path)
+                self._reply(200 if self.path == "/health" else 404, b"{}")
+
+            def do_POST(self) -> None:
+                req = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                served.bodies.append(req)
+                steps, accepted, hist = ANSWERS[(len(served.bodies) - 1) % len(ANSWERS)]
+                choice: dict = {"index": 0, "message": {"role": "assistant", "content": "x"}, "finish_reason": "length"}
+                if req.get("return_meta_info"):
+                    choice["meta_info"] = (
+                        {
+                            "spec_verify_ct": steps,
+                            "spec_num_correct_drafts": accepted,
+                            "spec_correct_drafts_histogram": hist,
+                        }
+                        if drafter
+                        else {"completion_tokens": 16}
+                    )
+                answer = {"choices": [choice], "usage": {"completion_tokens": 16}}
+                self._reply(200, json.dumps(answer).encode())
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def production() -> Iterator[type[SglangProduction]]:
+    made: list[SglangProduction] = []
+    yield lambda **kw: made.append(SglangProduction(**kw)) or made[-1]  # type: ignore[misc]
+    for p in made:
+        p.server.shutdown()
+        p.server.server_close()
+
+
+def prompts(n: int) -> list[list[dict]]:
+    return [[{"role": "user", "content": str(i)}] for i in range(n)]
+
+
+def test_the_canary_reads_sglang_productions_acceptance_from_its_answers(production):
+    served = production()
+    m = acceptance.measure(served.url, "kimi", prompts(2), 16, engine="sglang", k=3)
+    # the warm-up answer (ANSWERS[0]) is not counted; the two measured are ANSWERS[1] and ANSWERS[0]
+    assert m["mean_acceptance_length"] == round(1 + (6 + 12) / (8 + 10), 4)
+    # position i: the steps that accepted at least i drafts; k = 3 though no step accepted 3
+    assert m["per_position_acceptance"] == [round(13 / 18, 4), round(6 / 18, 4), 0.0]
+    assert all(b["return_meta_info"] for b in served.bodies) and "/metrics" not in served.paths
+    # vLLM's reading of the same production (the canary before this) saw no counters: AL 1.0, a rollback
+    none = production(drafter=False)
+    m = acceptance.measure(none.url, "kimi", prompts(2), 16, engine="sglang", k=3)
+    assert m["mean_acceptance_length"] == 1.0 and "no answer carried" in m["note"]
+
+
+def test_the_nights_benchmark_on_an_sglang_production_reads_its_answers(production, monkeypatch):
+    monkeypatch.setenv(PRODUCTION_API_KEY_ENV, "key")  # the flow hands the Secret block's key over so
+    served = production()
+    cfg = load_config(ROOT / "configs" / "kimi-k25-sglang.yaml", {"production.url": served.url})
+    cfg = benchmark_on(cfg, "production")  # refused while only vLLM's counters were read: every promoted night
+    end = ProductionEndpoint(cfg)
+    assert end.request_extra == {"return_meta_info": True} and end.snapshot() == {}  # no /metrics: not an error
+    with ChatClient(served.url, "kimi", max_concurrency=1) as client:
+        results, _ = client.chat(prompts(2), max_tokens=16, temperature=1.0, concurrency=1, extra=end.request_extra)
+    got = end.answers_acceptance(results, 3)
+    assert got is not None and got["num_drafts"] == 18.0 and got["num_accepted_tokens"] == 18.0
+    with pytest.raises(StageError, match="reported no acceptance"):
+        end.acceptance({}, {}, 3)  # neither its answers nor its counters: said so, not AL 1.0
+    vllm = ProductionEndpoint(load_config(ROOT / "configs" / "kimi-k25.yaml", {"production.url": served.url}))
+    assert vllm.request_extra == {} and vllm.answers_acceptance(results, 3) is None  # vLLM: its counters
