@@ -104,8 +104,15 @@ def drafts(args: argparse.Namespace) -> int:
     if not exports:
         gn.say(f"no exported drafter under {work / 'runs'}")
         return 1
-    _, host = gn.pythons(args)
     config = work / "config.yaml"
+    import yaml
+
+    if (yaml.safe_load(config.read_text()).get("engine") or {}).get("kind") == "sglang":
+        # sampled_drafts.py reads vLLM's counters on vLLM's python; SGLang's sampled drafts are its benchmark's
+        # draft_sample_method 'probabilistic' (tests/gpu/test_sglang_serving.py)
+        gn.say(f"pipeline {args.name} ran on SGLang: `drafts` measures on vLLM only")
+        return 2
+    _, host = gn.pythons(args)
     argv = [
         host,
         str(gn.ROOT / "benchmarks" / "sampled_drafts.py"),

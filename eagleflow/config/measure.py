@@ -108,9 +108,10 @@ class BenchmarkConfig(_Strict):
     )
     draft_attention_backend: str | None = Field(
         None,
-        description="vLLM speculative_config.attention_backend: the drafter's own attention backend (e.g. "
-        "TRITON_MLA where a target backend verifies drafts wrongly). None: the engine picks one for the drafter's "
-        "shape. The target's is --attention-backend in engine.extra_args.",
+        description="The drafter's own attention backend, in the engine's names: vLLM's speculative_config."
+        "attention_backend (e.g. TRITON_MLA where a target backend verifies drafts wrongly), SGLang's "
+        "--speculative-draft-attention-backend (e.g. triton). None: the engine picks one for the drafter's shape. "
+        "The target's is --attention-backend in engine.extra_args.",
     )
     draft_sample_method: Literal["greedy", "probabilistic"] | None = Field(
         None,

@@ -145,6 +145,8 @@ class SglangServer(EngineServer):
                 "--speculative-num-draft-tokens",
                 str(k + 1),
             ]
+            if s.get("attention_backend"):  # benchmark.draft_attention_backend, in SGLang's names (triton, fa3, ...)
+                argv += ["--speculative-draft-attention-backend", str(s["attention_backend"])]
         return argv + list(e.extra_args)
 
     def server_info(self) -> dict[str, Any]:

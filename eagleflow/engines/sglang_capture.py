@@ -28,7 +28,8 @@ Where the states come from (read from SGLang 0.5.15's source):
 - which rows are whose: `ForwardBatch.init_new(batch, model_runner)` sees the batch's requests (their custom_params
   and prompts); the model runner's forward then has the batch's per-request extend lengths and starts.
 Only the target's runner (not the drafter's) and only extend forwards (a prefill, or its chunk) are looked at; only
-tensor-parallel rank 0 of the last pipeline stage writes (the residual stream is whole on every TP rank).
+tensor-parallel rank 0 of the last pipeline stage writes (the residual stream is whole on every TP rank). Under
+data-parallel attention (--enable-dp-attention) each DP rank holds its own requests' states: capture stays off.
 """
 
 from __future__ import annotations
@@ -141,13 +142,23 @@ def _writes_here(runner: Any) -> bool:
         return int(getattr(runner, "tp_rank", 0)) == 0
 
 
+def prefill_graphs_off(args: Any) -> bool:
+    """Whether prefill runs without CUDA graphs, as SGLang resolved its flags: `cuda_graph_config.prefill.backend`
+    ('disabled'), which an explicit --cuda-graph-backend-prefill or --cuda-graph-config sets over
+    --disable-prefill-cuda-graph (server_args.py); the flag itself where no resolved config is there."""
+    backend = getattr(getattr(getattr(args, "cuda_graph_config", None), "prefill", None), "backend", None)
+    if backend is not None:
+        return str(backend) == "disabled"
+    return bool(getattr(args, "disable_prefill_cuda_graph", False))
+
+
 def after_aux_init(result: Any, runner: Any, *args: Any, **kwargs: Any) -> Any:
     """ModelRunner.init_aux_hidden_state_capture, AFTER: the target's aux layers and the final norm's hook."""
     runner._eagleflow_capture = None
     if getattr(runner, "is_draft_worker", False):
         return result
     directory, layers = os.environ[DIR_ENV], tuple(int(x) for x in os.environ[LAYERS_ENV].split(","))
-    if not getattr(runner.server_args, "disable_prefill_cuda_graph", False):
+    if not prefill_graphs_off(runner.server_args):
         log.warning(
             "eagleflow_capture: prefill CUDA graphs are on, and the final layer's state is taken at the norm's call, "
             "which a replayed graph does not make: capture off; launch with --disable-prefill-cuda-graph to capture"
@@ -155,6 +166,14 @@ def after_aux_init(result: Any, runner: Any, *args: Any, **kwargs: Any) -> Any:
         return result
     if int(getattr(runner, "pp_size", 1) or 1) > 1:
         log.warning("eagleflow_capture: production runs pipeline stages: capture off")
+        return result
+    if getattr(runner.server_args, "enable_dp_attention", False):
+        # each data-parallel attention rank schedules and holds its own requests' states; writing on TP rank 0 alone
+        # would leave the others' capture requests unanswered, and their states are not checked against a reference
+        log.warning(
+            "eagleflow_capture: production runs data-parallel attention (--enable-dp-attention), whose ranks hold "
+            "their own requests' states: capture off; the night takes extract.fallback (an engine of our own)"
+        )
         return result
     found = _decoder(runner.model)
     if found is None:

@@ -66,6 +66,10 @@ def test_sglang_launch_command_has_the_eagle3_flags():
     r1 = dataclasses.replace(spec, engine=engine.model_copy(update={"reasoning_parser": "deepseek_r1"}))
     argv_r1 = SglangServer.argv_for(r1)
     assert argv_r1[argv_r1.index("--reasoning-parser") + 1] == "deepseek-r1"  # vLLM's name, SGLang's spelling
+    backend = dataclasses.replace(spec, speculative={**spec.speculative, "attention_backend": "triton"})
+    argv_b = SglangServer.argv_for(backend)  # benchmark.draft_attention_backend reaches SGLang, not dropped
+    assert argv_b[argv_b.index("--speculative-draft-attention-backend") + 1] == "triton"
+    assert "--speculative-draft-attention-backend" not in argv
 
 
 def test_sglang_sampled_drafts_need_the_whole_vocabulary(tmp_path):

@@ -74,3 +74,37 @@ def test_rows_are_cut_per_request_and_a_chunked_prompt_is_written_once_whole(tmp
 def test_a_request_that_names_no_file_is_not_captured(tmp_path):
     cap = SglangCapture(str(tmp_path), (1, 2, 3, 4))
     assert cap.rows_of(SimpleNamespace(reqs=[req("r", [1, 2], "../escape")])) == []
+
+
+def test_data_parallel_attention_turns_capture_off_saying_so(tmp_path, monkeypatch, caplog):
+    # under --enable-dp-attention each DP rank holds its own requests' states: writing on TP rank 0 alone would leave
+    # the other ranks' capture requests unanswered mid-extract; off at start, the check's request finds it off
+    from eagleflow.engines import sglang_capture
+    from eagleflow.engines.capture_plugin import DIR_ENV, LAYERS_ENV
+
+    monkeypatch.setenv(DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(LAYERS_ENV, "2,30,58,61")
+    args = SimpleNamespace(disable_prefill_cuda_graph=True, enable_dp_attention=True)
+    runner = SimpleNamespace(is_draft_worker=False, server_args=args, pp_size=1, model=None)
+    with caplog.at_level("WARNING", logger="sglang.eagleflow_capture"):
+        assert sglang_capture.after_aux_init("result", runner) == "result"
+    assert runner._eagleflow_capture is None and "data-parallel attention" in caplog.text
+    args.enable_dp_attention = False  # the next reason it stays off here: this fake runner has no decoder
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="sglang.eagleflow_capture"):
+        sglang_capture.after_aux_init("result", runner)
+    assert "data-parallel attention" not in caplog.text and "has no EAGLE-3 aux capture" in caplog.text
+
+
+def test_prefill_graphs_are_read_as_sglang_resolved_them():
+    # an explicit --cuda-graph-backend-prefill (or --cuda-graph-config) wins over --disable-prefill-cuda-graph in
+    # SGLang's resolution: the flag alone would let capture run beside replayed prefill graphs, writing stale states
+    from eagleflow.engines.sglang_capture import prefill_graphs_off
+
+    def args(backend: str | None, flag: bool) -> SimpleNamespace:
+        config = SimpleNamespace(prefill=SimpleNamespace(backend=backend)) if backend else None
+        return SimpleNamespace(cuda_graph_config=config, disable_prefill_cuda_graph=flag)
+
+    assert prefill_graphs_off(args("disabled", True)) and prefill_graphs_off(args("disabled", False))
+    assert not prefill_graphs_off(args("full", True))  # the flag given, and overridden
+    assert prefill_graphs_off(args(None, True)) and not prefill_graphs_off(args(None, False))
