@@ -22,9 +22,9 @@ its stage processes and its engines see SGLang's site and compiler, not vLLM's. 
 backend and the PyTorch sampler (the bundle leaves out the FA3 kernels). CUDA graphs on for both (as production
 serves) unless --eager: the start time then says what each engine's graph capture costs.
 
-A run of one engine (`--engines sglang` after a fix, say) keeps the other engine's figures for the same drafter and
-config in engines.json; each engine's row says whether it ran eager or with CUDA graphs, and a run that fails shows
-no figures of an earlier one.
+A run of one engine (`--engines sglang` after a fix, say) keeps the other engine's figures for the same drafter,
+config and --set in engines.json; each engine's row says whether it ran eager or with CUDA graphs, and a run that
+fails shows no figures of an earlier one.
 """
 
 from __future__ import annotations
@@ -154,9 +154,10 @@ def steps(args: argparse.Namespace) -> int:
     import yaml
 
     control, vllm_host = gn.pythons(args)
-    record: dict[str, Any] = {"drafter": str(Path(args.drafter).resolve()), "config": args.config, "engines": {}}
+    drafter = str(Path(args.drafter).resolve())
+    record: dict[str, Any] = {"drafter": drafter, "config": args.config, "sets": list(args.set), "engines": {}}
     earlier = json.loads((OUT / "engines.json").read_text()) if (OUT / "engines.json").is_file() else {}
-    if (earlier.get("drafter"), earlier.get("config")) == (record["drafter"], record["config"]):
+    if [earlier.get(k) for k in ("drafter", "config", "sets")] == [drafter, args.config, list(args.set)]:
         # a run of one engine (--engines sglang, say, after a fix) keeps the other's figures for the same drafter
         record["engines"] = {k: v for k, v in earlier.get("engines", {}).items() if k not in args.engines}
     for engine in args.engines:

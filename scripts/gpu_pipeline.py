@@ -105,6 +105,9 @@ def drafts(args: argparse.Namespace) -> int:
         gn.say(f"no exported drafter under {work / 'runs'}")
         return 1
     config = work / "config.yaml"
+    if not config.is_file():
+        gn.say(f"no {config}: `run {args.name}` first")
+        return 1
     import yaml
 
     if (yaml.safe_load(config.read_text()).get("engine") or {}).get("kind") == "sglang":

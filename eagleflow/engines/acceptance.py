@@ -18,7 +18,13 @@ from typing import Any
 
 from eagleflow.engines.chat import ChatClient, ChatResult
 from eagleflow.engines.metrics import parse_metrics
-from eagleflow.engines.sglang import acceptance_from_answers, drafts_per_step
+from eagleflow.engines.remote import sglang_server_info
+from eagleflow.engines.sglang import (
+    acceptance_from_answers,
+    acceptance_from_counters,
+    drafts_per_step,
+    speculative_settings,
+)
 from eagleflow.engines.vllm import SPEC_ACCEPTED, SPEC_ACCEPTED_PER_POS, SPEC_DRAFTS, acceptance_from_deltas
 from eagleflow.util import http
 
@@ -44,7 +50,7 @@ def answers_acceptance(results: Sequence[ChatResult], k: int) -> dict[str, Any]:
             "mean_acceptance_length": 1.0,
             "per_position_acceptance": [],
             "note": "no answer carried SGLang's speculative counts (meta_info spec_verify_ct): production serves no "
-            "drafter, or an SGLang that does not report them",
+            "drafter, or an SGLang that does not report them, or something in front of it drops them",
         }
     return {**got, "per_position_acceptance": got["per_position_acceptance"] or [], "note": got["source"]}
 
@@ -65,9 +71,14 @@ def measure(
     base = url.rstrip("/")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     sglang = engine == "sglang"
+    if sglang:
+        # production's own k where it says (its /server_info; unreachable raises here, as vLLM's /metrics does)
+        info = sglang_server_info(base, api_key)
+        k = (speculative_settings(info)[0] if info else 0) or k
 
     def metrics() -> dict[str, float]:
-        return {} if sglang else parse_metrics(http.get(f"{base}/metrics", headers=headers, timeout=30.0).text)
+        r = http.get(f"{base}/metrics", headers=headers, timeout=30.0)
+        return {} if sglang and r.status_code == 404 else parse_metrics(r.text)  # SGLang's needs --enable-metrics
 
     extra = {"ignore_eos": True, **({"return_meta_info": True} if sglang else {})}
     with ChatClient(base, model, max_concurrency=1, api_key=api_key) as client:
@@ -77,6 +88,9 @@ def measure(
         after = metrics()
     if sglang:
         acceptance = answers_acceptance(results, k)
+        counted = acceptance_from_counters(before, after, k) if acceptance.get("num_drafts") is None else None
+        if counted is not None:  # answers without meta_info (a proxy that drops it), counters that moved
+            acceptance = {**counted, "per_position_acceptance": [], "note": counted["source"]}
     elif (k := speculative_positions(after)) == 0:
         acceptance: dict[str, Any] = {
             "mean_acceptance_length": 1.0,

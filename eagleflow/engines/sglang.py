@@ -56,12 +56,13 @@ TOOL_CALL_PARSERS = {"deepseek_v3": "deepseekv3", "deepseek_v31": "deepseekv31",
 GRPC_OFFSET = 10000  # SGLang's default gRPC port: --port + 10000 (server_args.py)
 
 
-def grpc_port_env(port: int, env: dict[str, str] | None) -> dict[str, str] | None:
+def grpc_port_env(port: int, env: dict[str, str] | None, named: dict[str, str] | None = None) -> dict[str, str] | None:
     """`env` with SGLANG_GRPC_PORT named where SGLang's default would not be a port. SGLang checks its gRPC port at
     every start, gRPC served or not, and its default (--port + 10000) stops a launch on any port above 55535: the
     free port a benchmark engine is given is often one (seen on a GPU host: 56733). Where neither the caller nor the
-    environment names one, --port - 10000 (a port, and not --port)."""
-    if port + GRPC_OFFSET <= 65535 or "SGLANG_GRPC_PORT" in (env or {}) or "SGLANG_GRPC_PORT" in os.environ:
+    environment names one (`named`: engine.env too), --port - 10000 (a port, and not --port)."""
+    given = {**(named or {}), **(env or {}), **os.environ}
+    if port + GRPC_OFFSET <= 65535 or "SGLANG_GRPC_PORT" in given:
         return env
     return {**(env or {}), "SGLANG_GRPC_PORT": str(port - GRPC_OFFSET)}
 
@@ -73,7 +74,8 @@ class SglangServer(EngineServer):
     request_extra = {"return_meta_info": True}
 
     def __init__(self, spec: LaunchSpec, log_path: Path, env: dict[str, str] | None = None, name: str | None = None):
-        super().__init__(spec, log_path, env=grpc_port_env(spec.port, env), name=name)
+        named = {**spec.engine.env, **(env or {})}  # engine.env and the caller's: either may name a gRPC port
+        super().__init__(spec, log_path, env=grpc_port_env(spec.port, env, named), name=name)
 
     @classmethod
     def argv_for(cls, spec: LaunchSpec) -> list[str]:
@@ -224,6 +226,17 @@ def acceptance_from_counters(before: dict[str, float], after: dict[str, float], 
         "per_position_acceptance": None,
         "source": f"sglang:generation_tokens, num_requests and spec_verify_calls over the window ({verify:.0f} steps)",
     }
+
+
+def speculative_settings(info: dict[str, Any]) -> tuple[int, int]:
+    """(k, reserved) of an SGLang server from its /server_info (its ServerArgs at the top level): the drafts a step
+    (speculative_num_steps; eagleflow serves topk 1) and the tokens each request keeps for them
+    (tokenizer_manager.py: max(topk x steps, draft tokens)); (0, 0) where it does not decode speculatively."""
+    if not info.get("speculative_algorithm"):
+        return 0, 0
+    steps = int(info.get("speculative_num_steps") or 0)
+    topk = int(info.get("speculative_eagle_topk") or 1)
+    return steps, max(topk * steps, int(info.get("speculative_num_draft_tokens") or 0))
 
 
 def drafts_per_step(bodies: list[dict[str, Any]]) -> int:

@@ -28,7 +28,8 @@ import httpx
 from eagleflow.config import RunConfig
 from eagleflow.contracts.request import StageError
 from eagleflow.engines.capture_plugin import DIR_ENV, LAYERS_ENV, LAYERS_META, XARG, capture_file
-from eagleflow.engines.remote import RemoteServer
+from eagleflow.engines.remote import RemoteServer, sglang_server_info
+from eagleflow.engines.sglang import speculative_settings
 from eagleflow.extraction.vllm import EngineStates
 
 log = logging.getLogger("eagleflow.extract")
@@ -140,10 +141,13 @@ def fits_production(states: ProductionStates, max_seq_len: int, reserved: int = 
         )
 
 
-def drafts_reserved(cfg: RunConfig) -> int:
-    """The tokens production keeps in each request for a step's drafts: k + 1 on SGLang (EAGLE at topk 1, the k the
-    benchmark serves: benchmark.num_speculative_tokens), none on vLLM."""
-    return cfg.benchmark.num_speculative_tokens + 1 if cfg.engine.kind == "sglang" else 0
+def drafts_reserved(cfg: RunConfig, base_url: str, api_key: str | None) -> int:
+    """The tokens production keeps in each request for a step's drafts: none on vLLM; on SGLang as its /server_info
+    says (speculative_settings), else k + 1 at the benchmark's k (benchmark.num_speculative_tokens, topk 1)."""
+    if cfg.engine.kind != "sglang":
+        return 0
+    info = sglang_server_info(base_url, api_key)
+    return speculative_settings(info)[1] if info else cfg.benchmark.num_speculative_tokens + 1
 
 
 def open_production(cfg: RunConfig, stack: ExitStack, wait_s: float | None = None) -> ProductionStates:
@@ -158,7 +162,8 @@ def open_production(cfg: RunConfig, stack: ExitStack, wait_s: float | None = Non
         cfg.extract.concurrency,
     )
     states.remote.wait_answering(cfg.generate.server_wait_s if wait_s is None else wait_s)
-    fits_production(states, cfg.extract.max_seq_len, drafts_reserved(cfg))
+    reserved = drafts_reserved(cfg, states.remote.base_url, states.remote.api_key)
+    fits_production(states, cfg.extract.max_seq_len, reserved)
     if not os.path.isdir(states.capture_dir):
         raise StageError(
             f"extract.capture_dir {states.capture_dir} does not exist on this host: production's capture plugin "

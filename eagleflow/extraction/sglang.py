@@ -58,11 +58,34 @@ def plugin_path(stage_dir: Path) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(p for p in (str(site), here, os.environ.get("PYTHONPATH", "")) if p)}
 
 
+# Production's flags that would turn the plugin off in an engine of ours (eagleflow.engines.sglang_capture), with how
+# many values each takes: data-parallel attention and its DP size (each DP rank holds its own requests' states), and
+# prefill-graph settings that win over --disable-prefill-cuda-graph. A capture engine only prefills: TP attention
+# and SGLang's default decode graphs serve it.
+NOT_FOR_CAPTURE = {
+    "--enable-dp-attention": 0,
+    "--dp-size": 1,
+    "--data-parallel-size": 1,
+    "--cuda-graph-backend-prefill": 1,
+    "--cuda-graph-config": 1,
+}
+
+
 def capture_args(extra_args: list[str], enforce_eager: bool) -> list[str]:
-    """engine.extra_args with prefill out of CUDA graphs, as the plugin needs (eager engines have no graphs)."""
-    if enforce_eager or NO_PREFILL_GRAPH in extra_args:
-        return list(extra_args)
-    return [*extra_args, NO_PREFILL_GRAPH]
+    """engine.extra_args without the flags that turn the plugin off (NOT_FOR_CAPTURE, `--flag value` or
+    `--flag=value`), with prefill out of CUDA graphs, as the plugin needs (eager engines have no graphs)."""
+    kept: list[str] = []
+    skip = 0
+    for arg in extra_args:
+        if skip:
+            skip -= 1
+        elif arg.split("=", 1)[0] in NOT_FOR_CAPTURE:
+            skip = 0 if "=" in arg else NOT_FOR_CAPTURE[arg]
+        else:
+            kept.append(arg)
+    if enforce_eager or NO_PREFILL_GRAPH in kept:
+        return kept
+    return [*kept, NO_PREFILL_GRAPH]
 
 
 @contextmanager

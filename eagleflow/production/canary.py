@@ -4,12 +4,13 @@
         REQUEST: {"config": the run config (its held-out prompts), "n", "max_tokens"}; production's API key,
         when it has one, in the environment variable EAGLEFLOW_PRODUCTION_API_KEY (never in a file)
 
-The held-out prompts are sent one at a time, greedy, `max_tokens` each (`ignore_eos`: equal work per drafter),
-and production's /metrics counters are read around them: acceptance length and per-position acceptance as
-the engine counts them, output tokens a second as a client sees them. Greedy speculative decoding gives the
-target's own answers, so measuring on production changes nothing its users get; production's other traffic
-shares the counters, which is why the canary judges a drafter by its acceptance first (eagleflow.nightly.promotion's
-`judge_canary`) and by its speed only within a tolerance.
+The held-out prompts are sent one at a time, greedy, `max_tokens` each (`ignore_eos`: equal work per drafter), and
+production's /metrics counters are read around them (SGLang: each answer's meta_info, which it reports when asked;
+its own k from /server_info): acceptance length and per-position acceptance as the engine counts them, output tokens
+a second as a client sees them. Greedy speculative decoding gives the target's own answers, so measuring on
+production changes nothing its users get; production's other traffic shares the counters, which is why the canary
+judges a drafter by its acceptance first (eagleflow.nightly.promotion's `judge_canary`) and by its speed only within
+a tolerance.
 """
 
 from __future__ import annotations

@@ -173,5 +173,9 @@ def test_sglang_on_a_high_port_is_given_a_grpc_port_it_accepts(tmp_path, monkeyp
     assert SglangServer(dataclasses.replace(spec, port=30000), tmp_path / "b.log").env == {}
     own = SglangServer(dataclasses.replace(spec, port=60000), tmp_path / "c.log", env={"SGLANG_GRPC_PORT": "50001"})
     assert own.env == {"SGLANG_GRPC_PORT": "50001"}  # the caller's choice stands
+    in_config = dataclasses.replace(
+        spec, port=60000, engine=EngineConfig(kind="sglang", env={"SGLANG_GRPC_PORT": "50010"})
+    )
+    assert SglangServer(in_config, tmp_path / "e.log").env == {}  # engine.env's stands too
     monkeypatch.setenv("SGLANG_GRPC_PORT", "50002")
     assert SglangServer(dataclasses.replace(spec, port=60000), tmp_path / "d.log").env == {}  # so does the host's

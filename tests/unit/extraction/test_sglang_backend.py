@@ -38,3 +38,23 @@ def test_the_plugin_is_declared_to_sglang_only_where_eagleflow_is_not_installed(
     entry = configparser.ConfigParser()
     entry.read(tmp_path / "sglang-plugin" / "eagleflow_sglang_capture-0.0.dist-info" / "entry_points.txt")
     assert dict(entry["sglang.srt.plugins"]) == {"eagleflow_capture": "eagleflow.engines.sglang_capture:register"}
+
+
+def test_production_flags_that_would_turn_the_plugin_off_are_left_out_of_the_capture_engine():
+    # a production on data-parallel attention, or with its own prefill graphs, turns the plugin off there (each DP
+    # rank holds its own requests' states; replayed prefill graphs skip the final norm's hook): the night's fallback
+    # engine inherits engine.extra_args and would be off too, after production was stopped for it
+    prod = [
+        "--enable-dp-attention",
+        "--dp-size",
+        "8",
+        "--cuda-graph-backend-prefill=breakable",
+        "--moe-a2a-backend",
+        "deepep",
+    ]
+    prod += ["--cuda-graph-config", '{"prefill": {"backend": "full"}}', "--data-parallel-size=8"]
+    assert backend.capture_args(prod, enforce_eager=False) == [
+        "--moe-a2a-backend",
+        "deepep",
+        "--disable-prefill-cuda-graph",
+    ]
