@@ -103,6 +103,7 @@ class RunConfig(_Strict):
         self._follow_traffic()
         self._sglang_layout()
         self._sglang_production()
+        self._sglang_draft_backend()
         if self.engine.kind == "sglang" and self.extract.backend == "vllm":
             raise ValueError(
                 "extract.backend is 'vllm' but engine.kind is 'sglang': the vllm backend is vLLM's own capture in an "
@@ -149,6 +150,17 @@ class RunConfig(_Strict):
                     f"{field} (it defaults to false with SGLang), or serve with vLLM"
                 )
             setattr(t, field, False)
+
+    def _sglang_draft_backend(self) -> None:
+        """benchmark.draft_attention_backend reaches SGLang as --speculative-draft-attention-backend, which takes its
+        own lower-case names: a vLLM one (TRITON_MLA) would stop the launch after the target's load."""
+        backend = self.benchmark.draft_attention_backend
+        if self.engine.kind == "sglang" and backend and backend != backend.lower():
+            raise ValueError(
+                f"benchmark.draft_attention_backend is {backend!r}, a vLLM name, but engine.kind is 'sglang', whose "
+                "--speculative-draft-attention-backend takes its own lower-case names (triton, flashinfer, fa3, ...): "
+                "set one of those, or unset it and let SGLang choose"
+            )
 
     def _sglang_production(self) -> None:
         """Production served by SGLang is stopped for the window and started again with the night's drafter.

@@ -194,6 +194,19 @@ def test_with_sglang_the_drafter_is_trained_in_the_layout_sglang_serves(tmp_path
         load_config(write(tmp_path, data))
 
 
+def test_with_sglang_a_vllm_named_draft_attention_backend_is_refused_by_its_field(tmp_path):
+    # SGLang's --speculative-draft-attention-backend takes its own names: TRITON_MLA would stop the launch after the
+    # target had loaded (minutes on Kimi); refused at the config, and SGLang's own name taken
+    data = demo_dict()
+    data["engine"]["kind"] = "sglang"
+    data["extract"] = {**data.get("extract", {}), "backend": "hf"}
+    data["benchmark"] = {**data["benchmark"], "draft_attention_backend": "TRITON_MLA"}
+    with pytest.raises(ConfigError, match=r"benchmark.draft_attention_backend is 'TRITON_MLA', a vLLM name"):
+        load_config(write(tmp_path, data))
+    data["benchmark"]["draft_attention_backend"] = "triton"
+    assert load_config(write(tmp_path, data)).benchmark.draft_attention_backend == "triton"
+
+
 def test_a_config_extends_its_base_and_says_only_how_it_differs(tmp_path):
     """configs/kimi-k25-sglang.yaml is configs/kimi-k25.yaml (its base) with SGLang's differences: sections merged key
     by key, lists and values replaced, null back to the default; a missing base or a loop is named."""
