@@ -18,11 +18,11 @@ from typing import Any
 
 from eagleflow.engines.chat import ChatClient, ChatResult
 from eagleflow.engines.metrics import parse_metrics
-from eagleflow.engines.remote import sglang_server_info
 from eagleflow.engines.sglang import (
     acceptance_from_answers,
     acceptance_from_counters,
     drafts_per_step,
+    server_info_at,
     speculative_settings,
 )
 from eagleflow.engines.vllm import SPEC_ACCEPTED, SPEC_ACCEPTED_PER_POS, SPEC_DRAFTS, acceptance_from_deltas
@@ -73,7 +73,7 @@ def measure(
     sglang = engine == "sglang"
     if sglang:
         # production's own k where it says (its /server_info; unreachable raises here, as vLLM's /metrics does)
-        info = sglang_server_info(base, api_key)
+        info = server_info_at(base, api_key)
         k = (speculative_settings(info)[0] if info else 0) or k
 
     def metrics() -> dict[str, float]:

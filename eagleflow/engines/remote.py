@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
 
 from eagleflow.config import RunConfig
 from eagleflow.contracts.request import PRODUCTION_API_KEY_ENV, StageError
@@ -50,20 +49,6 @@ class RemoteServer:
                 )
             time.sleep(HEALTH_POLL_S)
         return time.monotonic() - start
-
-
-def sglang_server_info(base_url: str, api_key: str | None) -> dict[str, Any] | None:
-    """An SGLang server's /server_info (its ServerArgs, its schedulers' states), or None where it answers none (not
-    SGLang, or a proxy in front); a server that cannot be reached raises (httpx), as its /metrics would."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    for path in ("/server_info", "/get_server_info"):
-        r = http.get(f"{base_url.rstrip('/')}{path}", headers=headers, timeout=30.0)
-        if r.status_code == 200:
-            try:
-                return r.json()
-            except ValueError:
-                return None
-    return None
 
 
 def production_api_key(config: RunConfig) -> str | None:

@@ -152,11 +152,10 @@ class SglangServer(EngineServer):
         return argv + list(e.extra_args)
 
     def server_info(self) -> dict[str, Any]:
-        for path in ("/server_info", "/get_server_info"):
-            r = http.get(f"{self.base_url}{path}", timeout=10.0)
-            if r.status_code == 200:
-                return r.json()
-        raise StageError(f"SGLang at {self.base_url} answers neither /get_server_info nor /server_info")
+        info = server_info_at(self.base_url, None, timeout_s=10.0)
+        if info is None:
+            raise StageError(f"SGLang at {self.base_url} answers neither /get_server_info nor /server_info")
+        return info
 
     def snapshot(self) -> dict[str, float]:
         # The log offset marks the window; the server's own average is the fallback.
@@ -226,6 +225,20 @@ def acceptance_from_counters(before: dict[str, float], after: dict[str, float], 
         "per_position_acceptance": None,
         "source": f"sglang:generation_tokens, num_requests and spec_verify_calls over the window ({verify:.0f} steps)",
     }
+
+
+def server_info_at(base_url: str, api_key: str | None, timeout_s: float = 30.0) -> dict[str, Any] | None:
+    """An SGLang server's /server_info (its ServerArgs, its schedulers' states), or None where it answers none (not
+    SGLang, or a proxy in front); a server that cannot be reached raises (httpx), as its /metrics would."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    for path in ("/server_info", "/get_server_info"):
+        r = http.get(f"{base_url.rstrip('/')}{path}", headers=headers, timeout=timeout_s)
+        if r.status_code == 200:
+            try:
+                return r.json()
+            except ValueError:
+                return None
+    return None
 
 
 def speculative_settings(info: dict[str, Any]) -> tuple[int, int]:

@@ -28,8 +28,8 @@ import httpx
 from eagleflow.config import RunConfig
 from eagleflow.contracts.request import StageError
 from eagleflow.engines.capture_plugin import DIR_ENV, LAYERS_ENV, LAYERS_META, XARG, capture_file
-from eagleflow.engines.remote import RemoteServer, sglang_server_info
-from eagleflow.engines.sglang import speculative_settings
+from eagleflow.engines.remote import RemoteServer
+from eagleflow.engines.sglang import server_info_at, speculative_settings
 from eagleflow.extraction.vllm import EngineStates
 
 log = logging.getLogger("eagleflow.extract")
@@ -146,7 +146,7 @@ def drafts_reserved(cfg: RunConfig, base_url: str, api_key: str | None) -> int:
     says (speculative_settings), else k + 1 at the benchmark's k (benchmark.num_speculative_tokens, topk 1)."""
     if cfg.engine.kind != "sglang":
         return 0
-    info = sglang_server_info(base_url, api_key)
+    info = server_info_at(base_url, api_key)
     return speculative_settings(info)[1] if info else cfg.benchmark.num_speculative_tokens + 1
 
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
 from eagleflow.engines.replicas import Replicas
+from tests.helpers.http import JsonHandler
 
 
 class Replica:
@@ -27,17 +28,7 @@ class Replica:
         self.answered: list[str] = []
         replica = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _reply(self, code: int, body: bytes) -> None:
-                self.send_response(code)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
+        class Handler(JsonHandler):
             def do_GET(self) -> None:  # /health
                 self._reply(503 if replica.down else 200, b"{}")
 

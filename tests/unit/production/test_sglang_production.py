@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
@@ -20,6 +20,7 @@ from eagleflow.engines.chat import ChatClient
 from eagleflow.engines.remote import ProductionEndpoint
 from eagleflow.nightly.pool import benchmark_on
 from tests.conftest import ROOT
+from tests.helpers.http import JsonHandler
 
 # per answer: verify steps, accepted drafts, steps that accepted 0, 1, 2 drafts (none all 3: the histogram stops at 2)
 ANSWERS = [(10, 12, [2, 4, 4]), (8, 6, [3, 3, 2])]
@@ -37,17 +38,7 @@ class SglangProduction:
         info = {"speculative_algorithm": "EAGLE3", "speculative_num_steps": steps, "speculative_eagle_topk": 1}
         info["speculative_num_draft_tokens"] = (steps or 0) + 1
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _reply(self, code: int, body: bytes) -> None:
-                self.send_response(code)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
+        class Handler(JsonHandler):
             def do_GET(self) -> None:
                 served.paths.append(self.path)
                 if self.path == "/server_info" and steps:
