@@ -128,3 +128,53 @@ def fc_num_states(shapes: dict[str, list[int]], target_hidden: int | None) -> in
     if fc is None or not target_hidden or fc[1] % int(target_hidden):
         return None
     return fc[1] // int(target_hidden)
+
+
+# SGLang 0.5.15's EAGLE-3 loaders rename the per-state norms of older checkpoints (llama_eagle3.py).
+LEGACY_STATE_NORMS = {"aux_norm_low": "fc_norm.0", "aux_norm_mid": "fc_norm.1", "aux_norm_high": "fc_norm.2"}
+
+
+def check_state_norms(
+    name: str, drafter: dict[str, Any], shapes: dict[str, list[int]], drafter_dir: str, engine: str
+) -> Finding | None:
+    """The per-state norms (EAGLE 3.1's `fc_norm.{i}`, one RMSNorm per target state before fc) against the config
+    flag that makes the engine build them. Both engines build them from config.json alone (`fc_norm`; SGLang also
+    `use_aux_norm`) and load the weights only into norms they built: weights without the flag are skipped (SGLang
+    0.5.15, without a word) or refused at load (vLLM 0.32, after the target's load); the flag without the weights
+    leaves the norms at their initial scale of 1. Either way the drafter drafts from states it was not trained on.
+    None for a speculators-format drafter (its own conversion) or one with neither."""
+    if drafter.get("speculators_model_type"):
+        return None
+    check, cfg_path = f"state_norms[{name}]", f"{drafter_dir}/config.json"
+    weights = sorted(
+        k
+        for k in shapes
+        if k.startswith("fc_norm.") or any(k.startswith(f"{legacy}.") for legacy in LEGACY_STATE_NORMS)
+    )
+    flags = ["fc_norm"] + (["use_aux_norm"] if engine == "sglang" else [])
+    on = [f for f in flags if drafter.get(f)]
+    if not weights and not on:
+        return None
+    if weights and not on:
+        return Finding(
+            check,
+            "error",
+            f"{drafter_dir}/*.safetensors holds per-state norms ({', '.join(weights)}) but {cfg_path} does not turn "
+            f"on fc_norm: {engine} builds the drafter without them and drops the trained weights (SGLang without a "
+            "word, vLLM at load, after the target's), so the drafter would draft from un-normed states. Fix: set "
+            '"fc_norm": true in its config.json (eagleflow\'s export writes it)',
+        )
+    n_states = len(drafter.get("eagle_aux_hidden_state_layer_ids") or []) or int(
+        drafter.get("num_aux_hidden_states") or 3
+    )
+    if len(weights) != n_states:
+        have = f"only {', '.join(weights)}" if weights else "no fc_norm.{i}.weight"
+        return Finding(
+            check,
+            "error",
+            f"{cfg_path} turns on {on[0]} (one RMSNorm per target state before fc) but {drafter_dir}/*.safetensors "
+            f"has {have} for its {n_states} states: {engine} would keep the missing norms at their initial scale "
+            "of 1, not the trained ones. Fix: export the drafter with its norms (eagleflow's export writes them), "
+            f"or turn {on[0]} off if it was trained without them",
+        )
+    return Finding(check, "ok", f"{on[0]} on: {len(weights)} per-state norms, one for each target state")

@@ -15,7 +15,7 @@ from eagleflow.engines.preflight.configs import (
     safetensors_shapes,
     text_config,
 )
-from eagleflow.engines.preflight.dimensions import check_dimensions, fc_num_states
+from eagleflow.engines.preflight.dimensions import check_dimensions, check_state_norms, fc_num_states
 from eagleflow.engines.preflight.findings import Finding
 from eagleflow.engines.preflight.layer_ids import check_aux_layer_ids
 from eagleflow.engines.preflight.mla import (
@@ -186,6 +186,8 @@ def engine_findings(
             findings += sglang_drafter_checks(name, drafter_dir, cfg, shapes, engine.max_model_len)
         if target_cfg is not None:
             findings += check_dimensions(name, target_text, fields, shapes, drafter_dir)
+            norms = check_state_norms(name, fields, shapes, drafter_dir, engine.kind)
+            findings += [norms] if norms else []
             if num_layers:
                 ids = fields["eagle_aux_hidden_state_layer_ids"]
                 if engine.kind == "sglang":  # SGLang reads eagle_config's ids only
