@@ -6,7 +6,8 @@
 #
 #   bash scripts/sglang-gpu/chain.sh start DENSE_DRAFTER MLA_DRAFTER [STEPS]   from a copy of the checkout on the
 #                                       host, after SGLang's, vLLM's and Prefect's staging (scripts/sglang-gpu/README.md);
-#                                       STEPS default "dense mla suite", in that order
+#                                       STEPS default "dense mla suite", in that order; "pipeline": every stage
+#                                       on SGLang (scripts/gpu_pipeline.py run sgl --engine sglang)
 #   bash scripts/sglang-gpu/chain.sh wait [SECONDS]                             follow it: exit 75 while it runs
 #
 # The MLA target must travel with the checkout (demo/target-mla5: scripts/build_demo_mla_target.py --layers 5).
@@ -57,6 +58,17 @@ for step in $4; do
             -p no:cacheprovider -v -rsP --durations=0 > "$out/sgl-suite.log" 2>&1)
         echo "exit $?"
         tail -n 15 "$out/sgl-suite.log"
+        ;;
+    pipeline)  # every stage on SGLang (generate, its own capture, train, export, benchmark) on the dense target
+        python3 scripts/gpu_pipeline.py run sgl --engine sglang --config configs/demo.yaml \
+            --set 'benchmark.temperatures=[0.0, 1.0]' --set 'benchmark.concurrencies=[1, 8]' --set benchmark.top_p=0.95
+        rc=75
+        while [ "$rc" = 75 ]; do
+            python3 scripts/gpu_pipeline.py wait sgl --timeout 540 > "$out/pipeline-sgl.log" 2>&1
+            rc=$?
+        done
+        echo "exit $rc"
+        tail -n 40 "$out/pipeline-sgl.log"
         ;;
     *) echo "unknown step $step" ;;
     esac
