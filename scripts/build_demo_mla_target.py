@@ -61,6 +61,9 @@ MLA_CONFIG = dict(
     hidden_size=160,
     num_hidden_layers=4,
     first_k_dense_replace=1,  # layer 0 dense, layers 1-3 MoE
+    # every layer past those MoE, as DeepSeek-V3's and Kimi-K2's own configs say: transformers' DeepseekV3Config
+    # has no such field, and SGLang 0.5.15 reads it without a default (it stops building layer 0 without it)
+    moe_layer_freq=1,
     intermediate_size=384,  # the dense layer's MLP
     # MLA
     # One head: the (qk_nope, qk_rope, v) = (64, 64, 128) triple is one vLLM 0.26's only MLA prefill on

@@ -43,6 +43,7 @@ def kimi_shaped_config(args: argparse.Namespace, vocab_size: int, end_id: int, p
         intermediate_size=4 * args.hidden,  # the dense first layer's MLP
         num_hidden_layers=args.layers,
         first_k_dense_replace=1,
+        moe_layer_freq=1,  # as Kimi-K2's own config: SGLang 0.5.15 reads it without a default
         num_attention_heads=args.heads,
         num_key_value_heads=args.heads,
         # Kimi-K2's MLA: vLLM's FLASH_ATTN MLA prefill on Hopper takes this (128, 64, 128) triple

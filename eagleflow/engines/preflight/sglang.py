@@ -7,15 +7,41 @@ from typing import Any
 
 from eagleflow.engines.preflight.findings import Finding
 
+# The DeepSeek-family model types SGLang 0.5.15 builds with models/deepseek_v2.py (Kimi-K2.x's text model included).
+DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2")
+
+
+def check_moe_layer_freq(cfg: dict[str, Any], target_path: str) -> Finding | None:
+    """SGLang 0.5.15's DeepSeek model reads `moe_layer_freq` with no default when it builds the first layer past
+    `first_k_dense_replace` (deepseek_v2.py, `_is_layer_sparse`); transformers' DeepseekV3Config has no such field,
+    so a checkpoint saved by transformers (a small target made for tests, a converted one) loads in vLLM and
+    transformers, and stops SGLang's load with an AttributeError. None for other targets."""
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    if text.get("model_type") not in DEEPSEEK_TYPES or text.get("n_routed_experts") is None:
+        return None
+    where = f"{target_path}/config.json" + (" (text_config)" if text is not cfg else "")
+    if "moe_layer_freq" in text:
+        return Finding("moe_layer_freq", "ok", f"{where}: moe_layer_freq {text['moe_layer_freq']}")
+    return Finding(
+        "moe_layer_freq",
+        "error",
+        f"{where} has no moe_layer_freq: SGLang's DeepSeek model reads it without a default and stops while "
+        "building the first MoE layer (AttributeError), after the engine has started. Fix: add "
+        '"moe_layer_freq": 1 to it (every layer past first_k_dense_replace is MoE, as DeepSeek-V3\'s and '
+        "Kimi-K2's own configs say), or serve it with vLLM",
+    )
+
 
 def sglang_checks(cfg: dict[str, Any], target_path: str) -> list[Finding]:
     """Import + version + registry. Relies on SGLang's `sglang.srt.models.registry.ModelRegistry.models`
     (arch -> class) and on its EAGLE-3 targets defining `set_eagle3_layers_to_capture` (llama.py,
-    qwen2.py, deepseek_v2.py ...). The checks on layer ids and shapes are shared with vLLM."""
+    qwen2.py, deepseek_v2.py ...). The checks on layer ids and shapes are shared with vLLM; the target's config
+    fields SGLang reads without a default are checked whether SGLang imports here or not."""
+    config_findings = [f for f in (check_moe_layer_freq(cfg, target_path),) if f]
     try:
         import sglang
     except Exception as exc:  # noqa: BLE001
-        return [
+        return config_findings + [
             Finding(
                 "engine",
                 "error",
@@ -23,7 +49,9 @@ def sglang_checks(cfg: dict[str, Any], target_path: str) -> list[Finding]:
                 f"{exc}. Fix: install SGLang in the host environment, or set engine.kind: vllm",
             )
         ]
-    out = [Finding("engine", "ok", f"sglang {getattr(sglang, '__version__', '?')} in {sys.executable}")]
+    out = config_findings + [
+        Finding("engine", "ok", f"sglang {getattr(sglang, '__version__', '?')} in {sys.executable}")
+    ]
     arch = (cfg.get("architectures") or [None])[0]
     try:
         from sglang.srt.models.registry import ModelRegistry

@@ -12,7 +12,7 @@ import pytest
 from eagleflow.config.train import TrainConfig
 from eagleflow.engines.preflight.configs import safetensors_shapes
 from eagleflow.engines.preflight.layer_ids import check_aux_layer_ids
-from eagleflow.engines.preflight.sglang import sglang_drafter_checks
+from eagleflow.engines.preflight.sglang import check_moe_layer_freq, sglang_checks, sglang_drafter_checks
 from tests.conftest import ROOT
 from tests.make_drafter import make_drafter
 
@@ -68,3 +68,19 @@ def test_the_export_for_sglang_names_the_trained_layers_in_each_engines_reading(
     plain = json.loads((drafters["default"] / "config.json").read_text())["eagle_config"]
     found = check_aux_layer_ids("new", plain["eagle_aux_hidden_state_layer_ids"], 4, None, [1, 2, 3], 3, "sglang")
     assert {f.level for f in found} == {"error"} and any("one above" in f.message for f in found)
+
+
+def test_a_deepseek_target_without_moe_layer_freq_is_refused_before_sglang_loads_it():
+    """SGLang 0.5.15 reads moe_layer_freq with no default; transformers' DeepseekV3Config never writes it. The MLA
+    demo target carries it (its builder writes it); the check runs whether SGLang imports here or not."""
+    mla = json.loads((ROOT / "demo" / "target-mla" / "config.json").read_text())
+    assert check_moe_layer_freq(mla, "demo/target-mla").level == "ok"
+    without = {k: v for k, v in mla.items() if k != "moe_layer_freq"}
+    found = [f for f in sglang_checks(without, "t") if f.check == "moe_layer_freq"]
+    assert [f.level for f in found] == ["error"] and "t/config.json has no moe_layer_freq" in found[0].message
+    assert '"moe_layer_freq": 1' in found[0].message
+    kimi = {"architectures": ["KimiK25ForConditionalGeneration"], "text_config": {**without, "model_type": "kimi_k2"}}
+    assert "(text_config)" in check_moe_layer_freq(kimi, "k").message
+    dense = json.loads((ROOT / "demo" / "target" / "config.json").read_text())
+    assert check_moe_layer_freq(dense, "demo/target") is None
+    assert check_moe_layer_freq({**without, "n_routed_experts": None}, "t") is None  # a dense DeepSeek
