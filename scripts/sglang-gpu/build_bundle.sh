@@ -98,6 +98,10 @@ else
     if [ -n "\$blas" ]; then export CPATH=\$blas\${CPATH:+:\$CPATH}; fi
 fi
 export PATH=\$CUDA_HOME/bin:\$PATH
+# DeepGEMM's library, which SGLang imports at every start once it is installed, names libnvrtc.so.13 and cuBLAS
+# without a search path; whatever torch has not loaded by then must be found: torch's own CUDA wheels hold them.
+cu13_lib=\$(python3 -c 'import os, nvidia; print(next((d for d in (os.path.join(p, "cu13", "lib") for p in nvidia.__path__) if os.path.isdir(d)), ""))' 2>/dev/null || true)
+if [ -n "\$cu13_lib" ]; then export LD_LIBRARY_PATH=\$cu13_lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}; fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 ENV
 

@@ -37,6 +37,10 @@ fi
 [ "$cmd" = steps ] || { echo "chain.sh: unknown command $cmd"; exit 2; }
 dense=$2 mla=$3
 engines=${GN_HOME:-$HOME/gpu-nightly}/engines
+# What every SGLang start imports once the bundle holds it (DeepGEMM loads its compiled library at import): a
+# failure here is every SGLang step's, in seconds instead of after a vLLM run.
+(. "$HOME/sgl-site/env.sh" && python3 -c 'import torch, deep_gemm, cutlass; print("sglang imports: deep_gemm, cutlass ok")') ||
+    echo "sglang imports FAILED: every SGLang launch would stop at start (see above)"
 for step in $4; do
     echo "== $(date -u +%H:%M:%S) $step"
     case $step in
