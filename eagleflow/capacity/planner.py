@@ -283,11 +283,8 @@ def plan(cfg: RunConfig, facts: HostFacts, progress: FinishedStages | None = Non
         src = d.decode_src + start_note
     # the triage: one engine load per probe (each alternative backend its own), a few short requests on each
     tri = b.triage
-    loads = (
-        int("verify" in tri.probes)
-        + int("plumbing" in tri.probes)
-        + (tri.max_backend_runs if "backends" in tri.probes else 0)
-    )
+    probes = tri.probes_on(cfg.engine.kind)  # on SGLang none: its triage is the lossless check, no load
+    loads = int("verify" in probes) + int("plumbing" in probes) + (tri.max_backend_runs if "backends" in probes else 0)
     # ... and never more than its own budget (benchmark.triage.max_s): no probe starts once it is spent
     tri_secs = min(loads * (start + 2 * tri.num_prompts * tri.max_tokens / d.decode_tok_s), tri.max_s)
     capped = " (its budget, benchmark.triage.max_s)" if tri_secs == tri.max_s else ""

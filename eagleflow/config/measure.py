@@ -87,6 +87,12 @@ class TriageConfig(_Strict):
         "is this much above the measured one and reaches benchmark.suspect_ratio of the offline estimate.",
     )
 
+    def probes_on(self, engine_kind: str) -> list[str]:
+        """The probes that apply on this engine: each launches vLLM's own machinery (its ngram proposer, its
+        hidden-state capture, its attention backends by name), so on SGLang none does, and the triage there is the
+        lossless check of the answers the benchmark already has (no engine load)."""
+        return list(self.probes) if engine_kind == "vllm" else []
+
 
 # A warm-up answer's length: enough to run the prefill, decode and drafting kernels once at a setting's shapes.
 WARMUP_TOKENS = 16

@@ -129,7 +129,7 @@ def stage_settings(stage: str, config: RunConfig) -> dict[str, Any]:
             "target": c["target"],
             "engine": (
                 {**{k: c["engine"][k] for k in _ENGINE_DATA}, "data_args": data_flags}
-                if c["extract"]["backend"] == "vllm"
+                if c["extract"]["backend"] in ("vllm", "sglang")  # an engine of the stage's own makes the states
                 else None
             ),
             "extract": {k: v for k, v in c["extract"].items() if k not in _EXTRACT_RUNTIME},

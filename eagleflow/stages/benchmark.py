@@ -219,14 +219,11 @@ def run(request: StageRequest) -> Manifest:
     # The triage's references, taken while the engines are up: the copy prompts served without speculation
     # (on the baseline engine), and every variant's temperature-0 answers (speculation must not change them).
     tri = b.triage
-    triage_on = tri.when != "never" and cfg.engine.kind == "vllm" and on == "engine"
+    triage_on = tri.when != "never" and on == "engine"
     if tri.when != "never" and not triage_on:
-        log.info(
-            "triage: not run: %s",
-            f"engine.kind {cfg.engine.kind} (vLLM's ngram and capture methods)"
-            if cfg.engine.kind != "vllm"
-            else f"benchmark.drafter_on {on} (its probes load engines of their own)",
-        )
+        log.info("triage: not run: benchmark.drafter_on %s (its probes load engines of their own)", on)
+    # the copy prompts feed the verify probe alone, which is vLLM's (on SGLang the triage is the lossless check)
+    wants_copy = triage_on and "verify" in tri.probes_on(cfg.engine.kind)
     t0 = (0.0, min(b.concurrencies)) if 0.0 in b.temperatures else None
     copy_ref = reused_copy_reference(cfg, variants)
     triage_result = None
@@ -257,7 +254,7 @@ def run(request: StageRequest) -> Manifest:
                 for t, c in session.settings:
                     session.measure_setting(group, t, c)
                 baseline = next((v for v in group if v.name == "baseline"), None)
-                if baseline is not None and triage_on and "verify" in tri.probes:
+                if baseline is not None and wants_copy:
                     copy_ref = record_copy_reference(request, baseline, prompts) or copy_ref
             for v in group:
                 ref = v.name == "baseline" and copy_ref is not None
@@ -285,7 +282,7 @@ def run(request: StageRequest) -> Manifest:
         )
         if triage_on and (tri.when == "always" or verdict.suspects):
             began = time.monotonic()
-            if copy_ref is None and "verify" in tri.probes:
+            if copy_ref is None and wants_copy:
                 copy_ref = copy_reference_engine(request, prompts, env)
             # Still inside the production window: the probes' engines need the GPUs too.
             triage_result = run_triage(triage_inputs(request, session, verdict, t0, copy_ref, env))

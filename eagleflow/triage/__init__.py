@@ -124,14 +124,13 @@ def run_triage(x: TriageInputs) -> Triage:
             return None
 
     verify = plumbing = backends = None
-    probes = list(t.probes)
-    if x.cfg.engine.kind == "sglang":
-        # The three probes launch vLLM's own machinery (its ngram proposer, its hidden-state capture, its attention
-        # backends by name); on SGLang the lossless check of the answers is what applies. Said, not failed.
-        for name in ("verify", "plumbing", "backends"):
-            if name in probes:
-                probes.remove(name)
-                skipped.append(f"{name}: a vLLM probe, not built for engine.kind 'sglang'; the lossless check ran")
+    probes = t.probes_on(x.cfg.engine.kind)
+    # a probe the config asks for that this engine has none of (SGLang: every one) is said, not failed
+    skipped += [
+        f"{name}: a vLLM probe, not built for engine.kind {x.cfg.engine.kind!r}; the lossless check ran"
+        for name in t.probes
+        if name not in probes
+    ]
     if "verify" in probes:
         if x.copy_reference is None:
             skipped.append("verify: no copy prompts were recorded without speculation (see the stage log)")

@@ -359,3 +359,11 @@ def test_the_plan_counts_each_swept_k_and_a_second_baseline_as_a_variant():
     assert three == pytest.approx(one * 4 / 2)
     # benchmark.remeasure_baseline: no speculation once more, one variant more
     assert benchmark_seconds([], again=True) == pytest.approx(one * 3 / 2)
+
+
+def test_on_sglang_the_triage_costs_no_engine_load():
+    # its probes are vLLM's machinery; on SGLang the triage is the lossless check of answers the benchmark has
+    vllm = plan(kimi(), facts())
+    sglang = plan(load_config(ROOT / "configs" / "kimi-k25-sglang.yaml"), facts())
+    assert any("should the triage run" in f for f in vllm.findings)
+    assert not any("triage" in f for f in sglang.findings)

@@ -189,3 +189,14 @@ def test_manifest_roundtrip(tmp_path):
     assert path == tmp_path / "train" / "abc" / "manifest.json"
     assert read_manifest(path) == m
     assert [p.name for p in path.parent.iterdir()] == ["manifest.json"]  # written atomically: no temp file left
+
+
+@pytest.mark.parametrize("backend, keyed", [("vllm", True), ("sglang", True), ("hf", False)])
+def test_an_extract_stage_whose_engine_makes_the_states_is_keyed_by_that_engines_data_settings(backend, keyed):
+    # vllm and sglang extract with an engine of the stage's own: its context and data flags shape the states
+    sglang = {"engine.kind": "sglang", "engine.kv_cache_gib": None} if backend == "sglang" else {}
+    cfg = load_config(ROOT / "configs" / "demo.yaml", {**sglang, "extract.backend": backend})
+    engine = stage_settings("extract", cfg)["engine"]
+    assert (engine is not None) == keyed
+    if keyed:
+        assert engine["kind"] == cfg.engine.kind and engine["max_model_len"] == cfg.engine.max_model_len

@@ -56,3 +56,10 @@ def test_on_sglang_the_vllm_probes_are_named_as_not_built_and_no_engine_starts(t
     assert t.verify is None and t.plumbing is None and t.backends is None
     named = [s.split(":")[0] for s in t.skipped if "not built for engine.kind 'sglang'" in s]
     assert named == ["verify", "plumbing", "backends"], t.skipped
+
+
+def test_the_probes_that_apply_are_vllms_and_none_on_sglang():
+    # the benchmark records copy prompts and the plan counts engine loads only for the probes the engine has
+    cfg = load_config(ROOT / "configs" / "demo.yaml", {"benchmark.triage.probes": ["verify", "backends"]})
+    assert cfg.benchmark.triage.probes_on("vllm") == ["verify", "backends"]
+    assert cfg.benchmark.triage.probes_on("sglang") == []
