@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from eagleflow.engines.chat import ChatClient, ChatResult
-from eagleflow.engines.metrics import parse_metrics
+from eagleflow.engines.metrics import metrics_at
 from eagleflow.engines.sglang import (
     acceptance_from_answers,
     acceptance_from_counters,
@@ -26,7 +26,6 @@ from eagleflow.engines.sglang import (
     speculative_settings,
 )
 from eagleflow.engines.vllm import SPEC_ACCEPTED, SPEC_ACCEPTED_PER_POS, SPEC_DRAFTS, acceptance_from_deltas
-from eagleflow.util import http
 
 WARMUP_REQUESTS = 1
 
@@ -69,7 +68,6 @@ def measure(
     answer's own (engine 'sglang', whose drafts a step `k` its answers may not all show); with keep_answers, the
     answers too (in prompt order)."""
     base = url.rstrip("/")
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     sglang = engine == "sglang"
     if sglang:
         # production's own k where it says (its /server_info; unreachable raises here, as vLLM's /metrics does)
@@ -77,8 +75,7 @@ def measure(
         k = (speculative_settings(info)[0] if info else 0) or k
 
     def metrics() -> dict[str, float]:
-        r = http.get(f"{base}/metrics", headers=headers, timeout=30.0)
-        return {} if sglang and r.status_code == 404 else parse_metrics(r.text)  # SGLang's needs --enable-metrics
+        return metrics_at(base, api_key, none_ok=sglang)  # SGLang's needs --enable-metrics
 
     extra = {"ignore_eos": True, **({"return_meta_info": True} if sglang else {})}
     with ChatClient(base, model, max_concurrency=1, api_key=api_key) as client:
@@ -142,10 +139,9 @@ def measure_each(
     the interval without adding evidence). No warm-up: the counters are per request, a first slow one costs no
     figure. The answers in prompt order; the totals as `measure` gives them."""
     base = url.rstrip("/")
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
 
     def metrics() -> dict[str, float]:
-        return parse_metrics(http.get(f"{base}/metrics", headers=headers, timeout=30.0).text)
+        return metrics_at(base, api_key)
 
     cap = min(len(prompts), max_requests or len(prompts))
     drafts: list[float] = []

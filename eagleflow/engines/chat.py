@@ -17,6 +17,8 @@ from typing import Any
 
 import httpx
 
+from eagleflow.util import http
+
 # The server may close a kept-alive connection just as the client reuses it (uvicorn's keep-alive
 # timeout is 5 s, httpx's pool expiry was 5 s too): the request then fails before the server read it.
 # Pooled connections are dropped sooner than the server drops them, and such a failure (the request
@@ -150,7 +152,7 @@ class ChatClient:
             keepalive_expiry=KEEPALIVE_EXPIRY_S,
         )
         # The key lives in this client's headers only: httpx never puts headers in its exceptions or logs.
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        headers = http.bearer(api_key)
         self._client = self._runner.run(self._make(limits, headers, timeout_s))
 
     async def _make(self, limits: httpx.Limits, headers: dict[str, str] | None, timeout_s: float) -> httpx.AsyncClient:

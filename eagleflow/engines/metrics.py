@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from eagleflow.util import http
+
 # The engines' latency histograms (seconds), as `<prefix><name>`; vLLM and SGLang share these names.
 LATENCY_HISTOGRAMS = {
     "ttft_ms": "time_to_first_token_seconds",
@@ -55,3 +57,10 @@ def latency_from_deltas(before: dict[str, float], after: dict[str, float], prefi
         total = after.get(f"{prefix}{hist}_sum", 0.0) - before.get(f"{prefix}{hist}_sum", 0.0)
         out[key] = 1000.0 * total / n if n > 0 else None
     return out
+
+
+def metrics_at(base_url: str, api_key: str | None = None, none_ok: bool = False) -> dict[str, float]:
+    """A server's /metrics, parsed. none_ok: a 404 reads as no counters (SGLang serves the page only with
+    --enable-metrics, and its answers carry the acceptance); any other answer is parsed as it comes."""
+    r = http.get(f"{base_url.rstrip('/')}/metrics", headers=http.bearer(api_key), timeout=30.0)
+    return {} if none_ok and r.status_code == 404 else parse_metrics(r.text)

@@ -15,7 +15,7 @@ import time
 from eagleflow.config import RunConfig
 from eagleflow.contracts.request import PRODUCTION_API_KEY_ENV, StageError
 from eagleflow.engines.chat import ChatResult
-from eagleflow.engines.metrics import latency_from_deltas, parse_metrics
+from eagleflow.engines.metrics import latency_from_deltas, metrics_at
 from eagleflow.engines.sglang import SglangServer, acceptance_from_answers, acceptance_from_counters
 from eagleflow.engines.vllm import VllmServer, acceptance_from_deltas
 from eagleflow.util import http
@@ -100,11 +100,8 @@ class ProductionEndpoint:
         self.server.wait_answering(self.wait_s)
 
     def snapshot(self) -> dict[str, float]:
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
-        r = http.get(f"{self.base_url}/metrics", headers=headers, timeout=30.0)
-        if r.status_code == 404 and self.kind == "sglang":
-            return {}  # SGLang serves /metrics only with --enable-metrics: the answers carry the acceptance
-        return parse_metrics(r.text)
+        # SGLang serves /metrics only with --enable-metrics: the answers carry the acceptance
+        return metrics_at(self.base_url, self.api_key, none_ok=self.kind == "sglang")
 
     def answers_acceptance(self, results: list[ChatResult], k: int) -> dict | None:
         """SGLang's: from each answer's meta_info (None on vLLM, whose answers carry none: its counters then)."""

@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from eagleflow.engines.chat import KEEPALIVE_EXPIRY_S, ChatResult, post_chat, tls_context
+from eagleflow.util import http
 
 log = logging.getLogger("eagleflow.generate")
 HEALTH_POLL_S = 2.0
@@ -134,7 +135,7 @@ class Replicas:
             waiting.put_nowait(i)
         finished = asyncio.Event()
         left = {"n": n}
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
+        headers = http.bearer(self.api_key)
         limits = httpx.Limits(
             max_connections=per_replica, max_keepalive_connections=per_replica, keepalive_expiry=KEEPALIVE_EXPIRY_S
         )

@@ -230,9 +230,8 @@ def acceptance_from_counters(before: dict[str, float], after: dict[str, float], 
 def server_info_at(base_url: str, api_key: str | None, timeout_s: float = 30.0) -> dict[str, Any] | None:
     """An SGLang server's /server_info (its ServerArgs, its schedulers' states), or None where it answers none (not
     SGLang, or a proxy in front); a server that cannot be reached raises (httpx), as its /metrics would."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     for path in ("/server_info", "/get_server_info"):
-        r = http.get(f"{base_url.rstrip('/')}{path}", headers=headers, timeout=timeout_s)
+        r = http.get(f"{base_url.rstrip('/')}{path}", headers=http.bearer(api_key), timeout=timeout_s)
         if r.status_code == 200:
             try:
                 return r.json()

@@ -105,7 +105,7 @@ def read(cfg: RunConfig, timeout_s: float = 10.0) -> ObservedTraffic | None:
     except StageError:
         key = None  # /metrics is not behind vLLM's --api-key; a missing key fails where /v1 is asked
     try:
-        r = http.get(url, headers={"Authorization": f"Bearer {key}"} if key else None, timeout=timeout_s)
+        r = http.get(url, headers=http.bearer(key), timeout=timeout_s)
         r.raise_for_status()
         seen = observe(r.text, time.time())
     except (httpx.HTTPError, ValueError) as exc:

@@ -129,12 +129,8 @@ def host_available_mib() -> int | None:
     return None
 
 
-def _headers(api_key: str | None) -> dict[str, str] | None:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else None
-
-
 def is_sleeping(base: str, api_key: str | None = None) -> bool:
-    r = http.get(f"{base}/is_sleeping", headers=_headers(api_key), timeout=30.0)
+    r = http.get(f"{base}/is_sleeping", headers=http.bearer(api_key), timeout=30.0)
     if r.status_code != 200:
         raise PauseError(f"GET {base}/is_sleeping answered {r.status_code}: {r.text[:300]}")
     return bool(r.json().get("is_sleeping"))
@@ -142,7 +138,7 @@ def is_sleeping(base: str, api_key: str | None = None) -> bool:
 
 def served_routes(base: str, api_key: str | None = None) -> set[str]:
     """The routes production serves, from its /openapi.json (empty when it has none); httpx errors propagate."""
-    r = http.get(f"{base}/openapi.json", headers=_headers(api_key), timeout=30.0)
+    r = http.get(f"{base}/openapi.json", headers=http.bearer(api_key), timeout=30.0)
     return set(r.json().get("paths", {})) if r.status_code == 200 else set()
 
 
@@ -182,7 +178,7 @@ def preflight(
 def _post(base: str, path: str, api_key: str | None, **kw: Any) -> float:
     t0 = time.monotonic()
     try:
-        r = http.client().post(f"{base}{path}", headers=_headers(api_key), timeout=CALL_TIMEOUT_S, **kw)
+        r = http.client().post(f"{base}{path}", headers=http.bearer(api_key), timeout=CALL_TIMEOUT_S, **kw)
     except httpx.HTTPError as exc:
         raise PauseError(f"POST {base}{path}: {type(exc).__name__}: {exc}") from exc
     if r.status_code != 200:
@@ -227,7 +223,7 @@ class NeedsKey(PauseError):
 
 
 def served_model(base: str, api_key: str | None = None) -> str:
-    r = http.get(f"{base}/v1/models", headers=_headers(api_key), timeout=30.0)
+    r = http.get(f"{base}/v1/models", headers=http.bearer(api_key), timeout=30.0)
     if r.status_code == 401:
         raise NeedsKey(f"{base}/v1 wants an API key")
     if r.status_code != 200 or not r.json().get("data"):

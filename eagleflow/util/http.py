@@ -31,6 +31,11 @@ def get(url: str, **kw) -> httpx.Response:
     return client().get(url, **kw)
 
 
+def bearer(api_key: str | None) -> dict[str, str] | None:
+    """The Authorization header of an OpenAI-compatible server's API key (None: the server has none)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else None
+
+
 def answers(url: str, timeout_s: float) -> bool:
     """Whether `url` answers 200 within `timeout_s` (a health check: any transport error is a no)."""
     try:

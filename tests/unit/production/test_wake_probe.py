@@ -19,6 +19,7 @@ from eagleflow.measure.intervals import acceptance_length
 from eagleflow.production import guardian, pause, served, swap
 from eagleflow.production.downtime import Downtime
 from eagleflow.production.service import SettingsRecord
+from eagleflow.util import http
 
 OFFLINE = 3.45  # the demo drafter's offline estimate (its export's acceptance_length_sim)
 
@@ -242,7 +243,7 @@ def test_the_probe_sends_requests_until_the_interval_decides(monkeypatch: pytest
             )
 
     monkeypatch.setattr(acceptance, "ChatClient", Client)
-    monkeypatch.setattr(acceptance.http, "get", lambda *a, **kw: Page())
+    monkeypatch.setattr(http, "get", lambda *a, **kw: Page())  # the one client /metrics is read through
     prompts = [[{"role": "user", "content": str(i)}] for i in range(8)]
     m = acceptance.measure_each("http://h", "m", prompts, 64, settled=pause.settles(2.23), min_requests=4)
     assert m["requests"] == 4 and m["stopped"] == "settled"  # AL ~2.5, its interval above 2.23 after 4
