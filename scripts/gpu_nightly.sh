@@ -40,8 +40,12 @@ install)
         echo "control environment: $(ls "$gn/control" | wc -l) entries in $gn/control"
     fi
     if [ -f .stage-nightly/moe.so.xz ]; then
+        # Written aside, then renamed: a process that waits for the kernel (scripts/sglang-gpu/chain.sh) never
+        # sees half of it.
+        moe="$site/vllm/_moe_C_stable_libtorch.abi3.so"
         python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" \
-            .stage-nightly/moe.so.xz "$site/vllm/_moe_C_stable_libtorch.abi3.so"
+            .stage-nightly/moe.so.xz "$moe.part"
+        mv "$moe.part" "$moe"
         echo "vLLM's MoE kernels in $site/vllm"
     fi
     ;;
